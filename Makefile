@@ -1,0 +1,42 @@
+# rrtod developer and user entry points. Everything installs into .venv on first use, so the
+# README's two commands work on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# Tests and CI use the CPU build on local disk; the package itself accepts any torch>=2.3.
+TORCH  ?= torch==2.13.0
+STAMP  := $(VENV)/.installed
+
+.PHONY: install test demo bench bench-quick proto proto-check lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml examples/rrto-example-plugin/pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[dev,torch]"
+	touch $@
+
+test: install
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+demo: install
+	$(BIN)/python -m rrtod.demo
+
+bench: install
+	$(BIN)/python -m bench $(BENCH_ARGS)
+
+bench-quick: install
+	$(BIN)/python -m bench --quick $(BENCH_ARGS)
+
+# Regenerate the wire contract's modules (committed; tests/test_proto.py checks they are current).
+proto: install
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=proto --pyi_out=proto \
+		--grpc_python_out=proto proto/rrto/v1/*.proto
+
+lint: install
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,252 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class GradMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GRAD_MODE_UNSPECIFIED: _ClassVar[GradMode]
+    GRAD_ENABLED: _ClassVar[GradMode]
+    NO_GRAD: _ClassVar[GradMode]
+    INFERENCE_MODE: _ClassVar[GradMode]
+GRAD_MODE_UNSPECIFIED: GradMode
+GRAD_ENABLED: GradMode
+NO_GRAD: GradMode
+INFERENCE_MODE: GradMode
+
+class TensorMeta(_message.Message):
+    __slots__ = ("dtype", "shape", "stride", "storage_offset", "device", "requires_grad")
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    STRIDE_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    REQUIRES_GRAD_FIELD_NUMBER: _ClassVar[int]
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    stride: _containers.RepeatedScalarFieldContainer[int]
+    storage_offset: int
+    device: str
+    requires_grad: bool
+    def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., stride: _Optional[_Iterable[int]] = ..., storage_offset: _Optional[int] = ..., device: _Optional[str] = ..., requires_grad: _Optional[bool] = ...) -> None: ...
+
+class TensorData(_message.Message):
+    __slots__ = ("meta", "data")
+    META_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    meta: TensorMeta
+    data: bytes
+    def __init__(self, meta: _Optional[_Union[TensorMeta, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class TensorRef(_message.Message):
+    __slots__ = ("id", "upload", "persistent", "bind_id")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_FIELD_NUMBER: _ClassVar[int]
+    PERSISTENT_FIELD_NUMBER: _ClassVar[int]
+    BIND_ID_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    upload: TensorData
+    persistent: bytes
+    bind_id: int
+    def __init__(self, id: _Optional[int] = ..., upload: _Optional[_Union[TensorData, _Mapping]] = ..., persistent: _Optional[bytes] = ..., bind_id: _Optional[int] = ...) -> None: ...
+
+class ValueList(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[Value]
+    def __init__(self, items: _Optional[_Iterable[_Union[Value, _Mapping]]] = ...) -> None: ...
+
+class Complex(_message.Message):
+    __slots__ = ("real", "imag")
+    REAL_FIELD_NUMBER: _ClassVar[int]
+    IMAG_FIELD_NUMBER: _ClassVar[int]
+    real: float
+    imag: float
+    def __init__(self, real: _Optional[float] = ..., imag: _Optional[float] = ...) -> None: ...
+
+class Value(_message.Message):
+    __slots__ = ("none", "b", "i", "f", "s", "tensor", "list", "dtype", "device", "layout", "memory_format", "c", "tuple")
+    NONE_FIELD_NUMBER: _ClassVar[int]
+    B_FIELD_NUMBER: _ClassVar[int]
+    I_FIELD_NUMBER: _ClassVar[int]
+    F_FIELD_NUMBER: _ClassVar[int]
+    S_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    LIST_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    C_FIELD_NUMBER: _ClassVar[int]
+    TUPLE_FIELD_NUMBER: _ClassVar[int]
+    none: bool
+    b: bool
+    i: int
+    f: float
+    s: str
+    tensor: TensorRef
+    list: ValueList
+    dtype: str
+    device: str
+    layout: str
+    memory_format: str
+    c: Complex
+    tuple: ValueList
+    def __init__(self, none: _Optional[bool] = ..., b: _Optional[bool] = ..., i: _Optional[int] = ..., f: _Optional[float] = ..., s: _Optional[str] = ..., tensor: _Optional[_Union[TensorRef, _Mapping]] = ..., list: _Optional[_Union[ValueList, _Mapping]] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., layout: _Optional[str] = ..., memory_format: _Optional[str] = ..., c: _Optional[_Union[Complex, _Mapping]] = ..., tuple: _Optional[_Union[ValueList, _Mapping]] = ...) -> None: ...
+
+class OpCall(_message.Message):
+    __slots__ = ("seq", "op", "args", "kwargs", "out_ids", "sync", "want_meta", "grad_mode", "thread", "out_meta")
+    class KwargsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Value
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    KWARGS_FIELD_NUMBER: _ClassVar[int]
+    OUT_IDS_FIELD_NUMBER: _ClassVar[int]
+    SYNC_FIELD_NUMBER: _ClassVar[int]
+    WANT_META_FIELD_NUMBER: _ClassVar[int]
+    GRAD_MODE_FIELD_NUMBER: _ClassVar[int]
+    THREAD_FIELD_NUMBER: _ClassVar[int]
+    OUT_META_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    op: str
+    args: _containers.RepeatedCompositeFieldContainer[Value]
+    kwargs: _containers.MessageMap[str, Value]
+    out_ids: _containers.RepeatedScalarFieldContainer[int]
+    sync: bool
+    want_meta: bool
+    grad_mode: GradMode
+    thread: int
+    out_meta: _containers.RepeatedCompositeFieldContainer[TensorMeta]
+    def __init__(self, seq: _Optional[int] = ..., op: _Optional[str] = ..., args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., kwargs: _Optional[_Mapping[str, Value]] = ..., out_ids: _Optional[_Iterable[int]] = ..., sync: _Optional[bool] = ..., want_meta: _Optional[bool] = ..., grad_mode: _Optional[_Union[GradMode, str]] = ..., thread: _Optional[int] = ..., out_meta: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ...) -> None: ...
+
+class OpResult(_message.Message):
+    __slots__ = ("seq", "outs", "value")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    OUTS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    outs: _containers.RepeatedCompositeFieldContainer[TensorMeta]
+    value: Value
+    def __init__(self, seq: _Optional[int] = ..., outs: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., value: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
+
+class Fetch(_message.Message):
+    __slots__ = ("seq", "id")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    id: int
+    def __init__(self, seq: _Optional[int] = ..., id: _Optional[int] = ...) -> None: ...
+
+class Fetched(_message.Message):
+    __slots__ = ("seq", "tensor")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    tensor: TensorData
+    def __init__(self, seq: _Optional[int] = ..., tensor: _Optional[_Union[TensorData, _Mapping]] = ...) -> None: ...
+
+class Release(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class BlobPut(_message.Message):
+    __slots__ = ("hash", "tensor")
+    HASH_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    hash: bytes
+    tensor: TensorData
+    def __init__(self, hash: _Optional[bytes] = ..., tensor: _Optional[_Union[TensorData, _Mapping]] = ...) -> None: ...
+
+class BlobQuery(_message.Message):
+    __slots__ = ("hashes",)
+    HASHES_FIELD_NUMBER: _ClassVar[int]
+    hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, hashes: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class BlobQueryReply(_message.Message):
+    __slots__ = ("missing",)
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    missing: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, missing: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class Error(_message.Message):
+    __slots__ = ("code", "message", "seq")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    seq: int
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class SessionOpen(_message.Message):
+    __slots__ = ("app", "pid", "uid", "robot", "executor", "memory_quota")
+    APP_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    ROBOT_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_QUOTA_FIELD_NUMBER: _ClassVar[int]
+    app: str
+    pid: int
+    uid: int
+    robot: str
+    executor: str
+    memory_quota: int
+    def __init__(self, app: _Optional[str] = ..., pid: _Optional[int] = ..., uid: _Optional[int] = ..., robot: _Optional[str] = ..., executor: _Optional[str] = ..., memory_quota: _Optional[int] = ...) -> None: ...
+
+class SessionReady(_message.Message):
+    __slots__ = ("session", "device")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    device: str
+    def __init__(self, session: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
+
+class Close(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SessionUp(_message.Message):
+    __slots__ = ("open", "call", "fetch", "release", "blob", "query", "close")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    FETCH_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    BLOB_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_FIELD_NUMBER: _ClassVar[int]
+    open: SessionOpen
+    call: OpCall
+    fetch: Fetch
+    release: Release
+    blob: BlobPut
+    query: BlobQuery
+    close: Close
+    def __init__(self, open: _Optional[_Union[SessionOpen, _Mapping]] = ..., call: _Optional[_Union[OpCall, _Mapping]] = ..., fetch: _Optional[_Union[Fetch, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., blob: _Optional[_Union[BlobPut, _Mapping]] = ..., query: _Optional[_Union[BlobQuery, _Mapping]] = ..., close: _Optional[_Union[Close, _Mapping]] = ...) -> None: ...
+
+class SessionDown(_message.Message):
+    __slots__ = ("ready", "result", "fetched", "query", "error")
+    READY_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    FETCHED_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ready: SessionReady
+    result: OpResult
+    fetched: Fetched
+    query: BlobQueryReply
+    error: Error
+    def __init__(self, ready: _Optional[_Union[SessionReady, _Mapping]] = ..., result: _Optional[_Union[OpResult, _Mapping]] = ..., fetched: _Optional[_Union[Fetched, _Mapping]] = ..., query: _Optional[_Union[BlobQueryReply, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,349 @@
+"""Daemon configuration: YAML files merged in order, validated into typed, immutable settings.
+
+Files: the main file (default ``/etc/rrto/rrtod.yaml``, or ``--config``/``RRTO_CONFIG``), then
+``rrtod.d/*.yaml`` beside it in name order; later files win key by key (mappings merge, lists and
+scalars replace). Every validation error names the file that set the key, the key's dotted path
+and the reason, because an operator reading a journal line must be able to fix it without
+reading code. pydantic does the type checking; this module adds the file attribution.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+DEFAULT_PATH = Path("/etc/rrto/rrtod.yaml")
+ENV_PATH = "RRTO_CONFIG"
+
+Role = Literal["robot", "gpu"]
+
+
+class ConfigError(Exception):
+    """A configuration problem, phrased for the operator: file, key, reason."""
+
+    def __init__(self, file: str, key: str, reason: str):
+        self.file, self.key, self.reason = file, key, reason
+        where = f"{file}: {key}" if key else file
+        super().__init__(f"{where}: {reason}")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_address(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    return value
+
+
+def parse_size(value: int | str) -> int:
+    """Bytes from an int or a string such as ``512MiB``, ``2GiB``, ``1.5G``."""
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("size must be >= 0")
+        return value
+    text = str(value).strip()
+    units = {
+        "": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6,
+        "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12,
+        "tib": 2**40,
+    }
+    number = text.rstrip("kKmMgGtTiIbB ")
+    unit = text[len(number):].strip().lower()
+    try:
+        amount = float(number)
+    except ValueError:
+        raise ValueError(f"expected a size such as 512MiB or 2GiB, got {value!r}") from None
+    if unit not in units or amount < 0:
+        raise ValueError(f"expected a size such as 512MiB or 2GiB, got {value!r}")
+    return int(amount * units[unit])
+
+
+class HostConfig(_Section):
+    """A GPU daemon this robot daemon offloads to."""
+
+    name: str = Field(min_length=1)
+    address: str
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        return _check_address(v)
+
+
+class TLSConfig(_Section):
+    """Peer-link security. ``mtls`` (default) and ``tls`` need certificate paths; ``insecure``
+    sends everything in plaintext and is only honoured because the operator wrote it."""
+
+    mode: Literal["mtls", "tls", "insecure"] = "mtls"
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    server_name: str | None = None  # override the name checked in the host's certificate
+
+    @model_validator(mode="after")
+    def _paths_present(self) -> TLSConfig:
+        needed = {"mtls": ("ca", "cert", "key"), "tls": ("ca",), "insecure": ()}[self.mode]
+        for name in needed:
+            if not getattr(self, name):
+                raise ValueError(f"{name}: required when tls.mode is {self.mode!r}")
+        if self.mode == "tls" and bool(self.cert) != bool(self.key):
+            raise ValueError("cert and key: give both or neither")
+        return self
+
+
+class InterceptConfig(_Section):
+    backend: str = "torch"
+    mode: Literal["stream", "sync"] = "stream"  # sync: wait for every call (Cricket semantics)
+    fallback: Literal["local", "error"] = "local"  # no daemon or host: run locally, or raise
+
+
+class ExecutorConfig(_Section):
+    backend: str = "torch"
+    device: str = "auto"  # auto: cuda when available, else cpu
+    memory_quota: int = 2 * 2**30  # bytes per session
+    allow_extra: tuple[str, ...] = ()  # operators added to the built-in allowlist
+    deny: tuple[str, ...] = ()  # operators removed from it
+
+    @field_validator("memory_quota", mode="before")
+    @classmethod
+    def _size(cls, v: int | str) -> int:
+        return parse_size(v)
+
+
+class WeightCacheConfig(_Section):
+    max_bytes: int = 8 * 2**30
+
+    @field_validator("max_bytes", mode="before")
+    @classmethod
+    def _size(cls, v: int | str) -> int:
+        return parse_size(v)
+
+
+class HealthConfig(_Section):
+    interval: float = Field(default=1.0, gt=0, le=60)  # seconds between pings to each host
+    timeout: float = Field(default=1.0, gt=0, le=60)  # a ping slower than this counts as lost
+    down_after: int = Field(default=2, ge=1)  # consecutive lost pings before a host is down
+
+
+class PowerConfig(_Section):
+    meter: str = "auto"
+    sample_hz: float = Field(default=10.0, gt=0, le=1000)
+    model: dict[str, float] = Field(
+        default_factory=lambda: {"inference": 13.35, "communication": 4.25, "standby": 4.04}
+    )
+
+
+class LogConfig(_Section):
+    format: Literal["auto", "json", "console"] = "auto"  # auto: console on a TTY, else JSON
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class MetricsConfig(_Section):
+    listen: str | None = "127.0.0.1:9730"  # null disables the Prometheus endpoint
+
+    @field_validator("listen")
+    @classmethod
+    def _addr(cls, v: str | None) -> str | None:
+        return None if v is None else _check_address(v)
+
+
+class Config(_Section):
+    """The whole daemon configuration. Defaults make a single-machine daemon holding both roles."""
+
+    roles: tuple[Role, ...] = ("robot", "gpu")
+    node: str = Field(default_factory=socket.gethostname)
+    socket: str = "/run/rrto/rrtod.sock"
+    socket_mode: int = 0o660
+    state_dir: str = "/var/lib/rrto"
+    listen: str = "127.0.0.1:7730"
+    hosts: tuple[HostConfig, ...] = ()
+    tls: TLSConfig = TLSConfig(mode="insecure")
+    intercept: InterceptConfig = InterceptConfig()
+    executor: ExecutorConfig = ExecutorConfig()
+    weight_cache: WeightCacheConfig = WeightCacheConfig()
+    health: HealthConfig = HealthConfig()
+    search: str = "dds"
+    scheduler: str = "remote-all"
+    balancer: str = "least-loaded"
+    power: PowerConfig = PowerConfig()
+    log: LogConfig = LogConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    drain_timeout: float = Field(default=10.0, ge=0)  # SIGTERM: seconds to let sessions finish
+
+    @field_validator("roles")
+    @classmethod
+    def _roles(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise ValueError("at least one role is required")
+        if len(set(v)) != len(v):
+            raise ValueError("roles must not repeat")
+        return v
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        return _check_address(v)
+
+    @field_validator("socket_mode", mode="before")
+    @classmethod
+    def _mode(cls, v: Any) -> int:
+        if isinstance(v, str):
+            v = int(v, 8)
+        if not isinstance(v, int) or not 0 <= v <= 0o777:
+            raise ValueError("expected an octal file mode such as 0660")
+        return v
+
+    @model_validator(mode="after")
+    def _hosts_unique(self) -> Config:
+        names = [h.name for h in self.hosts]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"hosts: duplicate host name(s) {', '.join(dupes)}")
+        return self
+
+    def peer_hosts(self) -> tuple[HostConfig, ...]:
+        """Hosts a robot daemon connects to. A daemon that also holds the gpu role and names no
+        host offloads to itself (the single-machine default), through the same gRPC path."""
+        if self.hosts or "gpu" not in self.roles:
+            return self.hosts
+        host, _, port = self.listen.rpartition(":")
+        try:
+            if ipaddress.ip_address(host.strip("[]")).is_unspecified:
+                host = "127.0.0.1"
+        except ValueError:
+            pass
+        return (HostConfig(name="local", address=f"{host}:{port}"),)
+
+    def describe(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+class LoadedConfig:
+    """A validated Config plus where it came from (for status and reload)."""
+
+    def __init__(self, config: Config, files: list[Path]):
+        self.config = config
+        self.files = files
+
+    @property
+    def path(self) -> Path | None:
+        return self.files[0] if self.files else None
+
+
+def resolve_path(explicit: str | os.PathLike[str] | None = None) -> Path:
+    if explicit:
+        return Path(explicit)
+    if os.environ.get(ENV_PATH):
+        return Path(os.environ[ENV_PATH])
+    return DEFAULT_PATH
+
+
+def config_files(main: Path) -> list[Path]:
+    """The main file, then ``rrtod.d/*.yaml`` beside it, in name order."""
+    drop_in = main.parent / (main.stem + ".d")
+    extra = sorted(drop_in.glob("*.yaml")) if drop_in.is_dir() else []
+    return [main, *extra]
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(str(path), "", "file not found") from None
+    except OSError as exc:
+        raise ConfigError(str(path), "", f"cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(str(path), "", f"invalid YAML{where}: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), "", f"expected a mapping at top level, got {type(data).__name__}")
+    return data
+
+
+def _merge(
+    base: dict[str, Any], over: Mapping[str, Any], origin: dict[str, str], file: str, prefix: str = ""
+) -> None:
+    """Merge ``over`` into ``base`` in place, recording which file set each key path."""
+    for key, value in over.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            _merge(base[key], value, origin, file, path + ".")
+        else:
+            base[key] = dict(value) if isinstance(value, Mapping) else value
+            origin[path] = file
+        origin.setdefault(path, file)
+
+
+def _error_key(loc: tuple[Any, ...]) -> str:
+    key = ""
+    for part in loc:
+        if isinstance(part, int):
+            key += f"[{part}]"
+        elif str(part).startswith("function-") or part in ("function-after", "function-before"):
+            continue
+        else:
+            key += f".{part}" if key else str(part)
+    return key
+
+
+def _origin_of(key: str, origin: dict[str, str], files: list[Path]) -> str:
+    probe = key
+    while probe:
+        bare = probe.split("[")[0]
+        if bare in origin:
+            return origin[bare]
+        probe = probe.rpartition(".")[0]
+    return str(files[-1]) if files else "<defaults>"
+
+
+def validate(data: dict[str, Any], origin: dict[str, str], files: list[Path]) -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = _error_key(err["loc"])
+        reason = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            reason = "unknown key"
+        elif err["type"] == "literal_error":
+            reason = f"{reason}, got {err.get('input')!r}"
+        # Model-level checks phrase their own key ("ca: required ..."): fold it into the path.
+        head, sep, tail = reason.partition(": ")
+        if sep and head.replace("_", "").replace(" and ", "").isalnum() and " " not in head:
+            key, reason = (f"{key}.{head}" if key else head), tail
+        raise ConfigError(_origin_of(key, origin, files), key, reason) from None
+
+
+def load(path: str | os.PathLike[str] | None = None) -> LoadedConfig:
+    """Read, merge and validate the configuration. Raises ConfigError, never anything else."""
+    main = resolve_path(path)
+    files = config_files(main)
+    data: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for file in files:
+        _merge(data, _read_yaml(file), origin, str(file))
+    return LoadedConfig(validate(data, origin, files), files)
+
+
+def from_mapping(data: Mapping[str, Any], name: str = "<inline>") -> Config:
+    """Validate a mapping (tests, embedding) with the same error wording as files."""
+    origin: dict[str, str] = {}
+    merged: dict[str, Any] = {}
+    _merge(merged, data, origin, name)
+    return validate(merged, origin, [Path(name)])
