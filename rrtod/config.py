@@ -42,11 +42,17 @@ def _check_address(value: str) -> str:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"expected HOST:PORT, got {value!r}")
+    # "::1:7730" is ambiguous (is 7730 part of the address?); gRPC wants IPv6 in brackets.
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        raise ValueError(f"expected HOST:PORT with an IPv6 host in brackets ([::1]:7730), "
+                         f"got {value!r}")
     return value
 
 
 def parse_size(value: int | str) -> int:
     """Bytes from an int or a string such as ``512MiB``, ``2GiB``, ``1.5G``."""
+    if isinstance(value, bool):  # YAML "yes"/"true" is an int subclass: not a size
+        raise ValueError(f"expected a size such as 512MiB or 2GiB, got {value!r}")
     if isinstance(value, int):
         if value < 0:
             raise ValueError("size must be >= 0")
@@ -73,6 +79,7 @@ class HostConfig(_Section):
 
     name: str = Field(min_length=1)
     address: str
+    transport: str = "grpc"  # transport plugin that opens the channel
 
     @field_validator("address")
     @classmethod
@@ -198,8 +205,11 @@ class Config(_Section):
     @classmethod
     def _mode(cls, v: Any) -> int:
         if isinstance(v, str):
-            v = int(v, 8)
-        if not isinstance(v, int) or not 0 <= v <= 0o777:
+            try:
+                v = int(v, 8)
+            except ValueError:
+                raise ValueError(f"expected an octal file mode such as 0660, got {v!r}") from None
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 0o777:
             raise ValueError("expected an octal file mode such as 0660")
         return v
 
@@ -223,6 +233,21 @@ class Config(_Section):
         except ValueError:
             pass
         return (HostConfig(name="local", address=f"{host}:{port}"),)
+
+    def plugin_choices(self) -> list[tuple[str, str, str]]:
+        """(config key, plugin family, name) for every plugin this config selects, so the daemon
+        can fail at start, naming the key, rather than at the first session."""
+        out = [("intercept.backend", "interception", self.intercept.backend)]
+        if "gpu" in self.roles:
+            out.append(("executor.backend", "interception", self.executor.backend))
+        if "robot" in self.roles:
+            out.append(("balancer", "balancer", self.balancer))
+            out.append(("scheduler", "scheduler", self.scheduler))
+            out += [(f"hosts[{i}].transport", "transport", h.transport)
+                    for i, h in enumerate(self.peer_hosts())]
+            if self.power.meter != "auto":
+                out.append(("power.meter", "power", self.power.meter))
+        return out
 
     def describe(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -257,11 +282,13 @@ def config_files(main: Path) -> list[Path]:
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(str(path), "", "file not found") from None
     except OSError as exc:
         raise ConfigError(str(path), "", f"cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:  # load() promises ConfigError only, even for binary junk
+        raise ConfigError(str(path), "", f"not UTF-8 text (byte {exc.start})") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -272,12 +299,17 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(str(path), "", f"expected a mapping at top level, got {type(data).__name__}")
+        kind = type(data).__name__
+        raise ConfigError(str(path), "", f"expected a mapping at top level, got {kind}")
     return data
 
 
 def _merge(
-    base: dict[str, Any], over: Mapping[str, Any], origin: dict[str, str], file: str, prefix: str = ""
+    base: dict[str, Any],
+    over: Mapping[str, Any],
+    origin: dict[str, str],
+    file: str,
+    prefix: str = "",
 ) -> None:
     """Merge ``over`` into ``base`` in place, recording which file set each key path."""
     for key, value in over.items():
@@ -286,6 +318,10 @@ def _merge(
             _merge(base[key], value, origin, file, path + ".")
         else:
             base[key] = dict(value) if isinstance(value, Mapping) else value
+            # The old value's sub-keys are gone: forget which files set them, so an error
+            # inside the new value is blamed on this file.
+            for stale in [k for k in origin if k.startswith((path + ".", path + "["))]:
+                del origin[stale]
             origin[path] = file
         origin.setdefault(path, file)
 
@@ -321,6 +357,10 @@ def validate(data: dict[str, Any], origin: dict[str, str], files: list[Path]) ->
         reason = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             reason = "unknown key"
+        elif err["type"] in ("tuple_type", "list_type"):
+            reason = f"expected a list, got {type(err.get('input')).__name__}"
+        elif err["type"] in ("model_type", "dict_type"):
+            reason = f"expected a mapping, got {type(err.get('input')).__name__}"
         elif err["type"] == "literal_error":
             reason = f"{reason}, got {err.get('input')!r}"
         # Model-level checks phrase their own key ("ca: required ..."): fold it into the path.
@@ -339,6 +379,20 @@ def load(path: str | os.PathLike[str] | None = None) -> LoadedConfig:
     for file in files:
         _merge(data, _read_yaml(file), origin, str(file))
     return LoadedConfig(validate(data, origin, files), files)
+
+
+def find_socket(path: str | os.PathLike[str] | None = None) -> str:
+    """The daemon's socket path as rrtoctl and the shim need it: only the ``socket`` key is read,
+    so a config broken elsewhere (the operator is mid-edit) still leads to the running daemon."""
+    socket_path = Config.model_fields["socket"].default
+    main = resolve_path(path)
+    if not main.exists() and path is None:
+        return socket_path
+    for file in config_files(main):
+        value = _read_yaml(file).get("socket")
+        if isinstance(value, str) and value:
+            socket_path = value
+    return socket_path
 
 
 def from_mapping(data: Mapping[str, Any], name: str = "<inline>") -> Config:

@@ -78,7 +78,7 @@ class Specs:
 
     @hookspec
     def rrto_power_meters(self) -> list[PowerMeterRecord]:
-        """Energy sources. ``factory(config)`` -> object with ``read() -> joules`` (monotonic)."""
+        """Energy sources. ``factory(power_config)`` -> meter, see ``rrto_plugins.power.base``."""
 
 
 # Family name (as shown by ``rrtoctl plugins`` and used in errors) -> hook name.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import partial
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
@@ -18,11 +19,19 @@ import pluggy
 import structlog
 
 from rrtod import hookspecs
-from rrtod.hookspecs import FAMILIES, PluginRecord
+from rrtod.hookspecs import FAMILIES, InterceptionBackend, PluginRecord, PowerMeterRecord
 
 log = structlog.get_logger("rrtod.plugins")
 
 DISABLE_ENV = "RRTO_DISABLE_PLUGINS"
+
+# Families whose records carry more than a factory: the daemon reads those extra fields
+# (``probe``/``priority``, ``executor``), so a plain PluginRecord there would fail later, far from
+# the plugin that made it.
+RECORD_TYPES: dict[str, type[PluginRecord]] = {
+    "interception": InterceptionBackend,
+    "power": PowerMeterRecord,
+}
 
 
 class PluginError(Exception):
@@ -51,7 +60,9 @@ class Loaded:
 class Registry:
     """Every record of every family, with where it came from."""
 
-    families: dict[str, dict[str, Loaded]] = field(default_factory=lambda: {f: {} for f in FAMILIES})
+    families: dict[str, dict[str, Loaded]] = field(
+        default_factory=lambda: {f: {} for f in FAMILIES}
+    )
     failed: list[dict[str, str]] = field(default_factory=list)
     blocked: list[str] = field(default_factory=list)
 
@@ -88,6 +99,12 @@ def _dist_of(ep: EntryPoint) -> tuple[str, str]:
     return (dist.metadata["Name"], dist.version) if dist is not None else ("<unknown>", "")
 
 
+def _hook_failed(registry: Registry, ep_name: str, dist: str, hook: str, error: str) -> None:
+    log.warning("plugin hook failed, skipped", plugin=ep_name, distribution=dist, hook=hook,
+                error=error)
+    registry.failed.append({"entry_point": ep_name, "distribution": dist, "error": error})
+
+
 def discover(extra: dict[str, object] | None = None) -> Registry:
     """Load every ``rrto`` entry point (plus ``extra`` plugin objects, for embedding and tests)
     and collect their records."""
@@ -95,6 +112,10 @@ def discover(extra: dict[str, object] | None = None) -> Registry:
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs.Specs)
     registry = Registry(blocked=sorted(disabled))
+    # pluggy name -> (entry point name, distribution, version). pluggy names must be unique, but
+    # entry point names are only unique within a distribution: two packages may both call theirs
+    # "balancers". Registering under "dist:name" keeps both, and genuine conflicts surface as
+    # duplicate record names below, naming both distributions.
     origins: dict[str, tuple[str, str, str]] = {}
 
     sources: list[tuple[str, object | EntryPoint]] = [
@@ -106,32 +127,40 @@ def discover(extra: dict[str, object] | None = None) -> Registry:
             log.info("plugin disabled", plugin=name, env=DISABLE_ENV)
             continue
         dist, ver = _dist_of(source) if isinstance(source, EntryPoint) else ("<embedded>", "")
+        key = f"{dist}:{name}"
         try:
             plugin = source.load() if isinstance(source, EntryPoint) else source
-            pm.register(plugin, name=name)
-        except Exception as exc:  # a broken third-party plugin must not stop the daemon
-            log.warning("plugin failed to load, skipped", plugin=name, distribution=dist, error=repr(exc))
+            pm.register(plugin, name=key)
+        # A broken third-party plugin must not stop the daemon; SystemExit included, since a
+        # module calling sys.exit() at import time is just as broken.
+        except (Exception, SystemExit) as exc:
+            log.warning("plugin failed to load, skipped", plugin=name, distribution=dist,
+                        error=repr(exc))
             registry.failed.append({"entry_point": name, "distribution": dist, "error": repr(exc)})
             continue
-        origins[name] = (name, dist, ver)
+        origins[key] = (name, dist, ver)
 
     for family, hook_name in FAMILIES.items():
         for impl in getattr(pm.hook, hook_name).get_hookimpls():
             ep_name, dist, ver = origins[impl.plugin_name]
+            report = partial(_hook_failed, registry, ep_name, dist, hook_name)
             try:
-                records = list(impl.function() or [])
-            except Exception as exc:
-                log.warning("plugin hook failed, skipped", plugin=ep_name, hook=hook_name, error=repr(exc))
-                registry.failed.append(
-                    {"entry_point": ep_name, "distribution": dist, "error": f"{hook_name}: {exc!r}"}
-                )
+                result = impl.function()
+                if isinstance(result, PluginRecord) or not isinstance(result, list | tuple | None):
+                    report(f"{hook_name} returned {type(result).__name__}, not a list of records")
+                    continue
+                records = list(result or [])
+            except (Exception, SystemExit) as exc:
+                report(f"{hook_name}: {exc!r}")
                 continue
+            wanted = RECORD_TYPES.get(family, PluginRecord)
             for record in records:
-                if not isinstance(record, PluginRecord):
-                    registry.failed.append(
-                        {"entry_point": ep_name, "distribution": dist,
-                         "error": f"{hook_name} returned {type(record).__name__}, not a PluginRecord"}
-                    )
+                if not isinstance(record, wanted):
+                    report(f"{hook_name} returned {type(record).__name__}, "
+                           f"not a {wanted.__name__}")
+                    continue
+                if not isinstance(record.name, str) or not record.name:
+                    report(f"{hook_name} returned a record without a name: {record!r}")
                     continue
                 if record.name in disabled:
                     continue

@@ -27,7 +27,11 @@ class Notifier:
     def notify(self, **fields: object) -> None:
         if self._sock is None or self.address is None:
             return
-        text = "\n".join(f"{key.upper()}={value}" for key, value in fields.items())
+        # One assignment per line: a newline inside a value (an exception text in STATUS=)
+        # would otherwise be read by systemd as a second, forged assignment.
+        text = "\n".join(
+            f"{key.upper()}={' '.join(str(value).splitlines())}" for key, value in fields.items()
+        )
         # An address starting with "@" is in the abstract namespace.
         target = "\0" + self.address[1:] if self.address.startswith("@") else self.address
         try:
@@ -51,9 +55,17 @@ class Notifier:
         self.notify(watchdog=1)
 
     def watchdog_interval(self) -> float | None:
-        """Half of systemd's WatchdogSec for this process, in seconds, or None if not asked."""
-        usec = os.environ.get("WATCHDOG_USEC")
-        pid = os.environ.get("WATCHDOG_PID")
-        if not usec or (pid and pid != str(os.getpid())):
+        """Half of systemd's WatchdogSec for this process, in seconds, or None if not asked.
+
+        ``WATCHDOG_PID`` names the process the watchdog is meant for (a child inheriting the
+        environment must not ping); a malformed or zero ``WATCHDOG_USEC`` means no watchdog
+        rather than a crash at start."""
+        usec = os.environ.get("WATCHDOG_USEC", "")
+        pid = os.environ.get("WATCHDOG_PID", "")
+        if pid and pid != str(os.getpid()):
             return None
-        return int(usec) / 2e6
+        try:
+            value = int(usec)
+        except ValueError:
+            return None
+        return value / 2e6 if value > 0 else None

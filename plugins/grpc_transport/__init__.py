@@ -1,1 +1,30 @@
-"""placeholder"""
+"""The ``grpc`` transport: a direct gRPC channel (TLS, mutual TLS or plaintext) to a GPU daemon."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from rrtod.config import TLSConfig
+from rrtod.grpc_options import CHANNEL_OPTIONS
+from rrtod.hookspecs import PluginRecord, hookimpl
+from rrtod.tls import channel_credentials
+
+
+def open_channel(address: str, tls: TLSConfig, options: dict[str, Any] | None = None) -> grpc.aio.Channel:
+    """An asyncio channel to ``address``; ``tls.server_name`` overrides the name checked in the
+    host's certificate (hosts addressed by IP)."""
+    opts = list(CHANNEL_OPTIONS)
+    if tls.server_name:
+        opts.append(("grpc.ssl_target_name_override", tls.server_name))
+    opts += list((options or {}).items())
+    creds = channel_credentials(tls)
+    if creds is None:
+        return grpc.aio.insecure_channel(address, options=opts)
+    return grpc.aio.secure_channel(address, creds, options=opts)
+
+
+@hookimpl
+def rrto_transports() -> list[PluginRecord]:
+    return [PluginRecord("grpc", open_channel, "direct gRPC channel, TLS/mTLS or plaintext")]

@@ -1,0 +1,229 @@
+"""The ``gpu`` role: the gRPC peer service that executes app sessions for robot daemons.
+
+Each session gets an executor from its interception backend and one worker thread. Frames are
+read ahead while the worker executes, so a streamed call never waits on the network, and the
+replies go back in frame order. A session ends when the robot closes its stream or the stream
+breaks; either way its executor is closed and its memory freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from rrto.v1 import ops_pb2, peer_pb2, peer_pb2_grpc
+from rrtod import __version__
+from rrtod.config import Config
+from rrtod.executor import Executor, ExecutorContext
+from rrtod.grpc_options import SERVER_OPTIONS
+from rrtod.plugins import PluginError, Registry
+from rrtod.tls import server_credentials
+
+log = structlog.get_logger("rrtod.gpu")
+
+SERVICE_NAME = "rrto.v1.Peer"
+
+
+def _probe_device() -> str:
+    """What ``executor.device: auto`` resolves to here (the executor makes the same choice)."""
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        return "cpu"
+
+
+class HostSession:
+    """One app session on this host: an executor driven by one dedicated thread."""
+
+    def __init__(self, sid: str, request: ops_pb2.SessionOpen, peer: str, executor: Executor):
+        self.id = sid
+        self.app = request.app
+        self.pid = request.pid
+        self.robot = request.robot
+        self.peer = peer
+        self.opened = time.time()
+        self.frames = 0
+        self.executor = executor
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rrto-{sid}")
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        return asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+
+    def handle(self, frame: ops_pb2.SessionUp) -> list[ops_pb2.SessionDown]:
+        """Runs in the worker thread. An executor bug answers this frame with an error instead of
+        killing the stream, so the app sees what failed."""
+        try:
+            return list(self.executor.handle(frame))
+        except Exception as exc:  # noqa: BLE001 - reported to the app, logged here
+            log.exception("executor failed", session=self.id)
+            return [ops_pb2.SessionDown(error=ops_pb2.Error(code="INTERNAL", message=repr(exc)))]
+
+    async def close(self) -> None:
+        try:
+            await self.submit(self.executor.close)
+        finally:
+            self._worker.shutdown(wait=False)
+
+    def describe(self) -> dict[str, Any]:
+        try:
+            stats = dict(self.executor.stats())
+        except Exception as exc:  # noqa: BLE001 - status must not fail on one session
+            stats = {"error": repr(exc)}
+        return {"id": self.id, "app": self.app, "pid": self.pid, "robot": self.robot,
+                "peer": self.peer, "opened": self.opened, "frames": self.frames, **stats}
+
+
+class GpuRole(peer_pb2_grpc.PeerServicer):
+    def __init__(self, config: Config, registry: Registry):
+        self.config = config
+        self.registry = registry
+        self.sessions: dict[str, HostSession] = {}
+        self.draining = False
+        self._ids = itertools.count(1)
+        self.server: grpc.aio.Server | None = None
+        self.health = health.aio.HealthServicer() if hasattr(health, "aio") else None
+        self.blobs: Any = None
+        self.port: int | None = None
+        self.device = config.executor.device
+
+    # ----- lifecycle -----
+    async def start(self) -> None:
+        from rrtod.blobstore import BlobStore  # the torch backend's weight cache, framework-neutral
+
+        if self.device == "auto":  # importing torch takes seconds: not on the event loop
+            self.device = await asyncio.to_thread(_probe_device)
+        state = Path(self.config.state_dir)
+        self.blobs = BlobStore(state / "blobs", self.config.weight_cache.max_bytes)
+        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+        peer_pb2_grpc.add_PeerServicer_to_server(self, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        creds = server_credentials(self.config.tls)
+        if creds is None:
+            log.warning("peer link is plaintext (tls.mode: insecure): use only on a trusted "
+                        "network or loopback", listen=self.config.listen)
+            self.port = self.server.add_insecure_port(self.config.listen)
+        else:
+            self.port = self.server.add_secure_port(self.config.listen, creds)
+        if not self.port:
+            raise OSError(f"cannot listen on {self.config.listen}")
+        await self.server.start()
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        log.info("gpu role serving", listen=self.config.listen, tls=self.config.tls.mode)
+
+    async def drain(self) -> None:
+        self.draining = True
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    async def stop(self, grace: float) -> None:
+        if self.server is not None:
+            await self.server.stop(grace)
+        for session in list(self.sessions.values()):
+            await session.close()
+        self.sessions.clear()
+
+    def reload(self, config: Config) -> None:
+        """Hot-reloadable settings (quota, allowlist) apply to sessions opened from now on."""
+        self.config = config
+
+    # ----- sessions -----
+    def _executor_context(self) -> ExecutorContext:
+        ex = self.config.executor
+        return ExecutorContext(device=ex.device, memory_quota=ex.memory_quota,
+                               allow_extra=ex.allow_extra, deny=ex.deny, blobs=self.blobs,
+                               state_dir=Path(self.config.state_dir))
+
+    def _new_executor(self, request: ops_pb2.SessionOpen) -> Executor:
+        name = request.executor or self.config.executor.backend
+        record = self.registry.get("interception", name)
+        factory = getattr(record, "executor", None)
+        if factory is None:
+            raise PluginError(f"interception backend {name!r} has no host executor")
+        return factory(self._executor_context())
+
+    async def Session(
+        self, request_iterator: AsyncIterator[ops_pb2.SessionUp], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[ops_pb2.SessionDown]:
+        frames = request_iterator.__aiter__()
+        first = await anext(frames, None)
+        if first is None or first.WhichOneof("msg") != "open":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first frame must be 'open'")
+        if self.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "gpu daemon is shutting down")
+        try:
+            executor = self._new_executor(first.open)
+        except PluginError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        sid = f"{self.config.node}-{next(self._ids)}"
+        session = HostSession(sid, first.open, context.peer(), executor)
+        self.sessions[sid] = session
+        bound = log.bind(session=sid, app=first.open.app, pid=first.open.pid, robot=first.open.robot)
+        bound.info("session opened")
+        pending: asyncio.Queue[asyncio.Future[Any] | None] = asyncio.Queue()
+
+        async def read_ahead() -> None:
+            async for frame in frames:
+                if frame.WhichOneof("msg") == "close":
+                    break
+                session.frames += 1
+                pending.put_nowait(session.submit(session.handle, frame))
+            pending.put_nowait(None)
+
+        reader = asyncio.get_running_loop().create_task(read_ahead())
+        try:
+            ready = await session.submit(executor.open, first.open)
+            if not ready.session:
+                ready.session = sid
+            yield ops_pb2.SessionDown(ready=ready)
+            while (future := await pending.get()) is not None:
+                for reply in await future:
+                    yield reply
+            await reader
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            self.sessions.pop(sid, None)
+            await session.close()
+            bound.info("session closed", frames=session.frames)
+
+    # ----- unary calls -----
+    async def Hello(self, request: peer_pb2.PeerHello, context: Any) -> peer_pb2.PeerWelcome:
+        return peer_pb2.PeerWelcome(
+            version=__version__, node=self.config.node, device=self.device_name(),
+            executors=self.registry.names("interception"),
+        )
+
+    async def Ping(self, request: peer_pb2.PingRequest, context: Any) -> peer_pb2.PingReply:
+        return peer_pb2.PingReply(sent_ns=request.sent_ns)
+
+    async def QueryBlobs(self, request: ops_pb2.BlobQuery, context: Any) -> ops_pb2.BlobQueryReply:
+        return ops_pb2.BlobQueryReply(missing=[h for h in request.hashes if not self.blobs.has(h)])
+
+    async def Stats(self, request: peer_pb2.StatsRequest, context: Any) -> peer_pb2.StatsReply:
+        return peer_pb2.StatsReply(json=json.dumps(self.describe()))
+
+    def device_name(self) -> str:
+        return self.device
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "listen": self.config.listen,
+            "port": self.port,
+            "tls": self.config.tls.mode,
+            "device": self.device_name(),
+            "draining": self.draining,
+            "sessions": [s.describe() for s in self.sessions.values()],
+        }

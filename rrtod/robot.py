@@ -1,0 +1,203 @@
+"""The ``robot`` role: app sessions from the unix socket, relayed to GPU daemons.
+
+An app's connection becomes a session after ``AppHello``: the host balancer picks an up host,
+a Session stream is opened there, and from then on frames flow both ways in order. The relay
+is the single place every op call passes, which is where the recorder and replay coordination
+plug in (record/replay issue). A lost host ends the session with a ``HOST_LOST`` error frame:
+the app raises or falls back to local execution, it never gets a wrong answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from typing import Any
+
+import grpc
+import structlog
+
+from rrto.v1 import local_pb2, ops_pb2
+from rrtod.config import Config
+from rrtod.framing import FrameError, encode, read_frame
+from rrtod.host_link import HostLink
+from rrtod.plugins import Registry
+
+log = structlog.get_logger("rrtod.robot")
+
+
+class AppSession:
+    """Robot-side view of one app process's session."""
+
+    def __init__(self, sid: str, hello: local_pb2.AppHello, cred: tuple[int, int, int], host: HostLink):
+        self.id = sid
+        self.app = hello.app
+        self.pid, self.uid, self.gid = cred
+        self.argv = list(hello.argv)
+        self.host = host
+        self.host_session: str | None = None
+        self.opened = time.time()
+        self.calls = 0
+        self.frames_up = self.frames_down = 0
+        self.bytes_up = self.bytes_down = 0
+        self.inferences = 0
+        self.state = "opening"
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "app": self.app, "pid": self.pid, "uid": self.uid,
+            "host": self.host.name, "host_session": self.host_session, "state": self.state,
+            "opened": self.opened, "ops_forwarded": self.calls, "frames_up": self.frames_up,
+            "frames_down": self.frames_down, "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down, "inferences": self.inferences,
+        }
+
+
+class RobotRole:
+    def __init__(self, config: Config, registry: Registry, energy: Any = None):
+        self.config = config
+        self.registry = registry
+        self.energy = energy
+        self.hosts: dict[str, HostLink] = {}
+        self.sessions: dict[str, AppSession] = {}
+        self.balancer = registry.get("balancer", config.balancer).factory()
+        self.draining = False
+        self._ids = itertools.count(1)
+
+    async def start(self) -> None:
+        self._connect(self.config)
+
+    def _connect(self, config: Config) -> None:
+        for host in config.peer_hosts():
+            if host.name in self.hosts:
+                continue
+            open_channel = self.registry.get("transport", host.transport).factory
+            link = HostLink(host, config.tls, config.health, open_channel, config.node)
+            self.hosts[host.name] = link
+            link.start()
+
+    async def reload(self, config: Config) -> None:
+        """New hosts are connected, removed ones closed once idle; changed ones reconnect."""
+        wanted = {h.name: h for h in config.peer_hosts()}
+        for name, link in list(self.hosts.items()):
+            if name not in wanted or wanted[name] != link.config or config.tls != self.config.tls:
+                del self.hosts[name]
+                await link.close()
+        self.config = config
+        self.balancer = self.registry.get("balancer", config.balancer).factory()
+        self._connect(config)
+
+    async def stop(self) -> None:
+        for link in self.hosts.values():
+            await link.close()
+        self.hosts.clear()
+
+    # ----- one app connection -----
+    async def serve_app(self, hello: local_pb2.AppHello, cred: tuple[int, int, int],
+                        reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        async def reply(msg: local_pb2.LocalReply) -> None:
+            writer.write(encode(msg))
+            await writer.drain()
+
+        def error(code: str, message: str) -> local_pb2.LocalReply:
+            return local_pb2.LocalReply(error=ops_pb2.Error(code=code, message=message))
+
+        if self.draining:
+            await reply(error("DRAINING", "rrtod is shutting down"))
+            return
+        link = self.balancer.choose(list(self.hosts.values()))
+        if link is None:
+            states = ", ".join(f"{h.name}={h.state}" for h in self.hosts.values()) or "none configured"
+            await reply(error("NO_HOST", f"no GPU host is up ({states})"))
+            return
+        sid = f"s{next(self._ids)}"
+        session = AppSession(sid, hello, cred, link)
+        bound = log.bind(session=sid, app=hello.app, pid=cred[0], host=link.name)
+        call = link.open_session()
+        link.sessions += 1
+        self.sessions[sid] = session
+        try:
+            await call.write(ops_pb2.SessionUp(open=ops_pb2.SessionOpen(
+                app=hello.app, pid=cred[0], uid=cred[1], robot=self.config.node,
+                executor=hello.executor or self.config.intercept.backend)))
+            first = await call.read()
+            if first is grpc.aio.EOF or first.WhichOneof("msg") != "ready":
+                raise grpc.aio.AioRpcError(grpc.StatusCode.UNKNOWN, None, None, "no ready frame")
+            session.host_session = first.ready.session
+            session.state = "active"
+            await reply(local_pb2.LocalReply(welcome=local_pb2.AppWelcome(
+                session=sid, host=link.name, device=first.ready.device)))
+            bound.info("app session opened", host_session=session.host_session)
+            if self.energy is not None:
+                self.energy.set_state(sid, "standby")
+
+            async def downstream() -> None:
+                while (frame := await call.read()) is not grpc.aio.EOF:
+                    data = encode(local_pb2.LocalReply(session=frame))
+                    session.frames_down += 1
+                    session.bytes_down += len(data)
+                    writer.write(data)
+                    await writer.drain()
+
+            down = asyncio.get_running_loop().create_task(downstream())
+            try:
+                while True:
+                    up = asyncio.ensure_future(read_frame(reader, local_pb2.LocalRequest))
+                    done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
+                    if down in done:
+                        up.cancel()
+                        down.result()  # raises if the host stream broke
+                        raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None,
+                                                   "host closed the session")
+                    request = up.result()
+                    if request is None:
+                        break  # the app closed its connection: session over
+                    await self._relay(session, request, call)
+            finally:
+                down.cancel()
+                await asyncio.gather(down, return_exceptions=True)
+        except grpc.aio.AioRpcError as exc:
+            bound.warning("host lost", code=exc.code().name, details=exc.details())
+            session.state = "host-lost"
+            try:
+                await reply(error("HOST_LOST", f"GPU host {link.name} ({link.address}) lost: "
+                                               f"{exc.code().name} {exc.details()}"))
+            except (ConnectionError, OSError):
+                pass
+        except FrameError as exc:
+            bound.warning("bad frame from app", error=str(exc))
+            try:
+                await reply(error("BAD_FRAME", str(exc)))
+            except (ConnectionError, OSError):
+                pass
+        finally:
+            call.cancel()
+            link.sessions -= 1
+            self.sessions.pop(sid, None)
+            if self.energy is not None:
+                self.energy.close_session(sid)
+            bound.info("app session closed", ops=session.calls, frames_up=session.frames_up)
+
+    async def _relay(self, session: AppSession, request: local_pb2.LocalRequest,
+                     call: grpc.aio.StreamStreamCall) -> None:
+        kind = request.WhichOneof("msg")
+        if kind == "session":
+            frame = request.session
+            session.frames_up += 1
+            session.bytes_up += frame.ByteSize()
+            if frame.WhichOneof("msg") == "call":
+                session.calls += 1
+            await call.write(frame)
+        elif kind == "mark":
+            session.inferences += 1
+            if self.energy is not None:
+                m = request.mark
+                self.energy.inference(session.id, m.index, m.start_ns, m.end_ns)
+        else:
+            raise FrameError(f"unexpected {kind or 'empty'} frame inside an app session")
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "hosts": [h.describe() for h in self.hosts.values()],
+            "sessions": [s.describe() for s in self.sessions.values()],
+        }

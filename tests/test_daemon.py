@@ -1,0 +1,279 @@
+"""The daemon as a real process: control commands, sessions through the relay, host liveness,
+signals, notify protocol, bad input. Uses the testkit's ``echo`` backend (no torch)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rrto.v1 import local_pb2, ops_pb2
+from rrtod.framing import HEADER, FramedSocket
+
+from .conftest import BIN, free_port
+
+ECHO = {"intercept": {"backend": "echo"}, "executor": {"backend": "echo"}}
+
+
+def open_app(sock: str, app: str = "test-app") -> tuple[FramedSocket, local_pb2.LocalReply]:
+    conn = FramedSocket(sock, timeout=10)
+    conn.send(local_pb2.LocalRequest(app_hello=local_pb2.AppHello(app=app, pid=os.getpid(),
+                                                                   executor="echo")))
+    return conn, conn.recv(local_pb2.LocalReply)
+
+
+def call(seq: int, op: str = "aten::add.Tensor", sync: bool = False) -> local_pb2.LocalRequest:
+    return local_pb2.LocalRequest(session=ops_pb2.SessionUp(
+        call=ops_pb2.OpCall(seq=seq, op=op, sync=sync)))
+
+
+def test_status_and_plugins(rrtod_daemon):
+    d = rrtod_daemon(**ECHO)
+    status = d.wait_for(lambda s: s["hosts"] and s["hosts"][0]["state"] == "up", what="host up")
+    assert status["roles"] == ["robot", "gpu"]
+    assert status["config"]["path"] == str(d.config_path)
+    assert status["uptime_s"] >= 0 and status["version"]
+    host = status["hosts"][0]
+    assert host["name"] == "local" and host["address"] == d.listen
+    assert host["rtt_ms"] is not None and host["rtt_ms"] > 0
+    assert status["gpu"]["device"] == "cpu"
+    plugins = d.ctl("plugins")
+    assert set(plugins["families"]) == {"interception", "search", "transport", "scheduler",
+                                        "balancer", "power"}
+    names = {p["name"]: p for fam in plugins["families"].values() for p in fam}
+    assert names["grpc"]["distribution"] == "rrtod"
+    assert names["echo"]["distribution"] == "rrto-testkit"
+    assert d.ctl("sequences") == {"sequences": []}
+
+
+def test_session_relay_in_order_and_freed(rrtod_daemon):
+    d = rrtod_daemon(**ECHO)
+    d.wait_for(lambda s: s["hosts"][0]["state"] == "up", what="host up")
+    conn, welcome = open_app(d.socket)
+    assert welcome.WhichOneof("msg") == "welcome", welcome
+    assert welcome.welcome.host == "local" and welcome.welcome.device == "echo"
+    for seq in range(1, 51):
+        conn.send(call(seq, sync=seq % 10 == 0))
+    conn.send(call(51, op="test::boom"))
+    conn.send(local_pb2.LocalRequest(session=ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=52, id=7))))
+    replies = [conn.recv(local_pb2.LocalReply).session for _ in range(7)]
+    kinds = [r.WhichOneof("msg") for r in replies]
+    assert kinds == ["result"] * 5 + ["error", "fetched"]
+    assert [r.result.seq for r in replies[:5]] == [10, 20, 30, 40, 50]
+    assert replies[5].error.code == "OP_FAILED" and replies[5].error.seq == 51
+    assert int.from_bytes(replies[6].fetched.tensor.data, "little") == 7
+    status = d.ctl("status")
+    (session,) = status["sessions"]
+    assert session["app"] == "test-app" and session["pid"] == os.getpid()  # SO_PEERCRED
+    assert session["ops_forwarded"] == 51
+    (hs,) = status["gpu"]["sessions"]
+    assert hs["ops"] == 51
+    conn.close()
+    d.wait_for(lambda s: not s["sessions"] and not s["gpu"]["sessions"], what="sessions freed")
+
+
+def test_bad_frames_get_errors_and_daemon_keeps_serving(rrtod_daemon):
+    d = rrtod_daemon(**ECHO)
+    # A length prefix beyond the limit.
+    raw = FramedSocket(d.socket, timeout=5)
+    raw.sock.sendall(HEADER.pack(0xFFFFFFF0))
+    reply = raw.recv(local_pb2.LocalReply)
+    assert reply.error.code == "BAD_FRAME" and "limit" in reply.error.message
+    raw.close()
+    # Garbage that is not a protobuf message.
+    raw = FramedSocket(d.socket, timeout=5)
+    raw.sock.sendall(HEADER.pack(5) + b"\xff\xff\xff\xff\xff")
+    assert raw.recv(local_pb2.LocalReply).error.code == "BAD_FRAME"
+    raw.close()
+    # A session frame before the hello.
+    raw = FramedSocket(d.socket, timeout=5)
+    raw.send(call(1))
+    assert raw.recv(local_pb2.LocalReply).error.code == "BAD_FRAME"
+    raw.close()
+    # A connection dropped mid-frame.
+    raw = FramedSocket(d.socket, timeout=5)
+    raw.sock.sendall(HEADER.pack(100) + b"abc")
+    raw.close()
+    assert d.ctl("status")["roles"] == ["robot", "gpu"]
+    conn, welcome = open_app(d.socket)
+    assert welcome.WhichOneof("msg") == "welcome"
+    conn.close()
+
+
+def test_socket_permissions(rrtod_daemon):
+    d = rrtod_daemon(socket_mode="0660", **ECHO)
+    mode = os.stat(d.socket).st_mode
+    assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o660
+
+
+def test_second_daemon_on_same_socket_refuses(rrtod_daemon):
+    d = rrtod_daemon(**ECHO)
+    cfg = dict(d.config, listen=f"127.0.0.1:{free_port()}")
+    path = Path(d.config_path).with_name("second.yaml")
+    path.write_text(yaml.safe_dump(cfg))
+    out = run_rrtod("--config", str(path))
+    assert out.returncode != 0 and "already serving" in out.stderr
+    assert d.ctl("status")  # the first one is untouched
+
+
+def run_rrtod(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent / "testkit")}
+    return subprocess.run([str(BIN / "rrtod"), *args], capture_output=True, text=True,
+                          timeout=60, env=env)
+
+
+def test_bad_config_names_file_key_and_reason(tmp_path):
+    echo = "intercept: {backend: echo}\n"
+    bad = tmp_path / "rrtod.yaml"
+    bad.write_text(echo + "roles: [robot]\nhosts:\n  - {name: edge1, address: edge1.local}\n")
+    out = run_rrtod("--config", str(bad))
+    assert out.returncode == 78
+    assert str(bad) in out.stderr and "hosts[0].address" in out.stderr
+    assert "HOST:PORT" in out.stderr and "Traceback" not in out.stderr
+    bad.write_text(echo + "roles: [robot]\nbalancer: nope\n")
+    out = run_rrtod("--config", str(bad), "--check-config")
+    assert out.returncode == 78 and "balancer" in out.stderr and "'nope'" in out.stderr
+    assert "least-loaded" in out.stderr  # the error lists what is installed
+    good = tmp_path / "good.yaml"
+    good.write_text(echo + "roles: [robot]\nhosts: [{name: a, address: 'a:1'}]\n")
+    out = run_rrtod("--config", str(good), "--check-config")
+    assert out.returncode == 0 and "configuration ok" in out.stdout
+
+
+def test_rrtoctl_unreachable_is_one_line_exit_2(tmp_path):
+    sock = str(tmp_path / "none.sock")
+    out = subprocess.run([str(BIN / "rrtoctl"), "--socket", sock, "status"], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and sock in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_peer_down_and_back_without_robot_restart(rrtod_daemon):
+    port = free_port()
+    gpu = rrtod_daemon("gpu1", roles=["gpu"], listen=f"127.0.0.1:{port}", **ECHO)
+    robot = rrtod_daemon("robot1", roles=["robot"], hosts=[{"name": "edge",
+                                                            "address": f"127.0.0.1:{port}"}],
+                         **ECHO)
+    robot.wait_for(lambda s: s["hosts"][0]["state"] == "up", what="host up")
+    robot_pid = robot.proc.pid
+    gpu.stop(signal.SIGKILL)
+    t0 = time.monotonic()
+    status = robot.wait_for(lambda s: s["hosts"][0]["state"] == "down", timeout=10,
+                            what="host down")
+    assert time.monotonic() - t0 < 10
+    assert status["hosts"][0]["last_error"]
+    conn, reply = open_app(robot.socket)
+    assert reply.error.code == "NO_HOST"  # a clear refusal, never a hang
+    conn.close()
+    gpu2 = rrtod_daemon("gpu1", roles=["gpu"], listen=f"127.0.0.1:{port}", **ECHO)
+    robot.wait_for(lambda s: s["hosts"][0]["state"] == "up", timeout=15, what="host back up")
+    assert robot.proc.pid == robot_pid and robot.proc.poll() is None
+    gpu2.stop()
+
+
+def test_host_lost_mid_session_reports_error(rrtod_daemon):
+    port = free_port()
+    gpu = rrtod_daemon("gpu1", roles=["gpu"], listen=f"127.0.0.1:{port}", **ECHO)
+    robot = rrtod_daemon("robot1", roles=["robot"],
+                         hosts=[{"name": "edge", "address": f"127.0.0.1:{port}"}], **ECHO)
+    robot.wait_for(lambda s: s["hosts"][0]["state"] == "up", what="host up")
+    conn, welcome = open_app(robot.socket)
+    assert welcome.WhichOneof("msg") == "welcome"
+    conn.send(call(1, sync=True))
+    assert conn.recv(local_pb2.LocalReply).session.result.seq == 1
+    gpu.stop(signal.SIGKILL)
+    reply = conn.recv(local_pb2.LocalReply)
+    assert reply.error.code == "HOST_LOST" and "edge" in reply.error.message
+    conn.close()
+    robot.wait_for(lambda s: not s["sessions"], what="session cleaned up")
+    assert robot.proc.poll() is None
+
+
+def test_reload_applies_valid_and_keeps_old_on_invalid(rrtod_daemon):
+    d = rrtod_daemon(**ECHO)
+    good = dict(d.config, hosts=[{"name": "other", "address": d.listen}])
+    d.config_path.write_text(yaml.safe_dump(good))
+    d.proc.send_signal(signal.SIGHUP)
+    msg = d.wait_notify("RELOADING=1")
+    assert "MONOTONIC_USEC=" in msg
+    d.wait_notify("READY=1")
+    status = d.ctl("status")
+    assert [h["name"] for h in status["hosts"]] == ["other"]
+    assert status["config"]["reloads"] == 1
+    d.config_path.write_text(yaml.safe_dump(dict(good, roles=["robot"], health={"interval": -3})))
+    d.proc.send_signal(signal.SIGHUP)
+    d.wait_notify("RELOADING=1")
+    d.wait_notify("READY=1")
+    status = d.ctl("status")
+    assert status["config"]["reloads"] == 1 and status["roles"] == ["robot", "gpu"]
+    assert "reload failed" in d.logs() and "health.interval" in d.logs()
+
+
+def test_sigterm_drains_and_exits_zero(rrtod_daemon):
+    d = rrtod_daemon(**ECHO)
+    conn, _ = open_app(d.socket)
+    d.proc.send_signal(signal.SIGTERM)
+    d.wait_notify("STOPPING=1")
+    conn.close()  # the session ends inside the drain window
+    assert d.proc.wait(20) == 0
+    assert not Path(d.socket).exists()
+
+
+def test_watchdog_pings(rrtod_daemon):
+    d = rrtod_daemon(extra_env={"WATCHDOG_USEC": "400000"}, **ECHO)
+    d.wait_notify("WATCHDOG=1", timeout=5)
+    d.wait_notify("WATCHDOG=1", timeout=5)
+
+
+def test_metrics_endpoint(rrtod_daemon):
+    port = free_port()
+    d = rrtod_daemon(metrics={"listen": f"127.0.0.1:{port}"}, **ECHO)
+    d.wait_for(lambda s: s["hosts"][0]["state"] == "up", what="host up")
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert 'rrto_host_up{host="local"} 1.0' in body
+    assert "rrto_host_rtt_seconds" in body
+
+
+@pytest.mark.skipif(not Path("/usr/bin/openssl").exists(), reason="needs openssl")
+def test_mutual_tls(rrtod_daemon, tmp_path):
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=tmp_path)
+
+    run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=rrto-test-ca")
+    for name in ("server", "client"):
+        run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
+        ext = tmp_path / f"{name}.ext"
+        ext.write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", f"{name}.crt", "-days", "2", "-extfile", str(ext))
+    tls = {"mode": "mtls", "ca": str(tmp_path / "ca.crt")}
+    port = free_port()
+    rrtod_daemon("gpu-tls", roles=["gpu"], listen=f"127.0.0.1:{port}", **ECHO,
+                 tls={**tls, "cert": str(tmp_path / "server.crt"),
+                      "key": str(tmp_path / "server.key")})
+    hosts = [{"name": "edge", "address": f"localhost:{port}"}]
+    good = rrtod_daemon("robot-ok", roles=["robot"], hosts=hosts, **ECHO,
+                        tls={**tls, "cert": str(tmp_path / "client.crt"),
+                             "key": str(tmp_path / "client.key")})
+    good.wait_for(lambda s: s["hosts"][0]["state"] == "up", what="mTLS host up")
+    plain = rrtod_daemon("robot-plain", roles=["robot"], hosts=hosts, **ECHO,
+                         tls={"mode": "insecure"})
+    time.sleep(1.5)
+    assert plain.ctl("status")["hosts"][0]["state"] != "up"  # plaintext is refused
+
+
+def test_cli_entry_points_run_as_modules():
+    out = subprocess.run([sys.executable, "-m", "rrtod", "--version"], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0 and out.stdout.startswith("rrtod ")

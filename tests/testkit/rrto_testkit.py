@@ -1,0 +1,47 @@
+"""A third-party-style plugin used by the daemon tests: an ``echo`` interception backend whose
+host executor needs no framework. It counts calls, acknowledges ``sync`` calls, answers fetches
+with a tensor whose bytes encode the fetched id, and fails an op named ``test::boom`` — enough
+to check the relay's ordering, error paths and accounting without torch."""
+
+from __future__ import annotations
+
+import struct
+
+from rrto.v1 import ops_pb2
+from rrtod.hookspecs import InterceptionBackend, hookimpl
+
+
+class EchoExecutor:
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.ops = 0
+
+    def open(self, request):
+        return ops_pb2.SessionReady(device="echo")
+
+    def handle(self, frame):
+        kind = frame.WhichOneof("msg")
+        if kind == "call":
+            self.ops += 1
+            if frame.call.op == "test::boom":
+                yield ops_pb2.SessionDown(error=ops_pb2.Error(
+                    code="OP_FAILED", message="boom", seq=frame.call.seq))
+            elif frame.call.sync:
+                yield ops_pb2.SessionDown(result=ops_pb2.OpResult(seq=frame.call.seq))
+        elif kind == "fetch":
+            data = struct.pack("<q", frame.fetch.id)
+            meta = ops_pb2.TensorMeta(dtype="int64", shape=[1], stride=[1], device="cpu")
+            yield ops_pb2.SessionDown(fetched=ops_pb2.Fetched(
+                seq=frame.fetch.seq, tensor=ops_pb2.TensorData(meta=meta, data=data)))
+
+    def stats(self):
+        return {"ops": self.ops, "bytes_live": 0}
+
+    def close(self):
+        pass
+
+
+@hookimpl
+def rrto_interception_backends():
+    return [InterceptionBackend(name="echo", factory=lambda client: None, executor=EchoExecutor,
+                                description="test backend: echoes, no framework")]
