@@ -1,0 +1,161 @@
+"""``model``: an estimate for robots with no power sensor, from what the robot is doing.
+
+The RRTO paper measured its robot in three states and reports a constant power for each:
+running inference 13.35 W, communicating 4.25 W, standing by 4.04 W. This meter integrates the
+configured watts (``power.model``) of the machine's current state over time. The state comes
+from the energy accountant, which derives it from what the sessions are doing (the highest-ranked
+state any open session is in: inference > communication > standby).
+
+CPU refinement: the state says what a session is *for*, not how hard the robot works meanwhile.
+Local compute in an app process (pre-processing, a local fallback, the robot's share of a split
+placement) draws power like inference does. So CPU time used by the tracked app processes,
+as a fraction of the machine's cores, moves the power from the state's figure toward the
+inference figure: ``P = W[state] + max(0, W[inference] - W[state]) * busy``. Only processes the
+daemon tracks count (``track(pid)``), not the whole machine, because in the single-machine setup
+the GPU-role executor runs on the same CPU and its work is the host's, not the robot's. Tracking
+nothing gives the plain state model.
+
+Always available: ``probe()`` returns None.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import psutil
+
+from rrto_plugins.power.base import STATES
+
+DEFAULT_WATTS: dict[str, float] = {"inference": 13.35, "communication": 4.25, "standby": 4.04}
+
+
+def check_watts(watts: Mapping[str, float] | None) -> dict[str, float]:
+    """The state -> watts table, complete and non-negative, or ValueError naming the key."""
+    table = dict(DEFAULT_WATTS if watts is None else watts)
+    unknown = sorted(set(table) - set(STATES))
+    if unknown:
+        raise ValueError(f"power.model: unknown state(s) {', '.join(unknown)} "
+                         f"(expected {', '.join(STATES)})")
+    missing = [s for s in STATES if s not in table]
+    if missing:
+        raise ValueError(f"power.model: missing watts for {', '.join(missing)}")
+    for state, value in table.items():
+        if not value >= 0:
+            raise ValueError(f"power.model.{state}: expected watts >= 0, got {value!r}")
+    return {s: float(table[s]) for s in STATES}
+
+
+class ProcessCpu:
+    """Busy fraction of the machine's cores spent in the tracked processes since the last call."""
+
+    def __init__(self, clock: Callable[[], int] = time.monotonic_ns, cores: int | None = None):
+        self._clock = clock
+        self._cores = cores or psutil.cpu_count() or 1
+        self._procs: dict[int, psutil.Process] = {}
+        self._refs: Counter[int] = Counter()
+        self._last_cpu: dict[int, float] = {}
+        self._last_t = clock()
+
+    @staticmethod
+    def _seconds(proc: psutil.Process) -> float:
+        times = proc.cpu_times()
+        return float(times.user + times.system)
+
+    def add(self, pid: int) -> None:
+        if self._refs[pid] == 0:
+            try:
+                proc = psutil.Process(pid)
+                self._last_cpu[pid] = self._seconds(proc)
+            except psutil.Error:
+                return  # already gone (or not ours to see): nothing to count
+            self._procs[pid] = proc
+        self._refs[pid] += 1
+
+    def remove(self, pid: int) -> None:
+        if self._refs[pid] <= 1:
+            self._refs.pop(pid, None)
+            self._procs.pop(pid, None)
+            self._last_cpu.pop(pid, None)
+        else:
+            self._refs[pid] -= 1
+
+    def __call__(self) -> float:
+        now = self._clock()
+        elapsed = (now - self._last_t) / 1e9
+        self._last_t = now
+        busy = 0.0
+        for pid, proc in list(self._procs.items()):
+            try:
+                seconds = self._seconds(proc)
+            except psutil.Error:
+                self._procs.pop(pid, None)  # exited: its last slice is lost, which is small
+                continue
+            busy += max(0.0, seconds - self._last_cpu[pid])
+            self._last_cpu[pid] = seconds
+        if elapsed <= 0:
+            return 0.0
+        return min(1.0, busy / (elapsed * self._cores))
+
+
+class ModelMeter:
+    """Integrated model power, in joules since construction.
+
+    ``clock`` (ns) and ``cpu`` (a callable returning the busy fraction since its last call) are
+    injectable for tests; by default ``cpu`` is a ``ProcessCpu`` fed by ``track``/``untrack``.
+    """
+
+    blocking = False
+
+    def __init__(
+        self,
+        watts: Mapping[str, float] | None = None,
+        clock: Callable[[], int] = time.monotonic_ns,
+        cpu: Callable[[], float] | None = None,
+    ):
+        self.watts = check_watts(watts)
+        self._clock = clock
+        self._procs = ProcessCpu(clock) if cpu is None else None
+        self._cpu: Callable[[], float] = cpu if cpu is not None else self._procs  # type: ignore[assignment]
+        self.state = "standby"
+        self._last_t = clock()
+        self._joules = 0.0
+
+    @staticmethod
+    def probe() -> str | None:
+        return None
+
+    def power_w(self, state: str, busy: float) -> float:
+        base = self.watts[state]
+        return base + max(0.0, self.watts["inference"] - base) * min(1.0, max(0.0, busy))
+
+    def _advance(self) -> None:
+        now = self._clock()
+        busy = self._cpu()
+        self._joules += self.power_w(self.state, busy) * max(0, now - self._last_t) / 1e9
+        self._last_t = now
+
+    def set_state(self, state: str) -> None:
+        """The machine's state changed now: close the interval at the old state's power."""
+        if state not in self.watts:
+            raise ValueError(f"unknown state {state!r} (expected {', '.join(STATES)})")
+        self._advance()
+        self.state = state
+
+    def track(self, pid: int) -> None:
+        """Count this process's CPU time as robot work (an app process of a session)."""
+        if self._procs is not None:
+            self._procs.add(pid)
+
+    def untrack(self, pid: int) -> None:
+        if self._procs is not None:
+            self._procs.remove(pid)
+
+    def read(self) -> float:
+        self._advance()
+        return self._joules
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "model", "watts": dict(self.watts), "state": self.state}
