@@ -7,6 +7,7 @@ How the daemon uses it::
     acct = EnergyAccountant(name, meter, config.power.sample_hz)
     acct.register_metrics(prometheus_registry)
     task = asyncio.create_task(acct.run())                   # cancel it at shutdown
+    acct.track_process(sid, pid)                             # optional: app pid (SO_PEERCRED)
     acct.set_state(sid, "communication")                     # as a session's activity changes
     acct.inference(sid, mark.index, mark.start_ns, mark.end_ns)   # each InferenceMark
     acct.close_session(sid)                                  # when the app disconnects
@@ -108,10 +109,19 @@ class SumMeter:
     def read(self) -> float:
         return sum(m.read() for m in self.meters.values())
 
-    def set_state(self, state: str) -> None:
+    def _each(self, method: str, *args: Any) -> None:
         for m in self.meters.values():
-            if callable(getattr(m, "set_state", None)):
-                m.set_state(state)
+            if callable(getattr(m, method, None)):
+                getattr(m, method)(*args)
+
+    def set_state(self, state: str) -> None:
+        self._each("set_state", state)
+
+    def track(self, pid: int) -> None:
+        self._each("track", pid)
+
+    def untrack(self, pid: int) -> None:
+        self._each("untrack", pid)
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "sum", "meters": {n: _meter_info(m) for n, m in self.meters.items()}}
@@ -183,6 +193,7 @@ class _Session:
     inference_ns: int = 0
     last_inference_j: float | None = None
     pending: int = 0
+    pid: int | None = None  # the app process, when the daemon told us (model meter CPU use)
 
     def summary(self) -> dict[str, Any]:
         open_ns = sum(self.time_by_state_ns.values())
@@ -190,6 +201,7 @@ class _Session:
         return {
             "open": self.closed_ns is None,
             "state": self.state,
+            "pid": self.pid,
             "inferences": self.inferences,
             "pending_inferences": self.pending,
             "energy_j": sum(self.energy_by_state.values()),
@@ -276,9 +288,10 @@ class EnergyAccountant:
         with self._lock:
             now = self._clock()
             sess = self._session(session, now)
-            if sess.state != state:
-                sess.state = state
-                self._events.append((now, sess, state))
+            if sess.state == state:
+                return  # the common case when called per relayed frame: nothing to record
+            sess.state = state
+            self._events.append((now, sess, state))
             self._feed_meter()
 
     def inference(self, session: str, index: int, start_ns: int, end_ns: int) -> None:
@@ -313,21 +326,23 @@ class EnergyAccountant:
             now = self._clock()
             sess.closed_ns = now
             self._events.append((now, sess, None))
+            untrack = getattr(self.meter, "untrack", None)
+            if sess.pid is not None and callable(untrack):
+                untrack(sess.pid)
             self._feed_meter()
 
     def track_process(self, session: str, pid: int) -> None:
-        """Optional: the app process behind ``session`` (SO_PEERCRED pid), so the model meter can
-        count its CPU time as robot work. No-op for measuring meters."""
-        track = getattr(self.meter, "track", None)
-        if callable(track):
-            with self._lock:
+        """Optional: the app process behind ``session`` (its SO_PEERCRED pid), so the model
+        meter counts its CPU time as robot work (until ``close_session``). Opens the session if
+        it is new. No-op for measuring meters, which see all CPU work anyway."""
+        with self._lock:
+            sess = self._session(session, self._clock())
+            if sess.pid is not None:
+                return
+            sess.pid = pid
+            track = getattr(self.meter, "track", None)
+            if callable(track):
                 track(pid)
-
-    def untrack_process(self, session: str, pid: int) -> None:
-        untrack = getattr(self.meter, "untrack", None)
-        if callable(untrack):
-            with self._lock:
-                untrack(pid)
 
     # ---- sampling -----------------------------------------------------------------------------
 

@@ -264,6 +264,40 @@ def test_model_meter_follows_the_busiest_session() -> None:
     assert machine_state([]) == "standby"
 
 
+class StatefulMeter(FakeMeter):
+    """Records what the accountant tells an estimating meter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.states: list[str] = []
+        self.tracked: list[int] = []
+
+    def set_state(self, state: str) -> None:
+        self.states.append(state)
+
+    def track(self, pid: int) -> None:
+        self.tracked.append(pid)
+
+    def untrack(self, pid: int) -> None:
+        self.tracked.remove(pid)
+
+
+def test_app_process_is_tracked_until_close_and_repeats_are_free() -> None:
+    clock, meter = Clock(), StatefulMeter()
+    acct = EnergyAccountant("stateful", meter, 10.0, clock=clock)
+    acct.track_process("s", 4242)
+    acct.track_process("s", 4242)  # once per session
+    assert meter.tracked == [4242]
+    assert acct.describe()["sessions"]["s"]["pid"] == 4242
+    acct.set_state("s", "communication")
+    reads = meter.reads
+    for _ in range(5):  # a relay may call this per frame: unchanged state costs nothing
+        acct.set_state("s", "communication")
+    assert meter.states == ["communication"] and meter.reads == reads
+    acct.close_session("s")
+    assert meter.tracked == [] and meter.states[-1] == "standby"
+
+
 def test_meter_going_backwards_keeps_series_monotonic(rig) -> None:
     acct, clock, meter = rig
     acct.set_state("s", "communication")

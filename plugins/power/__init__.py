@@ -15,6 +15,9 @@ can run here and, if not, why.
    would leave out the CPU doing the offloading. Name ``rapl+nvml`` to get both.
 4. ``model`` (0): the RRTO paper's state-based estimate; always available, so a daemon always
    has energy figures, labelled by meter name so nobody mistakes an estimate for a measurement.
+
+``power.rails`` (jetson: rail labels to sum) and ``power.gpus`` (nvml: NVML indices) are read
+when the config section has them; without them the defaults above apply.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ def rrto_power_meters() -> list[PowerMeterRecord]:
     return [
         PowerMeterRecord(
             name="jetson",
-            factory=lambda config=None: JetsonMeter(),
+            factory=lambda config=None: JetsonMeter(rails=getattr(config, "rails", None)),
             description="Jetson board power from INA3221 rails in sysfs, integrated to energy",
             probe=JetsonMeter.probe,
             priority=PRIORITY["jetson"],
@@ -53,7 +56,7 @@ def rrto_power_meters() -> list[PowerMeterRecord]:
         ),
         PowerMeterRecord(
             name="nvml",
-            factory=lambda config=None: NvmlMeter(),
+            factory=lambda config=None: NvmlMeter(devices=getattr(config, "gpus", None)),
             description="NVIDIA GPU board energy counter (NVML)",
             probe=NvmlMeter.probe,
             priority=PRIORITY["nvml"],

@@ -4,8 +4,9 @@ A meter is any object with ``read() -> float``: cumulative joules since the mete
 never decreasing (hardware counter wraps and resets are corrected inside the meter, because only
 the meter knows its counter's range). Optional members the energy accountant uses when present:
 
-- ``blocking: bool`` -- True when ``read()`` may block (a driver call); the accountant then reads
-  in a worker thread so the daemon's event loop never stalls. sysfs reads are microseconds: False.
+- ``blocking: bool`` -- True when ``read()`` may take more than microseconds (an NVML driver call,
+  INA3221 attributes that are I2C transactions); the accountant then reads in a worker thread so
+  the daemon's event loop never stalls. RAPL's counters are plain register reads: False.
 - ``set_state(state: str) -> None`` -- the machine's activity changed; only estimating meters
   (``model``) need it, measuring meters ignore it.
 - ``describe() -> dict`` -- what the meter reads, for ``rrtoctl status`` and logs.

@@ -110,7 +110,9 @@ def choose_rails(rails: list[Rail], wanted: Iterable[str] | None = None) -> list
 class JetsonMeter:
     """Board energy integrated from INA3221 rail power, in joules since construction."""
 
-    blocking = False
+    # Each of these sysfs reads is an I2C transaction (the value registers are not cached):
+    # a fraction of a millisecond each, too long to stall the daemon's event loop for.
+    blocking = True
 
     def __init__(
         self,
