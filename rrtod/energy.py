@@ -273,12 +273,12 @@ class EnergyAccountant:
         if not callable(set_state):
             return
         open_states = (s.state for s in self._sessions.values() if s.closed_ns is None)
-        set_state(machine_state(open_states))
-        if self._sample_on_change:
-            try:
+        try:
+            set_state(machine_state(open_states))
+            if self._sample_on_change:
                 self.sample()
-            except Exception as exc:  # never let accounting fail the daemon's session code
-                log.warning("power meter read failed", meter=self.meter_name, error=repr(exc))
+        except Exception as exc:  # never let accounting fail the daemon's session code
+            log.warning("power meter update failed", meter=self.meter_name, error=repr(exc))
 
     def set_state(self, session: str, state: str) -> None:
         """Session ``session`` is now doing ``state`` ("inference" | "communication" |
@@ -307,7 +307,8 @@ class EnergyAccountant:
                 log.warning("inference mark from the future (clock mismatch?), ignored",
                             session=session, index=index, end_ns=end_ns, now_ns=now)
                 return
-            sess = self._session(session, now)
+            # A mark that arrives after close_session still belongs to the closed session.
+            sess = self._sessions.get(session) or self._session(session, now)
             if len(self._pending) >= MAX_PENDING:
                 dropped = self._pending.pop(0)
                 dropped.session.pending -= 1
@@ -336,8 +337,8 @@ class EnergyAccountant:
         meter counts its CPU time as robot work (until ``close_session``). Opens the session if
         it is new. No-op for measuring meters, which see all CPU work anyway."""
         with self._lock:
-            sess = self._session(session, self._clock())
-            if sess.pid is not None:
+            sess = self._sessions.get(session) or self._session(session, self._clock())
+            if sess.pid is not None or sess.closed_ns is not None:
                 return
             sess.pid = pid
             track = getattr(self.meter, "track", None)
@@ -389,7 +390,10 @@ class EnergyAccountant:
                 log.warning("power meter read failed", meter=self.meter_name,
                             error=repr(exc), failures=self._read_errors)
             return
-        self.ingest(stamp, joules)
+        try:
+            self.ingest(stamp, joules)
+        except Exception:  # a bug here must not end sampling for the daemon's lifetime
+            log.exception("energy accounting failed", meter=self.meter_name)
 
     def ingest(self, t_ns: int, joules: float) -> None:
         """Add one sample (the meter's cumulative joules at ``t_ns``) and account for the interval

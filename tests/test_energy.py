@@ -213,6 +213,10 @@ def test_closed_session_stops_accruing_and_stays_readable(rig) -> None:
     assert d["total_j"] == pytest.approx(9.0)
     acct.close_session("s")  # twice is harmless
     acct.close_session("never-seen")
+    acct.inference("s", 9, 100 * S, 100 * S + S)  # a late mark: counted, session stays closed
+    s = acct.describe()["sessions"]["s"]
+    assert s["open"] is False and s["inferences"] == 1
+    assert s["last_inference_j"] == pytest.approx(5.0)
 
 
 def test_only_recent_closed_sessions_are_kept(rig) -> None:
