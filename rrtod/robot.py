@@ -63,6 +63,10 @@ class RobotRole:
         self.balancer = registry.get("balancer", config.balancer).factory()
         self.draining = False
         self._ids = itertools.count(1)
+        # Counters of sessions that have ended, so demos and benchmarks can read what a
+        # finished app cost after its session is gone.
+        self.finished = {"sessions": 0, "ops_forwarded": 0, "frames_up": 0, "frames_down": 0,
+                         "bytes_up": 0, "bytes_down": 0, "inferences": 0}
 
     async def start(self) -> None:
         self._connect(self.config)
@@ -174,6 +178,11 @@ class RobotRole:
             call.cancel()
             link.sessions -= 1
             self.sessions.pop(sid, None)
+            done = session.describe()
+            self.finished["sessions"] += 1
+            for key in ("ops_forwarded", "frames_up", "frames_down", "bytes_up", "bytes_down",
+                        "inferences"):
+                self.finished[key] += done[key]
             if self.energy is not None:
                 self.energy.close_session(sid)
             bound.info("app session closed", ops=session.calls, frames_up=session.frames_up)
@@ -200,4 +209,5 @@ class RobotRole:
         return {
             "hosts": [h.describe() for h in self.hosts.values()],
             "sessions": [s.describe() for s in self.sessions.values()],
+            "finished": dict(self.finished),
         }

@@ -77,7 +77,9 @@ def test_session_relay_in_order_and_freed(rrtod_daemon):
     (hs,) = status["gpu"]["sessions"]
     assert hs["ops"] == 51
     conn.close()
-    d.wait_for(lambda s: not s["sessions"] and not s["gpu"]["sessions"], what="sessions freed")
+    status = d.wait_for(lambda s: not s["sessions"] and not s["gpu"]["sessions"],
+                        what="sessions freed")
+    assert status["finished"]["sessions"] == 1 and status["finished"]["ops_forwarded"] == 51
 
 
 def test_bad_frames_get_errors_and_daemon_keeps_serving(rrtod_daemon):

@@ -1,1 +1,18 @@
-"""placeholder"""
+"""Sequence searches: find one inference's operator sequence in an op log, with no hint from
+the app. Each proposes candidates; ``rrtod.search.verify`` decides."""
+
+from __future__ import annotations
+
+from rrtod.hookspecs import PluginRecord, hookimpl
+
+from .dds import DataDependencySearch
+from .period import PeriodSearch
+
+
+@hookimpl
+def rrto_sequence_searches() -> list[PluginRecord]:
+    return [
+        PluginRecord("dds", DataDependencySearch,
+                     "Data Dependency Search: periods from downloads, starts from dataflow"),
+        PluginRecord("period", PeriodSearch, "smallest period of operator keys (KMP), any phase"),
+    ]

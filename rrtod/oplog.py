@@ -1,0 +1,144 @@
+"""The op log: what one app session executed, per thread, as seen by the robot daemon's relay.
+
+Recording on the relay's path must cost next to nothing, so ``record`` only appends the parsed
+frame; turning calls into comparable entries (``LoggedCall``: operator key, dataflow refs,
+downloads) happens later, in ``entries()``, off the critical path, when a sequence search runs.
+
+Dataflow refs name where each tensor input came from:
+- ``("upload", id)``: host data sent with this call (fresh every inference: an input);
+- ``("persistent", hash)``: a weight or buffer, by content hash;
+- ``("live", id)``: a tensor already on the host, produced by an earlier call (or uploaded
+  earlier). The search resolves it to its producer's position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from rrto.v1 import ops_pb2
+
+Ref = tuple[str, Any]
+
+
+@dataclass(slots=True)
+class LoggedCall:
+    index: int  # position in its thread's log
+    seq: int
+    op: str
+    key: int  # equal keys: same operator, non-tensor arguments, input metadata and grad mode
+    refs: tuple[Ref, ...]
+    outputs: tuple[int, ...]
+    downloads: list[int] = field(default_factory=list)  # output ids the app fetched
+
+    @property
+    def downloaded(self) -> bool:
+        return bool(self.downloads)
+
+
+def _meta_key(meta: ops_pb2.TensorMeta) -> tuple[Any, ...]:
+    return (meta.dtype, tuple(meta.shape), tuple(meta.stride), meta.storage_offset, meta.device)
+
+
+class OpLog:
+    """Bounded log of one session. Calls are kept as the frames the relay parsed anyway."""
+
+    def __init__(self, max_calls: int = 50_000):
+        self.max_calls = max_calls
+        self.calls: list[ops_pb2.OpCall] = []
+        self.fetched: list[int] = []  # store ids, in fetch order
+        self.fetch_after: list[int] = []  # number of calls logged when each fetch arrived
+        self.truncated = 0
+
+    def record(self, frame: ops_pb2.SessionUp) -> None:
+        kind = frame.WhichOneof("msg")
+        if kind == "call":
+            if len(self.calls) >= self.max_calls:
+                # Keep the newest half: a sequence search needs the recent steady state.
+                drop = self.max_calls // 2
+                del self.calls[:drop]
+                self.truncated += drop
+                keep = [(i, n - drop) for i, n in zip(self.fetched, self.fetch_after, strict=True)
+                        if n > drop]
+                self.fetched = [i for i, _ in keep]
+                self.fetch_after = [n for _, n in keep]
+            self.calls.append(frame.call)
+        elif kind == "fetch":
+            self.fetched.append(frame.fetch.id)
+            self.fetch_after.append(len(self.calls))
+
+    def __len__(self) -> int:
+        return len(self.calls)
+
+    def clear(self) -> None:
+        self.calls.clear()
+        self.fetched.clear()
+        self.fetch_after.clear()
+
+    def entries(self, thread: int | None = None) -> list[LoggedCall]:
+        """The log as comparable entries (one thread's calls when ``thread`` is given)."""
+        metas: dict[int, tuple[Any, ...]] = {}
+        producer: dict[int, LoggedCall] = {}
+        out: list[LoggedCall] = []
+        for call in self.calls:
+            if thread is not None and call.thread != thread:
+                continue
+            refs: list[Ref] = []
+            sig = (call.op, call.grad_mode,
+                   tuple(_value_sig(v, refs, metas) for v in call.args),
+                   tuple((k, _value_sig(call.kwargs[k], refs, metas)) for k in sorted(call.kwargs)))
+            entry = LoggedCall(len(out), call.seq, call.op, hash(sig), tuple(refs),
+                               tuple(call.out_ids))
+            for oid, meta in zip(call.out_ids, call.out_meta, strict=False):
+                metas[oid] = _meta_key(meta)
+            for oid in call.out_ids:
+                producer[oid] = entry
+            out.append(entry)
+        for oid in self.fetched:
+            entry = producer.get(oid)
+            if entry is not None:
+                entry.downloads.append(oid)
+        return out
+
+    def threads(self) -> list[int]:
+        return sorted({c.thread for c in self.calls})
+
+
+def _value_sig(value: ops_pb2.Value, refs: list[Ref], metas: dict[int, tuple[Any, ...]]) -> Any:
+    kind = value.WhichOneof("kind")
+    if kind == "tensor":
+        ref = value.tensor
+        rkind = ref.WhichOneof("ref")
+        if rkind == "id":
+            refs.append(("live", ref.id))
+            return ("T", metas.get(ref.id))
+        if rkind == "upload":
+            refs.append(("upload", ref.bind_id))
+            if ref.bind_id:
+                metas[ref.bind_id] = _meta_key(ref.upload.meta)
+            return ("U", _meta_key(ref.upload.meta))
+        refs.append(("persistent", ref.persistent))
+        return ("P", ref.persistent)
+    if kind in ("list", "tuple"):
+        items = getattr(value, kind).items
+        return (kind, tuple(_value_sig(v, refs, metas) for v in items))
+    if kind == "c":
+        return ("c", value.c.real, value.c.imag)
+    return (kind, getattr(value, kind)) if kind else None
+
+
+def iter_tensor_refs(call: ops_pb2.OpCall) -> Iterator[ops_pb2.TensorRef]:
+    """Every TensorRef of a call, in the same order as ``LoggedCall.refs``."""
+    def walk(v: ops_pb2.Value) -> Iterator[ops_pb2.TensorRef]:
+        kind = v.WhichOneof("kind")
+        if kind == "tensor":
+            yield v.tensor
+        elif kind in ("list", "tuple"):
+            for item in getattr(v, kind).items:
+                yield from walk(item)
+
+    for v in call.args:
+        yield from walk(v)
+    for k in sorted(call.kwargs):
+        yield from walk(call.kwargs[k])

@@ -1,0 +1,199 @@
+"""Sequence search on synthetic op logs built as the relay records them (SessionUp frames)."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from rrto.v1 import ops_pb2
+from rrto_plugins.search.dds import DataDependencySearch
+from rrto_plugins.search.period import PeriodSearch, tail_periods, z_function
+from rrtod.oplog import OpLog
+from rrtod.search import Candidate, best, verify
+
+META = ops_pb2.TensorMeta(dtype="float32", shape=[1, 8], stride=[8, 1], device="cpu")
+
+
+class App:
+    """Emits the frames an app's shim would send: ids are allocated like the shim does."""
+
+    def __init__(self) -> None:
+        self.log = OpLog()
+        self.seq = 0
+        self.next_id = 1
+
+    def _id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    def call(self, op: str, *inputs: object, outs: int = 1, scalar: float = 0.0) -> list[int]:
+        self.seq += 1
+        c = ops_pb2.OpCall(seq=self.seq, op=op, grad_mode=ops_pb2.INFERENCE_MODE)
+        for x in inputs:
+            v = c.args.add()
+            if isinstance(x, int):
+                v.tensor.id = x
+            elif isinstance(x, bytes):
+                v.tensor.persistent = x
+            else:  # an upload of fresh data
+                v.tensor.upload.meta.CopyFrom(META)
+                v.tensor.upload.data = b"\0" * 32
+        c.args.add().f = scalar
+        out = [self._id() for _ in range(outs)]
+        c.out_ids.extend(out)
+        for _ in out:
+            c.out_meta.add().CopyFrom(META)
+        self.log.record(ops_pb2.SessionUp(call=c))
+        return out
+
+    def fetch(self, oid: int) -> None:
+        self.seq += 1
+        self.log.record(ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=self.seq, id=oid)))
+
+
+W1, W2, W3 = b"w1" * 8, b"w2" * 8, b"w3" * 8
+
+
+def cnn(app: App, grid: int | None = None) -> None:
+    (x,) = app.call("aten::conv2d", "img", W1)
+    (x,) = app.call("aten::relu", x)
+    (y,) = app.call("aten::conv2d", x, W2)
+    (y,) = app.call("aten::add.Tensor", y, x)
+    if grid is not None:
+        (y,) = app.call("aten::add.Tensor", y, grid, scalar=2.0)
+    boxes, scores = app.call("aten::split", y, outs=2)
+    (scores,) = app.call("aten::sigmoid", scores)
+    (top,) = app.call("aten::topk", scores, W3)
+    app.fetch(boxes)
+    app.fetch(scores)
+    app.fetch(top)
+
+
+def dds_found(app: App):
+    return best(app.log.entries(), DataDependencySearch())
+
+
+def test_static_model_found_after_two_inferences():
+    app = App()
+    cnn(app)
+    assert dds_found(app)[0] is None  # one inference is not a pattern
+    cnn(app)
+    found, _ = dds_found(app)
+    assert found is not None and found.start == 0 and found.period == 7 and found.repeats == 2
+    assert found.inputs == [(0, 0)]  # the image upload
+    assert found.outputs == [(4, 0), (5, 0), (6, 0)]  # several downloads in one inference
+    assert found.sources[(3, 1)] == ("produced", (1, 0))  # residual add reads relu's output
+
+
+def test_initialisation_prefix_with_a_constant_grid():
+    app = App()
+    (g,) = app.call("aten::arange", "n")  # built on the first call, cached by the model
+    (grid,) = app.call("aten::stack", g)
+    for _ in range(3):
+        cnn(app, grid=grid)
+    found, _ = dds_found(app)
+    assert found is not None and found.start == 2 and found.period == 8
+    assert found.sources[(4, 1)] == ("constant", grid)
+    assert found.found_at == 4
+
+
+def test_value_carried_across_inferences_is_not_a_sequence():
+    app = App()
+    (h,) = app.call("aten::zeros", "shape")
+    for _ in range(4):
+        (x,) = app.call("aten::linear", "obs", W1)
+        (h,) = app.call("aten::gru_cell", x, h)  # hidden state from the previous inference
+        (a,) = app.call("aten::linear", h, W2)
+        app.fetch(a)
+    found, rejected = dds_found(app)
+    assert found is None
+
+
+def test_data_dependent_control_flow_is_never_verified_wrongly():
+    rng = random.Random(3)
+    app = App()
+    for _ in range(12):
+        (x,) = app.call("aten::conv2d", "img", W1)
+        (s,) = app.call("aten::sum", x)
+        app.fetch(s)  # the app branches on this value
+        branch = rng.random() < 0.5
+        (y,) = app.call("aten::relu" if branch else "aten::sigmoid", x)
+        app.fetch(y)
+    log = app.log.entries()
+    for search in (DataDependencySearch(), PeriodSearch()):
+        for cand in search.candidates(log):
+            found = verify(log, cand)
+            if found is None:
+                continue
+            # Whatever is accepted must really repeat: every copy has the same keys.
+            for r in range(found.repeats):
+                block = log[found.start + r * found.period: found.start + (r + 1) * found.period]
+                assert [e.key for e in block] == found.keys
+
+
+def test_verify_rejects_a_phase_that_cuts_an_inference():
+    app = App()
+    for _ in range(3):
+        cnn(app)
+    log = app.log.entries()
+    assert verify(log, Candidate(0, 7)) is not None
+    assert verify(log, Candidate(1, 7)) is None  # reads the image conv of the previous block
+    assert verify(log, Candidate(0, 4)) is None
+
+
+def test_period_search_finds_it_too_and_counts_false_positives():
+    app = App()
+    for _ in range(3):
+        cnn(app)
+    found, rejected = best(app.log.entries(), PeriodSearch())
+    assert found is not None and (found.start, found.period) == (0, 7)
+    # A warm-up inference whose first call differs (another input size): the periodic tail
+    # reaches one call into it, so the first phase proposed cuts an inference in two.
+    app2 = App()
+    (x,) = app2.call("aten::conv2d", "img", W1, scalar=1.0)
+    (x,) = app2.call("aten::relu", x)
+    (y,) = app2.call("aten::conv2d", x, W2)
+    (y,) = app2.call("aten::add.Tensor", y, x)
+    boxes, scores = app2.call("aten::split", y, outs=2)
+    (scores,) = app2.call("aten::sigmoid", scores)
+    app2.call("aten::topk", scores, W3)
+    for _ in range(3):
+        cnn(app2)
+    found, rejected = best(app2.log.entries(), PeriodSearch())
+    assert found is not None and (found.start, found.period) == (7, 7)
+    assert rejected >= 1  # the cut phase was proposed and refused by verification
+
+
+def test_z_function_and_tail_periods():
+    assert z_function([1, 2, 1, 2, 1]) == [5, 0, 3, 0, 1]
+    keys = [9, 9, 1, 2, 3, 1, 2, 3, 1, 2, 3]
+    assert tail_periods(keys)[0] == (3, 9)
+
+
+def test_oplog_is_bounded_and_keeps_the_recent_steady_state():
+    app = App()
+    app.log.max_calls = 64
+    for _ in range(20):
+        cnn(app)
+    assert len(app.log) <= 64 and app.log.truncated > 0
+    found, _ = dds_found(app)
+    assert found is not None and found.period == 7
+
+
+@pytest.mark.parametrize("ops_per_inference", [100, 1000])
+def test_ten_thousand_op_logs(ops_per_inference):
+    app = App()
+    inferences = 10_000 // ops_per_inference
+    for _ in range(inferences):
+        (x,) = app.call("aten::conv2d", "img", W1)
+        for i in range(ops_per_inference - 2):
+            (x,) = app.call(f"aten::op{i % 7}", x, scalar=float(i % 3))
+        (y,) = app.call("aten::linear", x, W2)
+        app.fetch(y)
+    t0 = time.perf_counter()
+    found, _ = dds_found(app)
+    elapsed = time.perf_counter() - t0
+    assert found is not None and found.period == ops_per_inference
+    print(f"dds on {len(app.log)} ops: {elapsed * 1e3:.1f} ms")  # reported by the benchmark
