@@ -245,8 +245,8 @@ class Config(_Section):
             out.append(("scheduler", "scheduler", self.scheduler))
             out += [(f"hosts[{i}].transport", "transport", h.transport)
                     for i, h in enumerate(self.peer_hosts())]
-            if self.power.meter != "auto":
-                out.append(("power.meter", "power", self.power.meter))
+            if self.power.meter != "auto":  # "a+b" sums several meters
+                out += [("power.meter", "power", n.strip()) for n in self.power.meter.split("+")]
         return out
 
     def describe(self) -> dict[str, Any]:

@@ -109,7 +109,7 @@ class RobotRole:
         if self.draining:
             await reply(error("DRAINING", "rrtod is shutting down"))
             return
-        link = self.balancer.choose(list(self.hosts.values()))
+        link = await self._choose_host()
         if link is None:
             states = ", ".join(f"{h.name}={h.state}" for h in self.hosts.values()) or "none configured"
             await reply(error("NO_HOST", f"no GPU host is up ({states})"))
@@ -133,6 +133,7 @@ class RobotRole:
                 session=sid, host=link.name, device=first.ready.device)))
             bound.info("app session opened", host_session=session.host_session)
             if self.energy is not None:
+                self.energy.track_process(sid, cred[0])  # the app's own CPU use, for the model meter
                 self.energy.set_state(sid, "standby")
 
             async def downstream() -> None:
@@ -187,6 +188,17 @@ class RobotRole:
                 self.energy.close_session(sid)
             bound.info("app session closed", ops=session.calls, frames_up=session.frames_up)
 
+    async def _choose_host(self) -> HostLink | None:
+        """The balancer's pick. Right after start (or a reload) hosts are still 'connecting':
+        an app that arrives then waits for their first answer instead of a spurious NO_HOST."""
+        deadline = time.monotonic() + self.config.health.timeout + self.config.health.interval
+        while True:
+            link = self.balancer.choose(list(self.hosts.values()))
+            connecting = any(h.state == "connecting" for h in self.hosts.values())
+            if link is not None or not connecting or time.monotonic() > deadline:
+                return link
+            await asyncio.sleep(0.02)
+
     async def _relay(self, session: AppSession, request: local_pb2.LocalRequest,
                      call: grpc.aio.StreamStreamCall) -> None:
         kind = request.WhichOneof("msg")
@@ -196,12 +208,15 @@ class RobotRole:
             session.bytes_up += frame.ByteSize()
             if frame.WhichOneof("msg") == "call":
                 session.calls += 1
+            if self.energy is not None:
+                self.energy.set_state(session.id, "communication")  # repeated: costs nothing
             await call.write(frame)
         elif kind == "mark":
             session.inferences += 1
             if self.energy is not None:
                 m = request.mark
                 self.energy.inference(session.id, m.index, m.start_ns, m.end_ns)
+                self.energy.set_state(session.id, "standby")  # the inference has ended
         else:
             raise FrameError(f"unexpected {kind or 'empty'} frame inside an app session")
 

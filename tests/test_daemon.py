@@ -279,3 +279,27 @@ def test_cli_entry_points_run_as_modules():
     out = subprocess.run([sys.executable, "-m", "rrtod", "--version"], capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 0 and out.stdout.startswith("rrtod ")
+
+
+def test_status_reports_model_meter_and_energy_per_inference(rrtod_daemon):
+    d = rrtod_daemon(power={"meter": "auto", "sample_hz": 50}, **ECHO)
+    conn, welcome = open_app(d.socket)
+    assert welcome.WhichOneof("msg") == "welcome"
+    sid = welcome.welcome.session
+    for index in range(3):
+        start = time.monotonic_ns()
+        for seq in range(1, 20):
+            conn.send(call(index * 100 + seq))
+        conn.send(call(index * 100 + 99, sync=True))
+        assert conn.recv(local_pb2.LocalReply).session.result.seq == index * 100 + 99
+        time.sleep(0.05)
+        conn.send(local_pb2.LocalRequest(mark=local_pb2.InferenceMark(
+            index=index, start_ns=start, end_ns=time.monotonic_ns())))
+    status = d.wait_for(
+        lambda s: s["power"]["sessions"].get(sid, {}).get("inferences") == 3, what="3 inferences")
+    power = status["power"]
+    assert power["meter"] == "model"  # no sensor on this machine: the model, not an error
+    per = power["sessions"][sid]["energy_per_inference_j"]
+    # Each inference lasted >= 50 ms at no less than the model's lowest power (4.04 W).
+    assert per >= 0.05 * 4.04 * 0.9
+    conn.close()
