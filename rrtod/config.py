@@ -243,6 +243,7 @@ class Config(_Section):
         if "robot" in self.roles:
             out.append(("balancer", "balancer", self.balancer))
             out.append(("scheduler", "scheduler", self.scheduler))
+            out.append(("search", "search", self.search))
             out += [(f"hosts[{i}].transport", "transport", h.transport)
                     for i, h in enumerate(self.peer_hosts())]
             if self.power.meter != "auto":  # "a+b" sums several meters

@@ -196,6 +196,21 @@ class Daemon:
         return True
 
     # ----- control (rrtoctl) -----
+    def _sequences(self) -> list[dict[str, Any]]:
+        """Saved sequences, with the live counters of those in use by a session."""
+        by_id = {s.get("id"): s for s in self.sequences.list()}
+        if self.robot:
+            for session in self.robot.sessions.values():
+                if session.recorder is None:
+                    continue
+                for live in session.recorder.sequences.values():
+                    saved = by_id.get(live["id"], {})
+                    by_id[live["id"]] = {**saved, **live,
+                                         "replays": saved.get("replays", 0) + live["replays"],
+                                         "mismatches": saved.get("mismatches", 0)
+                                         + live["mismatches"], "live": True}
+        return sorted(by_id.values(), key=lambda s: (s.get("app", ""), s.get("created", 0)))
+
     def _status_line(self) -> str:
         parts = [f"roles={'+'.join(self.config.roles)}"]
         if self.robot:
@@ -235,12 +250,14 @@ class Daemon:
             elif request.command == "plugins":
                 result = self.registry.describe()
             elif request.command == "sequences":
-                result = {"sequences": self.sequences.list()}
+                result = {"sequences": self._sequences()}
             elif request.command == "flush":
                 app = None if args.get("all") == "1" else args.get("app")
                 if app is None and args.get("all") != "1":
                     return local_pb2.CtlReply(ok=False, error="flush needs --app NAME or --all")
-                result = {"flushed": self.sequences.flush(app), "app": app}
+                live = await self.robot.flush(app) if self.robot else 0
+                saved = self.sequences.flush(app)
+                result = {"flushed": max(live, saved), "saved": saved, "live": live, "app": app}
                 log.info("sequences flushed", app=app, count=result["flushed"], uid=cred[1])
             elif request.command == "reload":
                 result = {"reloaded": await self.reload()}

@@ -47,6 +47,10 @@ class Executor(Protocol):
         """Counters for status/metrics: at least ``ops`` (operators executed) and ``bytes_live``."""
         ...
 
+    # Optional, for replay of sequences that overwrite existing values in place:
+    #   snapshot(ids) -> token   copies of those tensors
+    #   restore(token)           write the copies back (in place, keeping views valid)
+
     def close(self) -> None:
         """Free everything the session holds. Called once, also when the app vanished."""
         ...

@@ -27,11 +27,13 @@ from rrtod.config import Config
 from rrtod.executor import Executor, ExecutorContext
 from rrtod.grpc_options import SERVER_OPTIONS
 from rrtod.plugins import PluginError, Registry
+from rrtod.replay_host import HostReplayer
 from rrtod.tls import server_credentials
 
 log = structlog.get_logger("rrtod.gpu")
 
 SERVICE_NAME = "rrto.v1.Peer"
+REPLAY_FRAMES = frozenset({"define", "start", "arg", "abort"})
 
 
 def _probe_device() -> str:
@@ -56,19 +58,24 @@ class HostSession:
         self.opened = time.time()
         self.frames = 0
         self.executor = executor
+        self.replayer = HostReplayer(executor)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rrto-{sid}")
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         return asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
 
-    def handle(self, frame: ops_pb2.SessionUp) -> list[ops_pb2.SessionDown]:
-        """Runs in the worker thread. An executor bug answers this frame with an error instead of
-        killing the stream, so the app sees what failed."""
+    def process(self, frame: ops_pb2.SessionUp, emit: Callable[[Any], None]) -> None:
+        """Runs in the worker thread; ``emit`` sends each reply the moment it exists, so a
+        replayed inference streams its outputs back while later calls still compute. An
+        executor bug answers this frame with an error instead of killing the stream."""
         try:
-            return list(self.executor.handle(frame))
+            if frame.WhichOneof("msg") in REPLAY_FRAMES:
+                self.replayer.process(frame, emit)
+            else:
+                self.replayer.forwarded(frame, emit)
         except Exception as exc:  # noqa: BLE001 - reported to the app, logged here
             log.exception("executor failed", session=self.id)
-            return [ops_pb2.SessionDown(error=ops_pb2.Error(code="INTERNAL", message=repr(exc)))]
+            emit(ops_pb2.SessionDown(error=ops_pb2.Error(code="INTERNAL", message=repr(exc))))
 
     async def close(self) -> None:
         try:
@@ -82,7 +89,9 @@ class HostSession:
         except Exception as exc:  # noqa: BLE001 - status must not fail on one session
             stats = {"error": repr(exc)}
         return {"id": self.id, "app": self.app, "pid": self.pid, "robot": self.robot,
-                "peer": self.peer, "opened": self.opened, "frames": self.frames, **stats}
+                "peer": self.peer, "opened": self.opened, "frames": self.frames,
+                "sequences": len(self.replayer.sequences), "replays": self.replayer.replays,
+                "aborts": self.replayer.aborts, **stats}
 
 
 class GpuRole(peer_pb2_grpc.PeerServicer):
@@ -172,29 +181,36 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
         self.sessions[sid] = session
         bound = log.bind(session=sid, app=first.open.app, pid=first.open.pid, robot=first.open.robot)
         bound.info("session opened")
-        pending: asyncio.Queue[asyncio.Future[Any] | None] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        replies: asyncio.Queue[ops_pb2.SessionDown | None] = asyncio.Queue()
+
+        def emit(reply: ops_pb2.SessionDown | None) -> None:  # from the worker thread
+            loop.call_soon_threadsafe(replies.put_nowait, reply)
 
         async def read_ahead() -> None:
-            async for frame in frames:
-                if frame.WhichOneof("msg") == "close":
-                    break
-                session.frames += 1
-                pending.put_nowait(session.submit(session.handle, frame))
-            pending.put_nowait(None)
+            try:
+                async for frame in frames:
+                    if frame.WhichOneof("msg") == "close":
+                        break
+                    session.frames += 1
+                    session.submit(session.process, frame, emit)
+            finally:
+                session.submit(emit, None)  # after every frame submitted before it
 
-        reader = asyncio.get_running_loop().create_task(read_ahead())
+        reader: asyncio.Task[None] | None = None
         try:
             ready = await session.submit(executor.open, first.open)
             if not ready.session:
                 ready.session = sid
             yield ops_pb2.SessionDown(ready=ready)
-            while (future := await pending.get()) is not None:
-                for reply in await future:
-                    yield reply
+            reader = loop.create_task(read_ahead())
+            while (reply := await replies.get()) is not None:
+                yield reply
             await reader
         finally:
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
+            if reader is not None:
+                reader.cancel()
+                await asyncio.gather(reader, return_exceptions=True)
             self.sessions.pop(sid, None)
             await session.close()
             bound.info("session closed", frames=session.frames)

@@ -31,6 +31,7 @@ class LoggedCall:
     refs: tuple[Ref, ...]
     outputs: tuple[int, ...]
     downloads: list[int] = field(default_factory=list)  # output ids the app fetched
+    raw: ops_pb2.OpCall | None = field(default=None, repr=False)  # the recorded frame
 
     @property
     def downloaded(self) -> bool:
@@ -50,6 +51,9 @@ class OpLog:
         self.fetched: list[int] = []  # store ids, in fetch order
         self.fetch_after: list[int] = []  # number of calls logged when each fetch arrived
         self.truncated = 0
+        # Store id -> content hash of persistent tensors bound by dropped calls (truncation), so
+        # that a weight bound long ago is still known as persistent.
+        self.persistent_ids: dict[int, bytes] = {}
 
     def record(self, frame: ops_pb2.SessionUp) -> None:
         kind = frame.WhichOneof("msg")
@@ -57,6 +61,8 @@ class OpLog:
             if len(self.calls) >= self.max_calls:
                 # Keep the newest half: a sequence search needs the recent steady state.
                 drop = self.max_calls // 2
+                for old in self.calls[:drop]:
+                    self._note_persistent(old)
                 del self.calls[:drop]
                 self.truncated += drop
                 keep = [(i, n - drop) for i, n in zip(self.fetched, self.fetch_after, strict=True)
@@ -68,6 +74,22 @@ class OpLog:
             self.fetched.append(frame.fetch.id)
             self.fetch_after.append(len(self.calls))
 
+    def _note_persistent(self, call: ops_pb2.OpCall) -> None:
+        self._note_persistent_into(call, self.persistent_ids)
+
+    def persistent_bindings(self) -> dict[int, bytes]:
+        """Every store id bound to a persistent tensor in this log (and before it)."""
+        out = dict(self.persistent_ids)
+        for call in self.calls:
+            self._note_persistent_into(call, out)
+        return out
+
+    @staticmethod
+    def _note_persistent_into(call: ops_pb2.OpCall, out: dict[int, bytes]) -> None:
+        for ref in iter_tensor_refs(call):
+            if ref.WhichOneof("ref") == "persistent" and ref.bind_id:
+                out[ref.bind_id] = ref.persistent
+
     def __len__(self) -> int:
         return len(self.calls)
 
@@ -77,7 +99,8 @@ class OpLog:
         self.fetch_after.clear()
 
     def entries(self, thread: int | None = None) -> list[LoggedCall]:
-        """The log as comparable entries (one thread's calls when ``thread`` is given)."""
+        """The log as comparable entries (one thread's calls when ``thread`` is given).
+        ``LoggedCall.index`` is the position among those entries; ``raw[i]`` is its frame."""
         metas: dict[int, tuple[Any, ...]] = {}
         producer: dict[int, LoggedCall] = {}
         out: list[LoggedCall] = []
@@ -89,7 +112,7 @@ class OpLog:
                    tuple(_value_sig(v, refs, metas) for v in call.args),
                    tuple((k, _value_sig(call.kwargs[k], refs, metas)) for k in sorted(call.kwargs)))
             entry = LoggedCall(len(out), call.seq, call.op, hash(sig), tuple(refs),
-                               tuple(call.out_ids))
+                               tuple(call.out_ids), raw=call)
             for oid, meta in zip(call.out_ids, call.out_meta, strict=False):
                 metas[oid] = _meta_key(meta)
             for oid in call.out_ids:

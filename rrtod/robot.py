@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -22,6 +23,7 @@ from rrtod.config import Config
 from rrtod.framing import FrameError, encode, read_frame
 from rrtod.host_link import HostLink
 from rrtod.plugins import Registry
+from rrtod.recorder import Recorder
 
 log = structlog.get_logger("rrtod.robot")
 
@@ -42,6 +44,10 @@ class AppSession:
         self.bytes_up = self.bytes_down = 0
         self.inferences = 0
         self.state = "opening"
+        self.recorder: Recorder | None = None
+        self.call: grpc.aio.StreamStreamCall | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.write_lock = asyncio.Lock()  # the relay and sequence pushes share the host stream
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -50,6 +56,7 @@ class AppSession:
             "opened": self.opened, "ops_forwarded": self.calls, "frames_up": self.frames_up,
             "frames_down": self.frames_down, "bytes_up": self.bytes_up,
             "bytes_down": self.bytes_down, "inferences": self.inferences,
+            "record": self.recorder.describe() if self.recorder else None,
         }
 
 
@@ -61,6 +68,7 @@ class RobotRole:
         self.hosts: dict[str, HostLink] = {}
         self.sessions: dict[str, AppSession] = {}
         self.balancer = registry.get("balancer", config.balancer).factory()
+        self.search_factory = registry.get("search", config.search).factory
         self.draining = False
         self._ids = itertools.count(1)
         # Counters of sessions that have ended, so demos and benchmarks can read what a
@@ -89,6 +97,7 @@ class RobotRole:
                 await link.close()
         self.config = config
         self.balancer = self.registry.get("balancer", config.balancer).factory()
+        self.search_factory = self.registry.get("search", config.search).factory
         self._connect(config)
 
     async def stop(self) -> None:
@@ -116,8 +125,11 @@ class RobotRole:
             return
         sid = f"s{next(self._ids)}"
         session = AppSession(sid, hello, cred, link)
+        session.recorder = Recorder(hello.app, sid, self.search_factory(),
+                                    Path(self.config.state_dir) / "sequences")
         bound = log.bind(session=sid, app=hello.app, pid=cred[0], host=link.name)
         call = link.open_session()
+        session.call, session.writer = call, writer
         link.sessions += 1
         self.sessions[sid] = session
         try:
@@ -157,7 +169,7 @@ class RobotRole:
                     request = up.result()
                     if request is None:
                         break  # the app closed its connection: session over
-                    await self._relay(session, request, call)
+                    await self._relay(session, request, call, writer)
             finally:
                 down.cancel()
                 await asyncio.gather(down, return_exceptions=True)
@@ -177,6 +189,10 @@ class RobotRole:
                 pass
         finally:
             call.cancel()
+            if session.recorder is not None:
+                if session.recorder.searching is not None:
+                    session.recorder.searching.cancel()
+                session.recorder.save_stats()
             link.sessions -= 1
             self.sessions.pop(sid, None)
             done = session.describe()
@@ -200,17 +216,31 @@ class RobotRole:
             await asyncio.sleep(0.02)
 
     async def _relay(self, session: AppSession, request: local_pb2.LocalRequest,
-                     call: grpc.aio.StreamStreamCall) -> None:
+                     call: grpc.aio.StreamStreamCall, writer: asyncio.StreamWriter) -> None:
         kind = request.WhichOneof("msg")
         if kind == "session":
             frame = request.session
             session.frames_up += 1
             session.bytes_up += frame.ByteSize()
-            if frame.WhichOneof("msg") == "call":
+            fkind = frame.WhichOneof("msg")
+            if fkind == "call":
                 session.calls += 1
             if self.energy is not None:
                 self.energy.set_state(session.id, "communication")  # repeated: costs nothing
-            await call.write(frame)
+            rec = session.recorder
+            if fkind == "define" and rec is not None:  # the shim gave a sequence up
+                rec.drop(frame.define.id)
+            async with session.write_lock:
+                await call.write(frame)
+            if rec is None:
+                return
+            due = rec.observe(frame)
+            if fkind == "query":
+                for d in rec.restorable():
+                    await self._push_sequence(session, d, call, writer)
+            if due:
+                rec.searching = asyncio.get_running_loop().create_task(
+                    self._search(session, call, writer))
         elif kind == "mark":
             session.inferences += 1
             if self.energy is not None:
@@ -219,6 +249,45 @@ class RobotRole:
                 self.energy.set_state(session.id, "standby")  # the inference has ended
         else:
             raise FrameError(f"unexpected {kind or 'empty'} frame inside an app session")
+
+    async def _search(self, session: AppSession, call: grpc.aio.StreamStreamCall,
+                      writer: asyncio.StreamWriter) -> None:
+        """Off the relay's path: the search runs in a worker thread while frames flow."""
+        rec = session.recorder
+        assert rec is not None
+        try:
+            d = await asyncio.to_thread(rec.search_now)
+            if d is not None:
+                await self._push_sequence(session, d, call, writer)
+        except Exception:  # a search bug costs replay, never the session
+            log.exception("sequence search failed", session=session.id)
+        finally:
+            rec.searching = None
+
+    async def _push_sequence(self, session: AppSession, d: ops_pb2.SequenceDef,
+                             call: grpc.aio.StreamStreamCall, writer: asyncio.StreamWriter) -> None:
+        """Host first, then the shim: the shim's first ReplayStart is relayed after the
+        definition, so the host always knows the sequence it is asked to replay."""
+        async with session.write_lock:
+            await call.write(ops_pb2.SessionUp(define=d))
+        writer.write(encode(local_pb2.LocalReply(session=ops_pb2.SessionDown(sequence=d))))
+        await writer.drain()
+
+    async def flush(self, app: str | None) -> int:
+        """Drop live sequences (of ``app``, or all): host and shim forget them, recording
+        resumes. Returns how many were dropped."""
+        dropped = 0
+        for session in list(self.sessions.values()):
+            rec = session.recorder
+            if rec is None or (app is not None and session.app != app):
+                continue
+            for seq_id in list(rec.sequences):
+                d = rec.drop(seq_id)
+                if d is None or session.call is None or session.writer is None:
+                    continue
+                await self._push_sequence(session, d, session.call, session.writer)
+                dropped += 1
+        return dropped
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -32,7 +32,7 @@ class SequenceStore:
             except (OSError, ValueError) as exc:
                 log.warning("unreadable sequence file", path=str(path), error=str(exc))
                 continue
-            summary = {k: v for k, v in doc.items() if k != "ops"}
+            summary = {k: v for k, v in doc.items() if k not in ("ops", "definition")}
             summary.setdefault("id", path.stem)
             summary.setdefault("operators", len(doc.get("ops", [])))
             out.append(summary)

@@ -148,12 +148,14 @@ class Fetch(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., id: _Optional[int] = ...) -> None: ...
 
 class Fetched(_message.Message):
-    __slots__ = ("seq", "tensor")
+    __slots__ = ("seq", "tensor", "id")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TENSOR_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
     seq: int
     tensor: TensorData
-    def __init__(self, seq: _Optional[int] = ..., tensor: _Optional[_Union[TensorData, _Mapping]] = ...) -> None: ...
+    id: int
+    def __init__(self, seq: _Optional[int] = ..., tensor: _Optional[_Union[TensorData, _Mapping]] = ..., id: _Optional[int] = ...) -> None: ...
 
 class Release(_message.Message):
     __slots__ = ("ids",)
@@ -220,7 +222,7 @@ class Close(_message.Message):
     def __init__(self) -> None: ...
 
 class SessionUp(_message.Message):
-    __slots__ = ("open", "call", "fetch", "release", "blob", "query", "close")
+    __slots__ = ("open", "call", "fetch", "release", "blob", "query", "close", "define", "start", "arg", "abort")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     CALL_FIELD_NUMBER: _ClassVar[int]
     FETCH_FIELD_NUMBER: _ClassVar[int]
@@ -228,6 +230,10 @@ class SessionUp(_message.Message):
     BLOB_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     CLOSE_FIELD_NUMBER: _ClassVar[int]
+    DEFINE_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    ARG_FIELD_NUMBER: _ClassVar[int]
+    ABORT_FIELD_NUMBER: _ClassVar[int]
     open: SessionOpen
     call: OpCall
     fetch: Fetch
@@ -235,18 +241,86 @@ class SessionUp(_message.Message):
     blob: BlobPut
     query: BlobQuery
     close: Close
-    def __init__(self, open: _Optional[_Union[SessionOpen, _Mapping]] = ..., call: _Optional[_Union[OpCall, _Mapping]] = ..., fetch: _Optional[_Union[Fetch, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., blob: _Optional[_Union[BlobPut, _Mapping]] = ..., query: _Optional[_Union[BlobQuery, _Mapping]] = ..., close: _Optional[_Union[Close, _Mapping]] = ...) -> None: ...
+    define: SequenceDef
+    start: ReplayStart
+    arg: ReplayArg
+    abort: ReplayAbort
+    def __init__(self, open: _Optional[_Union[SessionOpen, _Mapping]] = ..., call: _Optional[_Union[OpCall, _Mapping]] = ..., fetch: _Optional[_Union[Fetch, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., blob: _Optional[_Union[BlobPut, _Mapping]] = ..., query: _Optional[_Union[BlobQuery, _Mapping]] = ..., close: _Optional[_Union[Close, _Mapping]] = ..., define: _Optional[_Union[SequenceDef, _Mapping]] = ..., start: _Optional[_Union[ReplayStart, _Mapping]] = ..., arg: _Optional[_Union[ReplayArg, _Mapping]] = ..., abort: _Optional[_Union[ReplayAbort, _Mapping]] = ...) -> None: ...
 
 class SessionDown(_message.Message):
-    __slots__ = ("ready", "result", "fetched", "query", "error")
+    __slots__ = ("ready", "result", "fetched", "query", "error", "sequence")
     READY_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     FETCHED_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     ready: SessionReady
     result: OpResult
     fetched: Fetched
     query: BlobQueryReply
     error: Error
-    def __init__(self, ready: _Optional[_Union[SessionReady, _Mapping]] = ..., result: _Optional[_Union[OpResult, _Mapping]] = ..., fetched: _Optional[_Union[Fetched, _Mapping]] = ..., query: _Optional[_Union[BlobQueryReply, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
+    sequence: SequenceDef
+    def __init__(self, ready: _Optional[_Union[SessionReady, _Mapping]] = ..., result: _Optional[_Union[OpResult, _Mapping]] = ..., fetched: _Optional[_Union[Fetched, _Mapping]] = ..., query: _Optional[_Union[BlobQueryReply, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., sequence: _Optional[_Union[SequenceDef, _Mapping]] = ...) -> None: ...
+
+class SeqSource(_message.Message):
+    __slots__ = ("kind", "id", "hash")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[SeqSource.Kind]
+        INPUT: _ClassVar[SeqSource.Kind]
+        PRODUCED: _ClassVar[SeqSource.Kind]
+        CONSTANT: _ClassVar[SeqSource.Kind]
+        PERSISTENT: _ClassVar[SeqSource.Kind]
+    KIND_UNSPECIFIED: SeqSource.Kind
+    INPUT: SeqSource.Kind
+    PRODUCED: SeqSource.Kind
+    CONSTANT: SeqSource.Kind
+    PERSISTENT: SeqSource.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    HASH_FIELD_NUMBER: _ClassVar[int]
+    kind: SeqSource.Kind
+    id: int
+    hash: bytes
+    def __init__(self, kind: _Optional[_Union[SeqSource.Kind, str]] = ..., id: _Optional[int] = ..., hash: _Optional[bytes] = ...) -> None: ...
+
+class SequenceDef(_message.Message):
+    __slots__ = ("id", "calls", "local_ids", "sources", "outputs", "thread")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_IDS_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    THREAD_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    calls: _containers.RepeatedCompositeFieldContainer[OpCall]
+    local_ids: _containers.RepeatedScalarFieldContainer[int]
+    sources: _containers.RepeatedCompositeFieldContainer[SeqSource]
+    outputs: _containers.RepeatedScalarFieldContainer[int]
+    thread: int
+    def __init__(self, id: _Optional[int] = ..., calls: _Optional[_Iterable[_Union[OpCall, _Mapping]]] = ..., local_ids: _Optional[_Iterable[int]] = ..., sources: _Optional[_Iterable[_Union[SeqSource, _Mapping]]] = ..., outputs: _Optional[_Iterable[int]] = ..., thread: _Optional[int] = ...) -> None: ...
+
+class ReplayStart(_message.Message):
+    __slots__ = ("sequence", "base_id", "inference")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    BASE_ID_FIELD_NUMBER: _ClassVar[int]
+    INFERENCE_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    base_id: int
+    inference: int
+    def __init__(self, sequence: _Optional[int] = ..., base_id: _Optional[int] = ..., inference: _Optional[int] = ...) -> None: ...
+
+class ReplayArg(_message.Message):
+    __slots__ = ("slot", "tensor")
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    slot: int
+    tensor: TensorRef
+    def __init__(self, slot: _Optional[int] = ..., tensor: _Optional[_Union[TensorRef, _Mapping]] = ...) -> None: ...
+
+class ReplayAbort(_message.Message):
+    __slots__ = ("position",)
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    position: int
+    def __init__(self, position: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,232 @@
+"""Record/replay coordination for one app session, on the robot daemon.
+
+Every frame the relay forwards is logged (cheap: the frame is kept as parsed). After a download,
+when no sequence is in use for that thread, a sequence search runs in a worker thread, off the
+relay's path. A verified result becomes a ``SequenceDef`` pushed to the GPU host (which will
+replay it) and to the shim (which will match the app's calls against it), and is saved in the
+state directory so that the app, restarted, replays from its first inference: saved sequences
+are offered as soon as the app has shown the persistent tensors (weights) they use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import structlog
+import xxhash
+
+from rrto.v1 import ops_pb2
+from rrtod.oplog import LoggedCall, OpLog, iter_tensor_refs
+from rrtod.search import Found, SequenceSearch, best
+
+log = structlog.get_logger("rrtod.recorder")
+SRC = ops_pb2.SeqSource
+
+Send = Callable[[ops_pb2.SequenceDef], Awaitable[None]]
+
+
+def build_definition(entries: list[LoggedCall], found: Found, persistent: dict[int, bytes],
+                     seq_id: int, thread: int) -> ops_pb2.SequenceDef:
+    """The SequenceDef of a verified block: its recorded calls as templates, and for every
+    tensor argument where it comes from."""
+    block = entries[found.start: found.start + found.period]
+    d = ops_pb2.SequenceDef(id=seq_id, thread=thread)
+    local: dict[int, int] = {}
+    for e in block:
+        assert e.raw is not None
+        d.calls.append(e.raw)
+        for ref in iter_tensor_refs(e.raw):
+            if ref.WhichOneof("ref") == "upload" and ref.bind_id:
+                local.setdefault(ref.bind_id, len(local))
+        for oid in e.outputs:
+            local.setdefault(oid, len(local))
+    d.local_ids.extend(local)
+    for i, e in enumerate(block):
+        for k, (_kind, _value) in enumerate(e.refs):
+            what, value = found.sources[(i, k)]
+            if what == "input":
+                d.sources.add(kind=SRC.INPUT)
+            elif what == "produced":
+                pos, out = value  # type: ignore[misc]
+                src = block[pos]
+                rid = src.outputs[out] if out >= 0 else src.refs[-out - 1][1]
+                d.sources.add(kind=SRC.PRODUCED, id=rid)  # type: ignore[arg-type]
+            elif what == "constant" and value in persistent:
+                d.sources.add(kind=SRC.PERSISTENT, id=value, hash=persistent[value])  # type: ignore[index]
+            elif what == "constant":
+                d.sources.add(kind=SRC.CONSTANT, id=value)  # type: ignore[arg-type]
+            else:
+                d.sources.add(kind=SRC.PERSISTENT, hash=value)  # type: ignore[arg-type]
+    for out_index in found.outputs:
+        i, k = out_index
+        d.outputs.append(block[i].outputs[k])
+    return d
+
+
+def fingerprint(d: ops_pb2.SequenceDef) -> str:
+    """Identifies the model: the content hashes of the persistent tensors the sequence reads."""
+    hashes = sorted({bytes(s.hash) for s in d.sources if s.kind == SRC.PERSISTENT})
+    return xxhash.xxh3_64_hexdigest(b"".join(hashes))
+
+
+def _slug(app: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", os.path.basename(app) or "app")[:64]
+
+
+class Recorder:
+    """One per app session."""
+
+    def __init__(self, app: str, session: str, search: SequenceSearch, store_dir: Path,
+                 min_interval: float = 0.05):
+        self.app = app
+        self.session = session
+        self.search = search
+        self.store_dir = store_dir
+        self.min_interval = min_interval
+        self.log = OpLog()
+        self.sequences: dict[int, dict[str, Any]] = {}  # id -> summary (and "def" while unsent)
+        self.active_threads: set[int] = set()
+        self.inferences = 0  # downloads seen while recording, a proxy of inference count
+        self.searching: asyncio.Task[None] | None = None
+        self.last_search = 0.0
+        self.search_stats: list[dict[str, Any]] = []
+        self.seen_hashes: set[bytes] = set()
+        self.saved: list[tuple[dict[str, Any], ops_pb2.SequenceDef]] = self._load_saved()
+
+    # ----- observe the relayed frames -----
+    def observe(self, frame: ops_pb2.SessionUp) -> bool:
+        """Log a frame; True when a search is due (the caller schedules ``search_and_define``)."""
+        kind = frame.WhichOneof("msg")
+        if kind in ("call", "fetch"):
+            self.log.record(frame)
+            if kind == "fetch":
+                self.inferences += 1
+                return (not self.searching and not self.active_threads
+                        and time.monotonic() - self.last_search >= self.min_interval)
+        elif kind == "start":
+            summary = self.sequences.get(frame.start.sequence)
+            if summary is not None:
+                summary["replays"] += 1
+        elif kind == "abort":
+            for summary in self.sequences.values():
+                if summary["thread"] in self.active_threads:
+                    summary["mismatches"] += 1
+        elif kind == "query":
+            self.seen_hashes.update(bytes(h) for h in frame.query.hashes)
+        return False
+
+    def restorable(self) -> list[ops_pb2.SequenceDef]:
+        """Saved sequences whose persistent tensors the app has now shown: replay them from
+        the first inference. Each is offered once."""
+        ready = []
+        for summary, d in list(self.saved):
+            needed = {bytes(s.hash) for s in d.sources if s.kind == SRC.PERSISTENT}
+            if needed and needed <= self.seen_hashes and d.thread not in self.active_threads:
+                self.saved.remove((summary, d))
+                self._adopt(d, summary | {"session": self.session, "restored": True})
+                ready.append(d)
+        return ready
+
+    # ----- search -----
+    def search_now(self) -> ops_pb2.SequenceDef | None:
+        """Runs in a worker thread. Searches each thread's log; returns at most one sequence."""
+        self.last_search = time.monotonic()
+        for thread in self.log.threads():
+            if thread in self.active_threads:
+                continue
+            t0 = time.perf_counter()
+            entries = self.log.entries(thread)
+            found, rejected = best(entries, self.search)
+            elapsed = time.perf_counter() - t0
+            self.search_stats.append({"log": len(entries), "seconds": elapsed,
+                                      "rejected": rejected, "found": found is not None})
+            del self.search_stats[:-50]
+            if found is None:
+                continue
+            seq_id = int.from_bytes(os.urandom(6), "big")
+            d = build_definition(entries, found, self.log.persistent_bindings(), seq_id, thread)
+            summary = {"id": seq_id, "app": self.app, "session": self.session, "thread": thread,
+                       "operators": found.period, "inputs": len(found.inputs),
+                       "outputs": len(found.outputs), "found_at": found.found_at,
+                       "search_s": round(elapsed, 6), "log_length": len(entries),
+                       "replays": 0, "mismatches": 0, "created": time.time()}
+            self._adopt(d, summary)
+            self._save(summary, d)
+            log.info("sequence found", session=self.session, app=self.app, thread=thread,
+                     operators=found.period, start=found.start, found_at=found.found_at,
+                     search_ms=round(elapsed * 1e3, 2), rejected=rejected)
+            return d
+        return None
+
+    def _adopt(self, d: ops_pb2.SequenceDef, summary: dict[str, Any]) -> None:
+        self.sequences[d.id] = summary
+        self.active_threads.add(d.thread)
+
+    def drop(self, seq_id: int) -> ops_pb2.SequenceDef | None:
+        """Forget a sequence (flush, or too many mismatches): recording resumes for its thread."""
+        summary = self.sequences.pop(seq_id, None)
+        if summary is None:
+            return None
+        self.active_threads.discard(summary["thread"])
+        self.log.clear()
+        return ops_pb2.SequenceDef(id=seq_id)  # no calls: "drop" for the host and the shim
+
+    # ----- persistence -----
+    def _path(self, summary: dict[str, Any], d: ops_pb2.SequenceDef) -> Path:
+        return self.store_dir / f"{_slug(self.app)}-{fingerprint(d)}-t{d.thread}.json"
+
+    def _save(self, summary: dict[str, Any], d: ops_pb2.SequenceDef) -> None:
+        try:
+            self.store_dir.mkdir(parents=True, exist_ok=True)
+            doc = {**summary, "fingerprint": fingerprint(d),
+                   "definition": base64.b64encode(d.SerializeToString()).decode()}
+            path = self._path(summary, d)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(doc))
+            tmp.replace(path)
+        except OSError as exc:
+            log.warning("cannot save sequence", error=str(exc), dir=str(self.store_dir))
+
+    def save_stats(self) -> None:
+        """Write replay/mismatch counters back to the saved files (at session end)."""
+        for summary in self.sequences.values():
+            for path in self.store_dir.glob(f"{_slug(self.app)}-*.json"):
+                try:
+                    doc = json.loads(path.read_text())
+                except (OSError, ValueError):
+                    continue
+                if doc.get("id") == summary["id"]:
+                    doc.update(replays=doc.get("replays", 0) + summary["replays"],
+                               mismatches=doc.get("mismatches", 0) + summary["mismatches"])
+                    path.write_text(json.dumps(doc))
+
+    def _load_saved(self) -> list[tuple[dict[str, Any], ops_pb2.SequenceDef]]:
+        out = []
+        if not self.store_dir.is_dir():
+            return out
+        for path in sorted(self.store_dir.glob(f"{_slug(self.app)}-*.json")):
+            try:
+                doc = json.loads(path.read_text())
+                if doc.get("app") != self.app:
+                    continue
+                d = ops_pb2.SequenceDef()
+                d.ParseFromString(base64.b64decode(doc["definition"]))
+            except (OSError, ValueError, KeyError) as exc:
+                log.warning("unreadable saved sequence", path=str(path), error=str(exc))
+                continue
+            summary = {k: v for k, v in doc.items() if k not in ("definition", "fingerprint")}
+            summary.update(replays=0, mismatches=0)
+            out.append((summary, d))
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {"log_length": len(self.log), "sequences": list(self.sequences.values()),
+                "searches": self.search_stats[-5:]}

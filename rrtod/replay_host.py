@@ -1,0 +1,254 @@
+"""Replay on the GPU host: one ``ReplayStart`` runs a whole recorded inference.
+
+Framework-neutral: a replayed call is the recorded call with its tensor refs rebound to this
+inference (outputs to ``base_id + i``, inputs to the data the app streamed), handed to the
+session's executor exactly as a forwarded call would be. So replay computes what forwarding
+would have computed, with the same operator allowlist and quota.
+
+Calls run as soon as their inputs are here; each value the app downloads is pushed back the
+moment it exists (``Fetched`` with ``seq`` 0 and its id). On ``ReplayAbort(position)`` the
+values of calls before ``position`` stay in the session (the app holds proxies of them), the
+rest are released; the session goes on forwarding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rrto.v1 import ops_pb2
+from rrtod.oplog import iter_tensor_refs
+
+Emit = Callable[[ops_pb2.SessionDown], None]
+SRC = ops_pb2.SeqSource
+
+
+@dataclass
+class Compiled:
+    definition: ops_pb2.SequenceDef
+    local: dict[int, int]  # recorded local id -> index
+    slots: list[list[int]]  # per call: its slots (indices into sources), in ref order
+    inputs: list[list[int]]  # per call: slots that must be supplied each inference
+    outputs: set[int]  # local indices the app downloads
+    pushes: list[list[int]]  # per call: outputs whose final value it writes (pushed after it)
+    writes: list[list[int]]  # per call: recorded ids it overwrites in place (existing values)
+    sticky: dict[int, ops_pb2.TensorRef] = field(default_factory=dict)  # rebound constants
+
+
+def compile_sequence(d: ops_pb2.SequenceDef) -> Compiled:
+    """Index a definition for replay; ValueError if it is inconsistent (never trusted blindly:
+    a bad definition must fail here, not halfway through an inference)."""
+    local = {rid: i for i, rid in enumerate(d.local_ids)}
+    counts = [sum(1 for _ in iter_tensor_refs(call)) for call in d.calls]
+    if sum(counts) != len(d.sources):
+        raise ValueError(f"sequence {d.id}: {len(d.sources)} sources for {sum(counts)} "
+                         "tensor arguments")
+    for src in d.sources:
+        if src.kind == SRC.PRODUCED and src.id not in local:
+            raise ValueError(f"sequence {d.id}: produced source {src.id} is not a local id")
+    if any(o not in local for o in d.outputs):
+        raise ValueError(f"sequence {d.id}: an output is not a local id")
+    slots, inputs, writes, n = [], [], [], 0
+    produced: set[int] = set()
+    for call, count in zip(d.calls, counts, strict=True):
+        own = list(range(n, n + count))
+        n += count
+        slots.append(own)
+        inputs.append([s for s in own if d.sources[s].kind == SRC.INPUT])
+        writes.append([r for r in call.out_ids if r in produced or r not in local])
+        produced.update(call.out_ids)
+    outputs = {local[o] for o in d.outputs if o in local}
+    last_writer = {local[r]: k for k, call in enumerate(d.calls) for r in call.out_ids if r in local}
+    pushes: list[list[int]] = [[] for _ in d.calls]
+    for i in sorted(outputs):
+        pushes[last_writer[i]].append(i)
+    return Compiled(d, local, slots, inputs, outputs, pushes, writes)
+
+
+@dataclass
+class Active:
+    seq: Compiled
+    base: int
+    position: int = 0  # next call to run
+    args: dict[int, ops_pb2.TensorRef] = field(default_factory=dict)
+    failed: bool = False
+    snapshots: list[tuple[int, Any]] = field(default_factory=list)  # (call, executor token)
+
+
+class HostReplayer:
+    """Drives one session's executor through replays. Calls run ahead of the app, so a call
+    that overwrites an existing value in place (``relu_`` on an earlier output, a running
+    statistic) is preceded by an executor snapshot of that value: an abort before it restores
+    what forwarding would have left."""
+
+    def __init__(self, executor: Any):
+        self.executor = executor
+        self.handle = executor.handle
+        self.sequences: dict[int, Compiled] = {}
+        self.active: Active | None = None
+        # A replay the host completed ahead of the app: it may still be aborted, until the app
+        # shows it matched to the end (a new start, or a forwarded call).
+        self.last: Active | None = None
+        self.replays = 0
+        self.aborts = 0
+
+    def process(self, frame: ops_pb2.SessionUp, emit: Emit) -> None:
+        kind = frame.WhichOneof("msg")
+        if kind == "define":
+            self._define(frame.define, emit)
+        elif kind == "start":
+            self._finish(emit)  # a new inference: the previous one runs to its end first
+            self.last = None
+            seq = self.sequences.get(frame.start.sequence)
+            if seq is None:
+                emit(_error("UNKNOWN_SEQUENCE", f"no sequence {frame.start.sequence} defined"))
+                return
+            self.active = Active(seq, frame.start.base_id)
+            self.replays += 1
+            self._advance(emit)
+        elif kind == "arg":
+            if self.active is None:
+                emit(_error("NO_REPLAY", "replay argument outside a replay"))
+                return
+            self.active.args[frame.arg.slot] = frame.arg.tensor
+            self._advance(emit)
+        elif kind == "abort":
+            self._abort(frame.abort.position, emit)
+
+    def forwarded(self, frame: ops_pb2.SessionUp, emit: Emit) -> None:
+        """A forwarded frame during or after a replay: the calls it may read run first. A
+        release is safe here: the app only holds (and drops) values of calls it has matched,
+        whose inputs have all arrived, so ``_advance`` has run them."""
+        if self.active is not None:
+            self._advance(emit)
+        if frame.WhichOneof("msg") == "call":
+            self.last = None
+        for down in self.handle(frame):
+            emit(down)
+
+    # ----- internals -----
+    def _define(self, d: ops_pb2.SequenceDef, emit: Emit) -> None:
+        if not d.calls:
+            self.sequences.pop(d.id, None)  # an empty definition drops the sequence
+            return
+        try:
+            compiled = compile_sequence(d)
+        except (ValueError, KeyError) as exc:
+            emit(_error("BAD_SEQUENCE", str(exc)))
+            return
+        if any(compiled.writes) and not hasattr(self.executor, "snapshot"):
+            emit(_error("BAD_SEQUENCE", f"sequence {d.id} writes values in place and this "
+                                        "executor cannot snapshot them"))
+            return
+        self.sequences[d.id] = compiled
+
+    def _finish(self, emit: Emit) -> None:
+        act = self.active
+        if act is not None:
+            self._advance(emit)
+            if act.position < len(act.seq.definition.calls) and not act.failed:
+                emit(_error("REPLAY_INCOMPLETE",
+                            f"replay of sequence {act.seq.definition.id} stopped at call "
+                            f"{act.position}: inputs missing"))
+            self._close(act)
+
+    def _close(self, act: Active, complete: bool = False) -> None:
+        if self.active is act:
+            self.active = None
+        self.last = act if complete else None
+        if not complete:
+            act.snapshots.clear()
+
+    def _advance(self, emit: Emit, limit: int | None = None) -> None:
+        act = self.active
+        if act is None or act.failed:
+            return
+        calls = act.seq.definition.calls
+        stop = len(calls) if limit is None else min(limit, len(calls))
+        while act.position < stop:
+            k = act.position
+            if any(s not in act.args for s in act.seq.inputs[k]):
+                return  # waits for the app to produce this input
+            call = self._rebind(act, k)
+            if act.seq.writes[k]:
+                ids = [act.base + act.seq.local[r] if r in act.seq.local else r
+                       for r in act.seq.writes[k]]
+                act.snapshots.append((k, self.executor.snapshot(ids)))
+            for down in self.handle(ops_pb2.SessionUp(call=call)):
+                if down.WhichOneof("msg") == "error":
+                    act.failed = True
+                    emit(down)
+                    return
+                if down.WhichOneof("msg") != "result":
+                    emit(down)
+            act.position += 1
+            for i in act.seq.pushes[k]:
+                self._push(act.base + i, emit)
+        if act.position == len(calls) and limit is None:
+            self._close(act, complete=True)
+
+    def _push(self, oid: int, emit: Emit) -> None:
+        for down in self.handle(ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=0, id=oid))):
+            if down.WhichOneof("msg") == "fetched":
+                down.fetched.id = oid
+            emit(down)
+
+    def _rebind(self, act: Active, k: int) -> ops_pb2.OpCall:
+        seq = act.seq
+        call = ops_pb2.OpCall()
+        call.CopyFrom(seq.definition.calls[k])
+        call.seq = 0
+        call.sync = False
+        call.want_meta = False
+        for j, rid in enumerate(call.out_ids):
+            i = seq.local.get(rid)
+            if i is not None:
+                call.out_ids[j] = act.base + i
+        for slot, ref in zip(seq.slots[k], iter_tensor_refs(call), strict=True):
+            given = act.args.get(slot)
+            if given is not None:
+                ref.CopyFrom(given)
+                if seq.definition.sources[slot].kind != SRC.INPUT:
+                    # A rebound constant holds for later inferences (by id once bound).
+                    seq.sticky[slot] = (ops_pb2.TensorRef(id=given.bind_id) if given.bind_id
+                                        else given)
+                continue
+            sticky = seq.sticky.get(slot)
+            if sticky is not None:
+                ref.CopyFrom(sticky)
+                if sticky.bind_id:  # bound by this call: later inferences read it by id
+                    seq.sticky[slot] = ops_pb2.TensorRef(id=sticky.bind_id)
+                continue
+            src = seq.definition.sources[slot]
+            if src.kind == SRC.PRODUCED:
+                ref.Clear()
+                ref.id = act.base + seq.local[src.id]
+            elif ref.WhichOneof("ref") == "upload" and ref.bind_id in seq.local:
+                ref.bind_id = act.base + seq.local[ref.bind_id]
+        return call
+
+    def _abort(self, position: int, emit: Emit) -> None:
+        act = self.active or self.last
+        if act is None:
+            return
+        self.aborts += 1
+        if self.active is act:
+            self._advance(emit, limit=position)  # the app holds proxies of every call before it
+        for k, token in reversed(act.snapshots):
+            if k >= position:
+                self.executor.restore(token)
+        fresh = set()
+        for call in act.seq.definition.calls[:position]:
+            fresh.update(call.out_ids)
+        drop = []
+        for call in act.seq.definition.calls[position:act.position]:
+            drop += [act.base + act.seq.local[r] for r in call.out_ids
+                     if r in act.seq.local and r not in fresh]
+        if drop:
+            list(self.handle(ops_pb2.SessionUp(release=ops_pb2.Release(ids=drop))))
+        self._close(act)
+
+
+def _error(code: str, message: str) -> ops_pb2.SessionDown:
+    return ops_pb2.SessionDown(error=ops_pb2.Error(code=code, message=message))

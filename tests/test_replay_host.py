@@ -1,0 +1,186 @@
+"""Host-side replay against a tiny executor whose tensors are Python numbers: rebinding,
+streamed outputs, waiting for inputs, aborts that keep the values before the mismatch and
+restore values overwritten in place."""
+
+from __future__ import annotations
+
+import struct
+
+from rrto.v1 import ops_pb2
+from rrtod.replay_host import HostReplayer
+
+SRC = ops_pb2.SeqSource
+
+
+def num(ref_value: float) -> ops_pb2.TensorData:
+    return ops_pb2.TensorData(meta=ops_pb2.TensorMeta(dtype="float64", shape=[]),
+                              data=struct.pack("<d", ref_value))
+
+
+class NumberExecutor:
+    """ops: ``add(a, b)``, ``mul(a, b)``, ``add_(a, b)`` (in place on a)."""
+
+    def __init__(self) -> None:
+        self.store: dict[int, float] = {100: 10.0}  # 100: a constant made before the steady state
+        self.calls: list[str] = []
+
+    def _value(self, ref: ops_pb2.TensorRef) -> float:
+        kind = ref.WhichOneof("ref")
+        if kind == "id":
+            return self.store[ref.id]
+        value = struct.unpack("<d", ref.upload.data)[0]
+        if ref.bind_id:
+            self.store[ref.bind_id] = value
+        return value
+
+    def handle(self, frame: ops_pb2.SessionUp):
+        kind = frame.WhichOneof("msg")
+        if kind == "call":
+            c = frame.call
+            a, b = (self._value(v.tensor) for v in c.args)
+            self.calls.append(c.op)
+            if c.op == "fail":
+                yield ops_pb2.SessionDown(error=ops_pb2.Error(code="OP_FAILED", message="no"))
+                return
+            self.store[c.out_ids[0]] = {"add": a + b, "mul": a * b, "add_": a + b}[c.op]
+        elif kind == "fetch":
+            yield ops_pb2.SessionDown(fetched=ops_pb2.Fetched(
+                seq=frame.fetch.seq, tensor=num(self.store[frame.fetch.id])))
+        elif kind == "release":
+            for i in frame.release.ids:
+                self.store.pop(i, None)
+
+    def snapshot(self, ids):
+        return {i: self.store[i] for i in ids}
+
+    def restore(self, token):
+        self.store.update(token)
+
+
+def call(op: str, out: int, *refs: ops_pb2.TensorRef) -> ops_pb2.OpCall:
+    c = ops_pb2.OpCall(op=op, out_ids=[out])
+    for r in refs:
+        c.args.add().tensor.CopyFrom(r)
+    return c
+
+
+def upload(value: float) -> ops_pb2.TensorRef:
+    return ops_pb2.TensorRef(upload=num(value))
+
+
+def ref(i: int) -> ops_pb2.TensorRef:
+    return ops_pb2.TensorRef(id=i)
+
+
+def sequence() -> ops_pb2.SequenceDef:
+    """x = input + c;  y = x * x;  x += y (in place);  out: y and x.   Recorded ids 1, 2."""
+    d = ops_pb2.SequenceDef(id=7, local_ids=[1, 2], outputs=[2, 1])
+    d.calls.extend([call("add", 1, upload(0.0), ref(100)), call("mul", 2, ref(1), ref(1)),
+                    call("add_", 1, ref(1), ref(2))])
+    d.sources.add(kind=SRC.INPUT)
+    d.sources.add(kind=SRC.CONSTANT, id=100)
+    d.sources.add(kind=SRC.PRODUCED, id=1)
+    d.sources.add(kind=SRC.PRODUCED, id=1)
+    d.sources.add(kind=SRC.PRODUCED, id=1)
+    d.sources.add(kind=SRC.PRODUCED, id=2)
+    return d
+
+
+def run(replayer: HostReplayer, *frames: ops_pb2.SessionUp) -> list[ops_pb2.SessionDown]:
+    out: list[ops_pb2.SessionDown] = []
+    for f in frames:
+        if f.WhichOneof("msg") in ("define", "start", "arg", "abort"):
+            replayer.process(f, out.append)
+        else:
+            replayer.forwarded(f, out.append)
+    return out
+
+
+def value(down: ops_pb2.SessionDown) -> tuple[int, float]:
+    return down.fetched.id, struct.unpack("<d", down.fetched.tensor.data)[0]
+
+
+def test_replay_rebinds_and_streams_outputs_as_they_exist():
+    ex = NumberExecutor()
+    r = HostReplayer(ex)
+    out = run(r, ops_pb2.SessionUp(define=sequence()),
+              ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=1000)))
+    assert out == [] and ex.calls == []  # waits for the input
+    out = run(r, ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(2.0))))
+    # x = 12, y = 144 pushed after mul; then x += y -> 156 pushed after add_.
+    assert [value(d) for d in out] == [(1001, 144.0), (1000, 156.0)]
+    assert ex.calls == ["add", "mul", "add_"] and r.active is None
+    # The next inference gets fresh ids and its own input.
+    out = run(r, ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=2000)),
+              ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(0.0))))
+    assert [value(d) for d in out] == [(2001, 100.0), (2000, 110.0)]
+    assert ex.store[1000] == 156.0  # the earlier inference's values are untouched
+
+
+def test_rebound_constant_sticks_for_later_inferences():
+    ex = NumberExecutor()
+    ex.store[555] = 1.0
+    r = HostReplayer(ex)
+    run(r, ops_pb2.SessionUp(define=sequence()),
+        ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=1000)),
+        ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=1, tensor=ref(555))))
+    out = run(r, ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(2.0))))
+    assert value(out[0]) == (1001, 9.0)  # (2 + 1)^2
+    out = run(r, ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=2000)),
+              ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(3.0))))
+    assert value(out[0]) == (2001, 16.0)
+
+
+def test_abort_keeps_values_before_the_mismatch_and_restores_in_place_writes():
+    ex = NumberExecutor()
+    r = HostReplayer(ex)
+    run(r, ops_pb2.SessionUp(define=sequence()),
+        ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=1000)),
+        ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(2.0))))
+    assert ex.store[1000] == 156.0  # the host ran ahead through the in-place add_
+    # The app's third call differed: x must be what forwarding would have left (12), y kept.
+    run(r, ops_pb2.SessionUp(abort=ops_pb2.ReplayAbort(position=2)))
+    assert ex.store[1000] == 12.0 and ex.store[1001] == 144.0
+    # At position 1: y was never the app's, so it is released.
+    run(r, ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=3000)),
+        ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(1.0))),
+        ops_pb2.SessionUp(abort=ops_pb2.ReplayAbort(position=1)))
+    assert ex.store[3000] == 11.0 and 3001 not in ex.store
+    assert r.aborts == 2 and r.replays == 2
+
+
+def test_forwarded_call_after_replay_confirms_it():
+    ex = NumberExecutor()
+    r = HostReplayer(ex)
+    run(r, ops_pb2.SessionUp(define=sequence()),
+        ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=1000)),
+        ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(2.0))),
+        ops_pb2.SessionUp(call=call("add", 5000, ref(1000), ref(1001))))
+    assert ex.store[5000] == 156.0 + 144.0
+    run(r, ops_pb2.SessionUp(abort=ops_pb2.ReplayAbort(position=0)))
+    assert ex.store[1000] == 156.0  # too late to abort: nothing rolled back
+
+
+def test_unknown_sequence_and_failing_call_are_reported():
+    ex = NumberExecutor()
+    r = HostReplayer(ex)
+    out = run(r, ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=9, base_id=1)))
+    assert out[0].error.code == "UNKNOWN_SEQUENCE"
+    d = sequence()
+    d.calls[1].op = "fail"
+    out = run(r, ops_pb2.SessionUp(define=d),
+              ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=1000)),
+              ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(2.0))))
+    assert [x.error.code for x in out] == ["OP_FAILED"]
+    bad = sequence()
+    del bad.sources[-1]
+    out = run(r, ops_pb2.SessionUp(define=bad))
+    assert out[0].error.code == "BAD_SEQUENCE"
+
+
+def test_empty_definition_drops_the_sequence():
+    r = HostReplayer(NumberExecutor())
+    run(r, ops_pb2.SessionUp(define=sequence()))
+    assert 7 in r.sequences
+    run(r, ops_pb2.SessionUp(define=ops_pb2.SequenceDef(id=7)))
+    assert 7 not in r.sequences
