@@ -38,7 +38,12 @@ def build_definition(entries: list[LoggedCall], found: Found, persistent: dict[i
     """The SequenceDef of a verified block: its recorded calls as templates, and for every
     tensor argument where it comes from."""
     block = entries[found.start: found.start + found.period]
+    metas = {oid: meta for e in entries[: found.start] if e.raw is not None
+             for oid, meta in zip(e.raw.out_ids, e.raw.out_meta, strict=False)}
     d = ops_pb2.SequenceDef(id=seq_id, thread=thread)
+    # Local ids: values created by this inference. An output id that existed before the block
+    # is a value written in place (a constant, a running statistic) and keeps its id.
+    before = {oid for e in entries[: found.start] for oid in e.outputs} | set(persistent)
     local: dict[int, int] = {}
     for e in block:
         assert e.raw is not None
@@ -47,7 +52,8 @@ def build_definition(entries: list[LoggedCall], found: Found, persistent: dict[i
             if ref.WhichOneof("ref") == "upload" and ref.bind_id:
                 local.setdefault(ref.bind_id, len(local))
         for oid in e.outputs:
-            local.setdefault(oid, len(local))
+            if oid not in before:
+                local.setdefault(oid, len(local))
     d.local_ids.extend(local)
     for i, e in enumerate(block):
         for k, (_kind, _value) in enumerate(e.refs):
@@ -56,13 +62,15 @@ def build_definition(entries: list[LoggedCall], found: Found, persistent: dict[i
                 d.sources.add(kind=SRC.INPUT)
             elif what == "produced":
                 pos, out = value  # type: ignore[misc]
-                src = block[pos]
-                rid = src.outputs[out] if out >= 0 else src.refs[-out - 1][1]
+                producer = block[pos]
+                rid = producer.outputs[out] if out >= 0 else producer.refs[-out - 1][1]
                 d.sources.add(kind=SRC.PRODUCED, id=rid)  # type: ignore[arg-type]
             elif what == "constant" and value in persistent:
                 d.sources.add(kind=SRC.PERSISTENT, id=value, hash=persistent[value])  # type: ignore[index]
             elif what == "constant":
-                d.sources.add(kind=SRC.CONSTANT, id=value)  # type: ignore[arg-type]
+                src = d.sources.add(kind=SRC.CONSTANT, id=value)  # type: ignore[arg-type]
+                if value in metas:
+                    src.meta.CopyFrom(metas[value])  # type: ignore[index]
             else:
                 d.sources.add(kind=SRC.PERSISTENT, hash=value)  # type: ignore[arg-type]
     for out_index in found.outputs:

@@ -208,7 +208,10 @@ class HostReplayer:
         for slot, ref in zip(seq.slots[k], iter_tensor_refs(call), strict=True):
             given = act.args.get(slot)
             if given is not None:
+                bind = ref.bind_id if ref.WhichOneof("ref") == "upload" else 0
                 ref.CopyFrom(given)
+                if bind in seq.local and given.WhichOneof("ref") == "upload":
+                    ref.bind_id = act.base + seq.local[bind]  # read again later by id
                 if seq.definition.sources[slot].kind != SRC.INPUT:
                     # A rebound constant holds for later inferences (by id once bound).
                     seq.sticky[slot] = (ops_pb2.TensorRef(id=given.bind_id) if given.bind_id

@@ -264,7 +264,7 @@ class SessionDown(_message.Message):
     def __init__(self, ready: _Optional[_Union[SessionReady, _Mapping]] = ..., result: _Optional[_Union[OpResult, _Mapping]] = ..., fetched: _Optional[_Union[Fetched, _Mapping]] = ..., query: _Optional[_Union[BlobQueryReply, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., sequence: _Optional[_Union[SequenceDef, _Mapping]] = ...) -> None: ...
 
 class SeqSource(_message.Message):
-    __slots__ = ("kind", "id", "hash")
+    __slots__ = ("kind", "id", "hash", "meta")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[SeqSource.Kind]
@@ -280,10 +280,12 @@ class SeqSource(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     HASH_FIELD_NUMBER: _ClassVar[int]
+    META_FIELD_NUMBER: _ClassVar[int]
     kind: SeqSource.Kind
     id: int
     hash: bytes
-    def __init__(self, kind: _Optional[_Union[SeqSource.Kind, str]] = ..., id: _Optional[int] = ..., hash: _Optional[bytes] = ...) -> None: ...
+    meta: TensorMeta
+    def __init__(self, kind: _Optional[_Union[SeqSource.Kind, str]] = ..., id: _Optional[int] = ..., hash: _Optional[bytes] = ..., meta: _Optional[_Union[TensorMeta, _Mapping]] = ...) -> None: ...
 
 class SequenceDef(_message.Message):
     __slots__ = ("id", "calls", "local_ids", "sources", "outputs", "thread")
