@@ -92,18 +92,18 @@ def _slug(app: str) -> str:
 class Recorder:
     """One per app session."""
 
-    def __init__(self, app: str, session: str, search: SequenceSearch, store_dir: Path,
-                 min_interval: float = 0.05):
+    def __init__(self, app: str, session: str, search: SequenceSearch, store_dir: Path):
         self.app = app
         self.session = session
         self.search = search
         self.store_dir = store_dir
-        self.min_interval = min_interval
         self.log = OpLog()
         self.sequences: dict[int, dict[str, Any]] = {}  # id -> summary (and "def" while unsent)
         self.active_threads: set[int] = set()
         self.inferences = 0  # downloads seen while recording, a proxy of inference count
+        # One search at a time per session; its duration is the natural rate limit.
         self.searching: asyncio.Task[None] | None = None
+        self.rerun = False
         self.last_search = 0.0
         self.search_stats: list[dict[str, Any]] = []
         self.seen_hashes: set[bytes] = set()
@@ -115,10 +115,12 @@ class Recorder:
         kind = frame.WhichOneof("msg")
         if kind in ("call", "fetch"):
             self.log.record(frame)
-            if kind == "fetch":
+            if kind == "fetch" and not self.active_threads:
                 self.inferences += 1
-                return (not self.searching and not self.active_threads
-                        and time.monotonic() - self.last_search >= self.min_interval)
+                if self.searching:
+                    self.rerun = True  # new downloads while searching: look again after
+                    return False
+                return True
         elif kind == "start":
             summary = self.sequences.get(frame.start.sequence)
             if summary is not None:

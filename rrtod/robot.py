@@ -256,9 +256,13 @@ class RobotRole:
         rec = session.recorder
         assert rec is not None
         try:
-            d = await asyncio.to_thread(rec.search_now)
-            if d is not None:
-                await self._push_sequence(session, d, call, writer)
+            while True:
+                rec.rerun = False
+                d = await asyncio.to_thread(rec.search_now)
+                if d is not None:
+                    await self._push_sequence(session, d, call, writer)
+                if d is not None or not rec.rerun:
+                    break
         except Exception:  # a search bug costs replay, never the session
             log.exception("sequence search failed", session=session.id)
         finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import time
@@ -303,3 +304,94 @@ def test_status_reports_model_meter_and_energy_per_inference(rrtod_daemon):
     # Each inference lasted >= 50 ms at no less than the model's lowest power (4.04 W).
     assert per >= 0.05 * 4.04 * 0.9
     conn.close()
+
+
+class EchoApp:
+    """A scripted app session: each inference uploads an image, applies two ops to it (the
+    first with a weight bound by hash on first use) and downloads the result."""
+
+    W, HASH = 900, b"w" * 16
+
+    def __init__(self, sock: str, app: str = "record-app"):
+        self.conn, welcome = open_app(sock, app)
+        assert welcome.WhichOneof("msg") == "welcome", welcome
+        self.next_id, self.seq, self.bound = 1000, 0, False
+
+    def _id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    def _send(self, **frame: object) -> None:
+        self.conn.send(local_pb2.LocalRequest(session=ops_pb2.SessionUp(**frame)))
+
+    def inference(self) -> int:
+        meta = ops_pb2.TensorMeta(dtype="float32", shape=[4], stride=[1], device="cpu")
+        conv = ops_pb2.OpCall(seq=self._id(), op="aten::conv2d.default", out_ids=[self._id()])
+        conv.args.add().tensor.upload.CopyFrom(ops_pb2.TensorData(meta=meta, data=b"\0" * 16))
+        weight = conv.args.add().tensor
+        if self.bound:
+            weight.id = self.W
+        else:
+            weight.persistent, weight.bind_id, self.bound = self.HASH, self.W, True
+        relu = ops_pb2.OpCall(seq=self._id(), op="aten::relu.default", out_ids=[self._id()])
+        relu.args.add().tensor.id = conv.out_ids[0]
+        self._send(call=conv)
+        self._send(call=relu)
+        self._send(fetch=ops_pb2.Fetch(seq=self._id(), id=relu.out_ids[0]))
+        return relu.out_ids[0]
+
+    def recv(self) -> ops_pb2.SessionDown:
+        reply = self.conn.recv(local_pb2.LocalReply)
+        assert reply.WhichOneof("msg") == "session", reply
+        return reply.session
+
+
+def test_record_search_define_replay_persist_and_flush(rrtod_daemon):
+    d = rrtod_daemon(**ECHO)
+    app = EchoApp(d.socket)
+    definition = None
+    for _ in range(6):
+        out = app.inference()
+        down = app.recv()
+        if down.WhichOneof("msg") == "sequence":
+            definition = down.sequence
+            down = app.recv()
+        assert down.fetched.tensor.data == struct.pack("<q", out)
+        if definition is not None:
+            break
+    assert definition is not None, d.logs()[-3000:]
+    assert [c.op for c in definition.calls] == ["aten::conv2d.default", "aten::relu.default"]
+    kinds = [s.kind for s in definition.sources]
+    assert kinds == [ops_pb2.SeqSource.INPUT, ops_pb2.SeqSource.PERSISTENT,
+                     ops_pb2.SeqSource.PRODUCED]
+    assert definition.sources[1].hash == EchoApp.HASH
+    # One start and its input: the host replays both calls and pushes the output unasked.
+    base = 1 << 52
+    app._send(start=ops_pb2.ReplayStart(sequence=definition.id, base_id=base))
+    meta = ops_pb2.TensorMeta(dtype="float32", shape=[4], stride=[1], device="cpu")
+    app._send(arg=ops_pb2.ReplayArg(slot=0, tensor=ops_pb2.TensorRef(
+        upload=ops_pb2.TensorData(meta=meta, data=b"\0" * 16))))
+    pushed = app.recv()
+    out_index = list(definition.local_ids).index(definition.outputs[0])
+    assert pushed.fetched.seq == 0 and pushed.fetched.id == base + out_index
+    assert pushed.fetched.tensor.data == struct.pack("<q", base + out_index)
+    status = d.ctl("status")
+    assert status["gpu"]["sessions"][0]["replays"] == 1
+    (listed,) = d.ctl("sequences")["sequences"]
+    assert listed["app"] == "record-app" and listed["operators"] == 2
+    assert listed["inputs"] == 1 and listed["outputs"] == 1 and listed["replays"] == 1
+    app.conn.close()
+    # A restarted app is offered the saved sequence as soon as it shows the weights.
+    d.wait_for(lambda s: not s["sessions"], what="first session closed")
+    again = EchoApp(d.socket)
+    again._send(query=ops_pb2.BlobQuery(hashes=[EchoApp.HASH]))
+    first = again.recv()
+    if first.WhichOneof("msg") == "query":
+        first = again.recv()
+    assert first.WhichOneof("msg") == "sequence" and first.sequence.id == definition.id
+    flushed = d.ctl("flush", "--app", "record-app")
+    assert flushed["flushed"] == 1
+    dropped = again.recv()
+    assert dropped.WhichOneof("msg") == "sequence" and not dropped.sequence.calls
+    assert d.ctl("sequences")["sequences"] == []
+    again.conn.close()
