@@ -395,3 +395,15 @@ def test_record_search_define_replay_persist_and_flush(rrtod_daemon):
     assert dropped.WhichOneof("msg") == "sequence" and not dropped.sequence.calls
     assert d.ctl("sequences")["sequences"] == []
     again.conn.close()
+
+
+def test_standard_grpc_health_service(rrtod_daemon):
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    d = rrtod_daemon(roles=["gpu"], **ECHO)
+    with grpc.insecure_channel(d.listen) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "rrto.v1.Peer"):
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
