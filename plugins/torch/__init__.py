@@ -1,1 +1,41 @@
-"""placeholder"""
+"""The ``torch`` interception backend: offload PyTorch operators of an unmodified app.
+
+Client side (in the app, built by the shim): ``make_interceptor`` wraps a channel to the robot
+daemon in a ``RemoteSession`` and installs the module hooks that turn model state into proxies.
+Host side (in the GPU daemon): ``make_executor`` builds a ``TorchExecutor`` per session.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rrtod.hookspecs import InterceptionBackend, hookimpl
+
+
+def make_interceptor(channel: Any, mode: str = "stream", fallback: str = "local") -> Any:
+    """``InterceptionBackend.factory``: the shim calls it once torch is imported."""
+    from .client import RemoteSession
+    from .interceptor import TorchInterceptor
+
+    interceptor = TorchInterceptor(RemoteSession(channel, mode=mode, fallback=fallback))
+    interceptor.install()
+    return interceptor
+
+
+def make_executor(ctx: Any) -> Any:
+    """``InterceptionBackend.executor``: one ``TorchExecutor`` per app session on the host."""
+    from .executor import TorchExecutor
+
+    return TorchExecutor(ctx)
+
+
+@hookimpl
+def rrto_interception_backends() -> list[InterceptionBackend]:
+    return [
+        InterceptionBackend(
+            name="torch",
+            factory=make_interceptor,
+            executor=make_executor,
+            description="PyTorch: forwards every aten operator of an app's models to a GPU host",
+        )
+    ]

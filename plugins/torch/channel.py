@@ -1,0 +1,160 @@
+"""How the client's frames reach an executor: the robot daemon's unix socket, or in-process.
+
+A channel only moves frames. ``send`` writes a batch in order without waiting; replies arrive on
+``on_down`` (from a reader thread for the socket, inline for the loopback) and a lost connection
+on ``on_lost``. Keeping this tiny lets the same client run against real daemons and, in unit
+tests, straight against a ``TorchExecutor``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+from rrto.v1 import local_pb2, ops_pb2
+from rrtod.framing import HEADER, FramedSocket
+
+OnDown = Callable[[ops_pb2.SessionDown], None]
+OnLost = Callable[[str], None]
+
+
+class Channel(Protocol):
+    session: str
+    host: str
+    device: str
+
+    def start(self, on_down: OnDown, on_lost: OnLost) -> None: ...
+    def send(self, frames: list[ops_pb2.SessionUp]) -> None: ...
+    def mark(self, index: int, start_ns: int, end_ns: int) -> None: ...
+    def close(self) -> None: ...
+
+
+class NoHost(ConnectionError):
+    """The robot daemon answered the hello with an error (no GPU host, unknown executor)."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+class SocketChannel:
+    """The robot daemon's unix socket: ``AppHello`` -> ``AppWelcome``, then session frames."""
+
+    def __init__(self, path: str, app: str, pid: int, argv: list[str], executor: str = "torch",
+                 timeout: float = 10.0):
+        self.sock = FramedSocket(path, timeout=timeout)
+        try:
+            self.sock.send(local_pb2.LocalRequest(app_hello=local_pb2.AppHello(
+                app=app, pid=pid, argv=argv, executor=executor)))
+            reply = self.sock.recv(local_pb2.LocalReply)
+        except BaseException:
+            self.sock.close()
+            raise
+        kind = reply.WhichOneof("msg")
+        if kind == "error":
+            self.sock.close()
+            raise NoHost(reply.error.code or "NO_HOST", reply.error.message)
+        if kind != "welcome":
+            self.sock.close()
+            raise NoHost("BAD_REPLY", f"rrtod answered the hello with {kind!r}")
+        self.session = reply.welcome.session
+        self.host = reply.welcome.host
+        self.device = reply.welcome.device
+        self.sock.sock.settimeout(None)
+        self._wlock = threading.Lock()
+        self._closed = False
+
+    def start(self, on_down: OnDown, on_lost: OnLost) -> None:
+        self._on_down, self._on_lost = on_down, on_lost
+        threading.Thread(target=self._reader, name="rrto-reader", daemon=True).start()
+
+    def _reader(self) -> None:
+        reason = "the robot daemon closed the connection"
+        try:
+            while True:
+                reply = self.sock.recv(local_pb2.LocalReply)
+                kind = reply.WhichOneof("msg")
+                if kind == "session":
+                    self._on_down(reply.session)
+                elif kind == "error":
+                    reason = f"{reply.error.code}: {reply.error.message}"
+                    if reply.error.code == "HOST_LOST":
+                        break
+                    self._on_down(ops_pb2.SessionDown(error=reply.error))
+        except Exception as exc:  # connection reset, malformed frame
+            if not self._closed:
+                reason = f"connection to rrtod lost: {exc}"
+        self._on_lost(reason)
+
+    def send(self, frames: list[ops_pb2.SessionUp]) -> None:
+        # A LocalRequest holding SessionUp bytes is field 2, length-delimited: wrap the bytes
+        # directly instead of copying each message into a LocalRequest.
+        parts = []
+        for up in frames:
+            body = up.SerializeToString()
+            inner = b"\x12" + _varint(len(body))
+            parts.append(HEADER.pack(len(inner) + len(body)))
+            parts.append(inner)
+            parts.append(body)
+        with self._wlock:
+            self.sock.sock.sendall(b"".join(parts))
+
+    def mark(self, index: int, start_ns: int, end_ns: int) -> None:
+        msg = local_pb2.LocalRequest(mark=local_pb2.InferenceMark(
+            index=index, start_ns=start_ns, end_ns=end_ns))
+        with self._wlock:
+            self.sock.send(msg)
+
+    def close(self) -> None:
+        self._closed = True
+        self.sock.close()
+
+
+class LoopbackChannel:
+    """Feeds frames straight into an executor in this process (unit tests, benchmarks)."""
+
+    def __init__(self, executor, app: str = "loopback") -> None:
+        self.executor = executor
+        ready = executor.open(ops_pb2.SessionOpen(app=app, executor="torch"))
+        self.session, self.device, self.host = ready.session, ready.device, "loopback"
+        self.marks: list[tuple[int, int, int]] = []
+        self._lock = threading.Lock()
+        self.lost = False
+
+    def start(self, on_down: OnDown, on_lost: OnLost) -> None:
+        self._on_down, self._on_lost = on_down, on_lost
+
+    def send(self, frames: list[ops_pb2.SessionUp]) -> None:
+        if self.lost:
+            raise ConnectionError("loopback host lost")
+        with self._lock:
+            for up in frames:
+                # Round-trip through bytes so tests exercise the real encoding.
+                wire = ops_pb2.SessionUp.FromString(up.SerializeToString())
+                for down in self.executor.handle(wire):
+                    self._on_down(ops_pb2.SessionDown.FromString(down.SerializeToString()))
+
+    def mark(self, index: int, start_ns: int, end_ns: int) -> None:
+        self.marks.append((index, start_ns, end_ns))
+
+    def lose(self, reason: str = "host vanished") -> None:
+        """Simulate a host that disappears."""
+        self.lost = True
+        self.executor.close()
+        self._on_lost(reason)
+
+    def close(self) -> None:
+        self.executor.close()

@@ -1,0 +1,190 @@
+"""Tensors and operator arguments <-> the wire messages of ``rrto.v1.ops``.
+
+Both ends use this module so that the client and the host agree on one encoding. Tensor bytes
+travel raw (C-contiguous, little-endian): no pickle, nothing executable. Tensor arguments are
+encoded through a callback so that the client can turn proxies into store ids and local tensors
+into uploads, and the host can turn refs back into its own tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from rrto.v1 import ops_pb2
+
+# dtype <-> wire name (torch's own name without "torch.").
+DTYPES: dict[str, torch.dtype] = {
+    str(d).removeprefix("torch."): d
+    for d in (
+        torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64,
+        torch.complex128, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8,
+        torch.bool, torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn,
+        torch.float8_e5m2, torch.complex32,
+    )
+}
+DTYPE_NAMES: dict[torch.dtype, str] = {d: n for n, d in DTYPES.items()}
+LAYOUTS: dict[str, torch.layout] = {
+    "strided": torch.strided, "sparse_coo": torch.sparse_coo, "sparse_csr": torch.sparse_csr,
+}
+LAYOUT_NAMES = {v: k for k, v in LAYOUTS.items()}
+MEMORY_FORMATS: dict[str, torch.memory_format] = {
+    "contiguous_format": torch.contiguous_format, "channels_last": torch.channels_last,
+    "channels_last_3d": torch.channels_last_3d, "preserve_format": torch.preserve_format,
+}
+MEMORY_FORMAT_NAMES = {v: k for k, v in MEMORY_FORMATS.items()}
+
+
+class CodecError(ValueError):
+    """A value that this codec cannot express, or a wire value that is not valid."""
+
+
+def dtype_of(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise CodecError(f"unknown dtype {name!r}") from None
+
+
+def meta_of(t: torch.Tensor, device: str | None = None) -> ops_pb2.TensorMeta:
+    """Wire metadata of ``t`` (``device``: what the app believes, when it differs)."""
+    return ops_pb2.TensorMeta(
+        dtype=DTYPE_NAMES[t.dtype],
+        shape=t.shape,
+        stride=t.stride(),
+        storage_offset=t.storage_offset(),
+        device=device if device is not None else str(t.device),
+        requires_grad=t.requires_grad,
+    )
+
+
+def nbytes_of(meta: ops_pb2.TensorMeta) -> int:
+    n = 1
+    for s in meta.shape:
+        n *= s
+    return n * dtype_of(meta.dtype).itemsize
+
+
+def raw_bytes(t: torch.Tensor) -> memoryview:
+    """The C-contiguous bytes of a CPU tensor, without a copy when it already is contiguous."""
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    flat = t.contiguous().reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(b"")
+    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+
+
+def tensor_data(t: torch.Tensor, device: str | None = None) -> ops_pb2.TensorData:
+    """``t``'s value for the wire (moved to the CPU first if it lives elsewhere)."""
+    cpu = t.detach()
+    if cpu.device.type != "cpu":
+        cpu = cpu.cpu()
+    meta = meta_of(cpu, device=device if device is not None else str(t.device))
+    meta.ClearField("stride")  # the bytes are C-contiguous whatever the source strides were
+    meta.storage_offset = 0
+    return ops_pb2.TensorData(meta=meta, data=bytes(raw_bytes(cpu)))
+
+
+def from_tensor_data(msg: ops_pb2.TensorData, device: str | torch.device = "cpu") -> torch.Tensor:
+    """A fresh, writable tensor holding ``msg``'s value, on ``device``."""
+    meta = msg.meta
+    dtype = dtype_of(meta.dtype)
+    shape = tuple(meta.shape)
+    if any(s < 0 for s in shape):
+        raise CodecError(f"negative dimension in shape {shape}")
+    numel = 1
+    for s in shape:
+        numel *= s
+    if len(msg.data) != numel * dtype.itemsize:
+        raise CodecError(
+            f"tensor data has {len(msg.data)} bytes, expected {numel * dtype.itemsize} "
+            f"for {meta.dtype}{list(shape)}"
+        )
+    if numel == 0:
+        out = torch.empty(shape, dtype=dtype)
+    else:
+        out = torch.frombuffer(bytearray(msg.data), dtype=dtype).reshape(shape)
+    if str(device) != "cpu":
+        out = out.to(device)
+    return out
+
+
+TensorEncoder = Callable[[torch.Tensor], ops_pb2.TensorRef]
+TensorDecoder = Callable[[ops_pb2.TensorRef], torch.Tensor]
+
+
+def encode_value(value: Any, out: ops_pb2.Value, tensor: TensorEncoder) -> None:
+    """Fill ``out`` with ``value``. Tensors go through ``tensor``; unsupported types raise
+    CodecError (the client then runs the operator locally instead)."""
+    # bool before int: bool is an int subclass.
+    if value is None:
+        out.none = True
+    elif isinstance(value, torch.Tensor):
+        out.tensor.CopyFrom(tensor(value))
+    elif isinstance(value, bool):
+        out.b = value
+    elif isinstance(value, int):
+        out.i = value
+    elif isinstance(value, float):
+        out.f = value
+    elif isinstance(value, str):
+        out.s = value
+    elif isinstance(value, (list, tuple)):
+        items = out.tuple.items if isinstance(value, tuple) else out.list.items
+        if not value:  # an empty list/tuple must still select the oneof field
+            (out.tuple if isinstance(value, tuple) else out.list).SetInParent()
+        for item in value:
+            encode_value(item, items.add(), tensor)
+    elif isinstance(value, torch.dtype):
+        out.dtype = DTYPE_NAMES[value]
+    elif isinstance(value, torch.device):
+        out.device = str(value)
+    elif isinstance(value, torch.layout):
+        try:
+            out.layout = LAYOUT_NAMES[value]
+        except KeyError:
+            raise CodecError(f"unsupported layout {value}") from None
+    elif isinstance(value, torch.memory_format):
+        out.memory_format = MEMORY_FORMAT_NAMES[value]
+    elif isinstance(value, complex):
+        out.c.real, out.c.imag = value.real, value.imag
+    elif isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise CodecError("symbolic values cannot be forwarded")
+    else:
+        raise CodecError(f"cannot forward a value of type {type(value).__name__}")
+
+
+def decode_value(msg: ops_pb2.Value, tensor: TensorDecoder, device: Callable[[str], Any]) -> Any:
+    """The Python value of ``msg``. ``device`` maps the app's device names to the host's."""
+    kind = msg.WhichOneof("kind")
+    if kind is None or kind == "none":
+        return None
+    if kind == "tensor":
+        return tensor(msg.tensor)
+    if kind == "list":
+        return [decode_value(v, tensor, device) for v in msg.list.items]
+    if kind == "tuple":
+        return tuple(decode_value(v, tensor, device) for v in msg.tuple.items)
+    if kind == "dtype":
+        return dtype_of(msg.dtype)
+    if kind == "device":
+        return device(msg.device)
+    if kind == "layout":
+        try:
+            return LAYOUTS[msg.layout]
+        except KeyError:
+            raise CodecError(f"unknown layout {msg.layout!r}") from None
+    if kind == "memory_format":
+        try:
+            return MEMORY_FORMATS[msg.memory_format]
+        except KeyError:
+            raise CodecError(f"unknown memory format {msg.memory_format!r}") from None
+    if kind == "c":
+        return complex(msg.c.real, msg.c.imag)
+    return getattr(msg, kind)  # b, i, f, s

@@ -1,0 +1,315 @@
+"""The host side of the torch backend: one ``TorchExecutor`` per app session.
+
+The GPU daemon drives it from one worker thread per session (rrtod.executor). It resolves each
+operator against the allowlist, turns tensor refs into tensors of the session's store (uploads,
+persistent tensors from the weight cache, earlier outputs), runs the operator on the configured
+device and keeps the outputs under the ids the client chose. Errors become ``SessionDown(error)``
+with a stable code; the outputs of a failed call are *poisoned* so that later calls that use them
+fail quietly and a download reports the original failure instead of a cascade of unknown ids.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from rrto.v1 import ops_pb2
+from rrtod.blobstore import BlobError, hash_of
+from rrtod.executor import ExecutorContext
+
+from . import codec
+from .allowlist import Allowlist, OpNotAllowed
+from .store import QuotaExceeded, TensorStore
+
+# The client binds a persistent tensor to its id with a bind-only alias call (client._bind).
+BIND_OP = "aten::alias.default"
+# Ids the host assigns to outputs the client did not name (data-dependent output counts).
+HOST_ID_BASE = 1 << 62
+
+
+class CallFailed(Exception):
+    """A frame that cannot be executed; ``code`` is the wire error code."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+class _Poisoned(Exception):
+    """An argument is the output of a call that failed; the failure was already reported."""
+
+    def __init__(self, cause: str):
+        super().__init__(cause)
+        self.cause = cause
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto``: the first CUDA device when there is one, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"executor.device is {name!r} but this host has no CUDA device")
+    return dev
+
+
+def _flatten(value: Any, out: list[torch.Tensor]) -> None:
+    if isinstance(value, torch.Tensor):
+        out.append(value)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _flatten(v, out)
+
+
+def _has_non_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return False
+    if isinstance(value, (list, tuple)):
+        return any(_has_non_tensor(v) for v in value)
+    return True
+
+
+class TorchExecutor:
+    """Executes one session's frames. Not thread-safe by design: one worker thread drives it."""
+
+    def __init__(self, ctx: ExecutorContext):
+        self.ctx = ctx
+        self.device = resolve_device(ctx.device)
+        self.allow = Allowlist(ctx.allow_extra, ctx.deny)
+        self.store = TensorStore(ctx.memory_quota)
+        self.blobs = ctx.blobs
+        self.session = ""
+        self.poisoned: dict[int, str] = {}  # id -> why its value does not exist
+        self._host_ids = itertools.count(HOST_ID_BASE)
+        self.counters = {
+            "ops": 0, "errors": 0, "fetches": 0, "bytes_up": 0, "bytes_down": 0,
+            "blob_puts": 0, "blob_hits": 0,
+        }
+        self._closed = False
+
+    # -- contract ----------------------------------------------------------------------------
+    def open(self, request: ops_pb2.SessionOpen) -> ops_pb2.SessionReady:
+        if request.memory_quota > 0:  # an app may ask for less than the host allows, not more
+            self.store.quota = min(self.store.quota, request.memory_quota)
+        self.session = uuid.uuid4().hex[:12]
+        return ops_pb2.SessionReady(session=self.session, device=str(self.device))
+
+    def handle(self, frame: ops_pb2.SessionUp) -> Iterator[ops_pb2.SessionDown]:
+        kind = frame.WhichOneof("msg")
+        try:
+            if kind == "call":
+                return self._call(frame.call)
+            if kind == "fetch":
+                return self._fetch(frame.fetch)
+            if kind == "release":
+                self._release(frame.release.ids)
+                return iter(())
+            if kind == "blob":
+                return self._blob_put(frame.blob)
+            if kind == "query":
+                return self._query(frame.query)
+            if kind == "close":
+                self.close()
+                return iter(())
+            if kind == "open":
+                return self._error("BAD_FRAME", "session is already open", 0)
+            return self._error("BAD_FRAME", "empty SessionUp frame", 0)
+        except Exception as exc:  # a bug must not take the session's worker thread down
+            return self._error("INTERNAL", f"{type(exc).__name__}: {exc}", 0)
+
+    def stats(self) -> dict[str, int]:
+        return {
+            **self.counters,
+            "bytes_live": self.store.bytes_live,
+            "bytes_peak": self.store.peak,
+            "tensors": len(self.store),
+            "memory_quota": self.store.quota,
+        }
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.store.clear()
+        self.poisoned.clear()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _error(self, code: str, message: str, seq: int) -> Iterator[ops_pb2.SessionDown]:
+        self.counters["errors"] += 1
+        yield ops_pb2.SessionDown(error=ops_pb2.Error(code=code, message=message, seq=seq))
+
+    def _map_device(self, _name: str) -> torch.device:
+        # The app names the device it believes in ("cpu", "cuda:0"); everything it forwards runs
+        # on this host's device.
+        return self.device
+
+    def _tensor_from_ref(self, ref: ops_pb2.TensorRef, what: str) -> torch.Tensor:
+        kind = ref.WhichOneof("ref")
+        if kind == "id":
+            t = self.store.get(ref.id)
+            if t is not None:
+                return t
+            if ref.id in self.poisoned:
+                raise _Poisoned(self.poisoned[ref.id])
+            raise CallFailed("UNKNOWN_TENSOR", f"{what}: tensor {ref.id} is not live in this session")
+        if kind == "upload":
+            need = codec.nbytes_of(ref.upload.meta)
+            self.store.check(need, f"{what}: an upload of {ref.upload.meta.dtype}"
+                                   f"{list(ref.upload.meta.shape)}")
+            try:
+                t = codec.from_tensor_data(ref.upload, self.device)
+            except codec.CodecError as exc:
+                raise CallFailed("BAD_FRAME", f"{what}: {exc}") from None
+            self.counters["bytes_up"] += len(ref.upload.data)
+        elif kind == "persistent":
+            t = self._load_blob(ref.persistent, what)
+        else:
+            raise CallFailed("BAD_FRAME", f"{what}: empty tensor ref")
+        if ref.bind_id:
+            self.store.put_many([(ref.bind_id, t)], what)
+        return t
+
+    def _load_blob(self, key: bytes, what: str) -> torch.Tensor:
+        t = self.store.pop(("blob", key))  # prefetched by a query or put in this session
+        if t is not None:
+            return t
+        data = self.blobs.get(key)
+        if data is None:
+            raise CallFailed("BLOB_MISSING", f"{what}: persistent tensor {key.hex()} is not in "
+                                             "the host's weight cache (upload it first)")
+        self.store.check(codec.nbytes_of(data.meta), f"{what}: persistent tensor {key.hex()}")
+        self.counters["blob_hits"] += 1
+        return codec.from_tensor_data(data, self.device)
+
+    # -- frames ------------------------------------------------------------------------------
+    def _call(self, call: ops_pb2.OpCall) -> Iterator[ops_pb2.SessionDown]:
+        what = f"{call.op} (call {call.seq})"
+        try:
+            op = self.allow.resolve(call.op)
+            args = [codec.decode_value(v, lambda r: self._tensor_from_ref(r, what),
+                                       self._map_device) for v in call.args]
+            kwargs = {k: codec.decode_value(v, lambda r: self._tensor_from_ref(r, what),
+                                            self._map_device) for k, v in call.kwargs.items()}
+            predicted = sum(codec.nbytes_of(m) for m in call.out_meta)
+            if predicted:
+                self.store.check(predicted, what)
+            with torch.inference_mode():
+                result = op(*args, **kwargs)
+            outs: list[torch.Tensor] = []
+            _flatten(result, outs)
+            ids = list(call.out_ids)
+            if len(ids) < len(outs):
+                if not call.want_meta:
+                    raise CallFailed("BAD_FRAME", f"{what}: {len(outs)} tensor outputs but "
+                                                  f"{len(ids)} output ids")
+                ids += [next(self._host_ids) for _ in range(len(outs) - len(ids))]
+            self.store.put_many(list(zip(ids, outs, strict=False)), what)
+        except OpNotAllowed as exc:
+            return self._fail(call, "OP_NOT_ALLOWED", str(exc))
+        except QuotaExceeded as exc:
+            return self._fail(call, "QUOTA_EXCEEDED", str(exc))
+        except CallFailed as exc:
+            return self._fail(call, exc.code, str(exc))
+        except codec.CodecError as exc:
+            return self._fail(call, "BAD_FRAME", f"{what}: {exc}")
+        except _Poisoned as exc:
+            for i in call.out_ids:
+                self.poisoned[i] = exc.cause
+            if call.sync or call.want_meta:
+                return self._error("POISONED", exc.cause, call.seq)
+            return iter(())
+        except Exception as exc:  # the operator itself raised (bad shapes, dtype, OOM)
+            if self.device.type == "cuda" and isinstance(exc, torch.OutOfMemoryError):
+                return self._fail(call, "QUOTA_EXCEEDED", f"{what}: device out of memory")
+            return self._fail(call, "OP_FAILED", f"{what}: {type(exc).__name__}: {exc}")
+        if not (call.op == BIND_OP and call.args[0].tensor.HasField("persistent")):
+            self.counters["ops"] += 1  # a weight's bind is bookkeeping, not an operator
+        if not (call.sync or call.want_meta or _has_non_tensor(result)):
+            return iter(())
+        reply = ops_pb2.OpResult(seq=call.seq)
+        if call.want_meta:
+            for t in outs:
+                reply.outs.append(codec.meta_of(t))
+        if call.want_meta or _has_non_tensor(result):
+            id_of = {id(t): i for i, t in zip(ids, outs, strict=False)}
+            codec.encode_value(result, reply.value,
+                               lambda t: ops_pb2.TensorRef(id=id_of[id(t)]))
+        return iter((ops_pb2.SessionDown(result=reply),))
+
+    def _fail(self, call: ops_pb2.OpCall, code: str, message: str) -> Iterator[ops_pb2.SessionDown]:
+        cause = f"{code}: {message}"
+        for i in call.out_ids:
+            self.store.pop(i)
+            self.poisoned[i] = cause
+        if len(self.poisoned) > 100_000:  # bound the memory a failing client can make us hold
+            for k in list(itertools.islice(self.poisoned, 50_000)):
+                del self.poisoned[k]
+        return self._error(code, message, call.seq)
+
+    def _fetch(self, fetch: ops_pb2.Fetch) -> Iterator[ops_pb2.SessionDown]:
+        t = self.store.get(fetch.id)
+        if t is None:
+            if fetch.id in self.poisoned:
+                return self._error("POISONED", f"tensor {fetch.id} has no value: "
+                                   f"{self.poisoned[fetch.id]}", fetch.seq)
+            return self._error("UNKNOWN_TENSOR", f"tensor {fetch.id} is not live in this session",
+                               fetch.seq)
+        data = codec.tensor_data(t)
+        self.counters["fetches"] += 1
+        self.counters["bytes_down"] += len(data.data)
+        return iter((ops_pb2.SessionDown(fetched=ops_pb2.Fetched(seq=fetch.seq, tensor=data)),))
+
+    def _release(self, ids: Any) -> None:
+        for i in ids:
+            self.store.pop(i)
+            self.poisoned.pop(i, None)
+
+    def _blob_put(self, put: ops_pb2.BlobPut) -> Iterator[ops_pb2.SessionDown]:
+        key = bytes(put.hash)
+        if hash_of(put.tensor) != key:
+            return self._error("BLOB_INVALID", f"blob {key.hex()} does not match its content hash",
+                               0)
+        try:
+            self.store.check(codec.nbytes_of(put.tensor.meta), f"persistent tensor {key.hex()}")
+            t = codec.from_tensor_data(put.tensor, self.device)
+        except QuotaExceeded as exc:
+            return self._error("QUOTA_EXCEEDED", str(exc), 0)
+        except codec.CodecError as exc:
+            return self._error("BAD_FRAME", f"blob {key.hex()}: {exc}", 0)
+        self.counters["blob_puts"] += 1
+        self.counters["bytes_up"] += len(put.tensor.data)
+        self.store.put(("blob", key), t)
+        try:
+            self.blobs.put(key, put.tensor)
+        except BlobError:
+            pass  # too big for the cache: the session keeps its own copy
+        return iter(())
+
+    def _query(self, query: ops_pb2.BlobQuery) -> Iterator[ops_pb2.SessionDown]:
+        missing = []
+        for key in dict.fromkeys(bytes(h) for h in query.hashes):
+            if ("blob", key) in self.store:
+                continue
+            data = self.blobs.get(key)
+            if data is None:
+                missing.append(key)
+                continue
+            # Load now: the cache may evict it before the first call binds it.
+            try:
+                self.store.check(codec.nbytes_of(data.meta), "prefetch")
+            except QuotaExceeded:
+                continue  # loaded from disk again at bind time
+            self.store.put(("blob", key), codec.from_tensor_data(data, self.device))
+            self.counters["blob_hits"] += 1
+        return iter((ops_pb2.SessionDown(query=ops_pb2.BlobQueryReply(missing=missing)),))
+
+
+def make_executor(ctx: ExecutorContext) -> TorchExecutor:
+    """``InterceptionBackend.executor``: one executor per session."""
+    return TorchExecutor(ctx)

@@ -1,0 +1,169 @@
+"""``RemoteTensor``: a storage-less tensor whose value lives in the GPU host's session store.
+
+A proxy carries the metadata the app expects (shape, stride, dtype, device, requires_grad), so
+autograd, shape checks and Python code run unchanged; every aten operator on it reaches
+``__torch_dispatch__`` and is forwarded by the client session. ``__torch_function__`` catches the
+data reads that are not aten operators (numpy, tolist, repr, pickling, data_ptr, cpu) and serves
+them from a download. Several proxies may share one ``Handle`` (``detach``/``alias`` are answered
+locally); the host's copy is released when the last proxy on it is gone.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+if TYPE_CHECKING:
+    from .client import RemoteSession
+
+
+class Handle:
+    """One tensor in the host's store. ``hash``/``local``: a persistent tensor's content hash and
+    the app's original copy (served for reads before first use, and used when the host is lost)."""
+
+    __slots__ = ("id", "session", "hash", "local", "bound", "__weakref__")
+
+    def __init__(self, session: RemoteSession, id: int, hash: bytes | None = None,
+                 local: torch.Tensor | None = None):
+        self.id = id
+        self.session = session
+        self.hash = hash
+        self.local = local
+        self.bound = hash is None  # a persistent tensor is bound to its id at first use
+
+    def __del__(self) -> None:
+        # Runs in any thread, possibly while the session's send lock is held: only append.
+        try:
+            if self.bound:
+                self.session.released.append(self.id)
+        except Exception:  # interpreter shutdown
+            pass
+
+
+def _data_read(name: str):
+    def read(self: RemoteTensor, *args: Any, **kwargs: Any) -> Any:
+        real = self._rrto_handle.session.download(self)
+        return getattr(real, name)(*args, **kwargs)
+    return read
+
+
+class RemoteTensor(torch.Tensor):
+    _rrto_handle: Handle
+    _rrto_keep: torch.Tensor | None  # download kept alive for data_ptr()/storage users
+
+    @staticmethod
+    def __new__(cls, handle: Handle, shape: Any, stride: Any, offset: int, dtype: torch.dtype,
+                device: torch.device | str, requires_grad: bool = False) -> RemoteTensor:
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, shape, strides=stride, storage_offset=offset, dtype=dtype, device=device,
+            requires_grad=requires_grad,
+        )
+        r._rrto_handle = handle
+        r._rrto_keep = None
+        return r
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    # -- module.to()/_apply and deepcopy treat us as a traceable wrapper subclass ---------------
+    def __tensor_flatten__(self) -> tuple[list[str], Any]:
+        return [], (self._rrto_handle,)
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict, ctx: Any, outer_size: Any, outer_stride: Any) -> Any:
+        (handle,) = ctx
+        return RemoteTensor(handle, outer_size, outer_stride, 0, torch.float32, "cpu")
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # noqa: D105
+        return repr(self._rrto_handle.session.download(self))
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: Any = None):
+        session = None
+        for a in args:
+            if isinstance(a, RemoteTensor):
+                session = a._rrto_handle.session
+                break
+            if isinstance(a, (list, tuple)):
+                for b in a:
+                    if isinstance(b, RemoteTensor):
+                        session = b._rrto_handle.session
+                        break
+                if session is not None:
+                    break
+        if session is None:
+            for v in (kwargs or {}).values():
+                if isinstance(v, RemoteTensor):
+                    session = v._rrto_handle.session
+                    break
+        if session is None:  # e.g. only an out= argument is a proxy
+            found: list[RemoteTensor] = []
+            tree_map(lambda x: found.append(x) if isinstance(x, RemoteTensor) else None,
+                     (args, kwargs))
+            session = found[0]._rrto_handle.session
+        return session.dispatch(func, args, kwargs or {})
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: Any = None):
+        kwargs = kwargs or {}
+        reader = _READS.get(func)
+        if reader is not None:
+            return reader(args, kwargs)
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+        if func is _TO and isinstance(out, RemoteTensor) and _names_cpu(args[1:], kwargs):
+            return out._rrto_handle.session.download(out)
+        return out
+
+
+def _names_cpu(args: tuple, kwargs: dict) -> bool:
+    for v in (*args, kwargs.get("device")):
+        if (isinstance(v, str) and v == "cpu") or (
+                isinstance(v, torch.device) and v.type == "cpu"):
+            return True
+    return False
+
+
+def _download(args: tuple) -> torch.Tensor:
+    self = args[0]
+    return self._rrto_handle.session.download(self)
+
+
+def _via_download(name: str):
+    method = getattr(torch.Tensor, name)
+
+    def read(args: tuple, kwargs: dict) -> Any:
+        return method(_download(args), *args[1:], **kwargs)
+    return read
+
+
+def _kept(name: str):
+    """data_ptr()/storage: the pointer must stay valid while the proxy lives, so keep the copy."""
+    method = getattr(torch.Tensor, name)
+
+    def read(args: tuple, kwargs: dict) -> Any:
+        self = args[0]
+        real = _download(args)
+        self._rrto_keep = real
+        return method(real, *args[1:], **kwargs)
+    return read
+
+
+def _cpu(args: tuple, kwargs: dict) -> torch.Tensor:
+    return _download(args)
+
+
+_TO = torch.Tensor.to
+_READS: dict[Any, Any] = {
+    getattr(torch.Tensor, n): _via_download(n)
+    for n in ("numpy", "tolist", "__array__", "__format__", "__reduce_ex__", "__dlpack__",
+              "__dlpack_device__", "item", "__bool__", "__int__", "__float__", "__index__",
+              "__complex__", "__array_wrap__")
+    if hasattr(torch.Tensor, n)
+}
+_READS.update({getattr(torch.Tensor, n): _kept(n) for n in (
+    "data_ptr", "untyped_storage", "storage", "_typed_storage") if hasattr(torch.Tensor, n)})
+_READS[torch.Tensor.cpu] = _cpu
+_READS[torch.Tensor.__repr__] = lambda args, kwargs: repr(_download(args))

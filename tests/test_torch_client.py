@@ -1,0 +1,228 @@
+"""The client interceptor against an in-process executor (loopback): proxies, data reads,
+grad modes, threads, modes, errors, persistent tensors. Real daemons: test_torch_apps.py."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import threading
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from rrto_plugins.torch.errors import HostLost, RemoteOpError
+from rrto_plugins.torch.proxy import RemoteTensor
+from rrto_plugins.torch.testing import loopback
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4)).eval()
+
+
+@pytest.fixture(params=["stream", "sync"])
+def offload(request, tmp_path):
+    made = []
+
+    def start(**kw):
+        itc = loopback(tmp_path, mode=kw.pop("mode", request.param), **kw)
+        made.append(itc)
+        return itc
+    yield start
+    for itc in made:
+        itc.uninstall()
+
+
+def host(itc):
+    return itc.session.channel.executor
+
+
+def test_forward_is_offloaded_and_bitwise_equal(offload):
+    m, x = mlp(), torch.randn(5, 8)
+    with torch.no_grad():
+        ref = m(x)
+    itc = offload()
+    with torch.no_grad():
+        y = m(x)
+    assert isinstance(y, RemoteTensor) and y.shape == ref.shape and y.dtype == ref.dtype
+    assert isinstance(m[0].weight, nn.Parameter) and isinstance(m[0].weight, RemoteTensor)
+    assert torch.equal(y.cpu(), ref)
+    assert host(itc).stats()["ops"] >= 3
+    assert len(itc.session.channel.marks) == 1  # one top-level module call = one inference
+
+
+@pytest.mark.parametrize("ctx", [torch.no_grad, torch.inference_mode, torch.enable_grad])
+def test_grad_modes(offload, ctx):
+    m, x = mlp(), torch.randn(2, 8)
+    with ctx():
+        ref = m(x)
+    offload()
+    with ctx():
+        y = m(x)
+    assert y.requires_grad == ref.requires_grad
+    assert torch.equal(y.detach().cpu(), ref.detach())
+
+
+def test_data_reads_download(offload):
+    m, x = mlp(), torch.randn(3, 8)
+    with torch.no_grad():
+        ref = m(x)
+    offload()
+    with torch.no_grad():
+        y = m(x)
+    assert y.tolist() == ref.tolist()
+    assert np.array_equal(y.numpy(), ref.numpy()) and np.array_equal(np.asarray(y), ref.numpy())
+    assert y[0, 0].item() == ref[0, 0].item()
+    assert bool(y.sum() > 0) == bool(ref.sum() > 0)
+    assert float(y[1, 1]) == float(ref[1, 1]) and int(y.argmax()) == int(ref.argmax())
+    assert repr(y) == repr(ref) and f"{y.sum():.4f}" == f"{ref.sum():.4f}"
+    assert torch.equal(pickle.loads(pickle.dumps(y)), ref)
+    buf = io.BytesIO()
+    torch.save(y, buf)
+    buf.seek(0)
+    assert torch.equal(torch.load(buf), ref)
+    assert y.data_ptr() != 0 and y.untyped_storage().nbytes() == ref.numel() * 4
+    assert torch.equal(y.to("cpu"), ref) and type(y.cpu()) is torch.Tensor
+
+
+def test_local_preprocessing_stays_local_and_mixed_args_upload(offload):
+    itc = offload()
+    a = torch.randn(4)
+    b = a * 2 + 1  # no proxy involved: plain local torch
+    assert type(b) is torch.Tensor and host(itc).stats()["ops"] == 0
+
+
+def test_data_dependent_shapes(offload):
+    m = mlp()
+    offload()
+    with torch.no_grad():
+        y = m(torch.randn(6, 8))
+    ref = y.cpu()
+    assert torch.equal(y[y > 0].cpu(), ref[ref > 0])
+    assert torch.equal(torch.nonzero(y > 0).cpu(), torch.nonzero(ref > 0))
+    u, inv = torch.unique((y > 0).int(), return_inverse=True)
+    assert torch.equal(u.cpu(), torch.unique((ref > 0).int()))
+
+
+def test_inplace_views_and_multi_output(offload):
+    m = mlp()
+    offload()
+    with torch.no_grad():
+        y = m(torch.randn(4, 8))
+    ref = y.cpu().clone()
+    z = y.view(2, 8)
+    z.add_(1.0)  # in place on a view: visible through the base, as locally
+    ref.view(2, 8).add_(1.0)
+    assert torch.equal(y.cpu(), ref)
+    vals, idx = torch.topk(y, 2, dim=1)
+    rv, ri = torch.topk(ref, 2, dim=1)
+    assert torch.equal(vals.cpu(), rv) and torch.equal(idx.cpu(), ri)
+    parts = y.split(1, dim=0)
+    assert len(parts) == 4 and torch.equal(parts[3].cpu(), ref[3:4])
+    local = torch.zeros(4, 4)
+    local.copy_(y)  # a local destination: computed locally from a download
+    assert type(local) is torch.Tensor and torch.equal(local, ref)
+
+
+def test_threads_share_the_session(offload):
+    m = mlp()
+    xs = [torch.randn(2, 8) for _ in range(4)]
+    with torch.no_grad():
+        refs = [m(x) for x in xs]
+    offload()
+    out: dict[int, torch.Tensor] = {}
+
+    def run(i: int) -> None:
+        with torch.no_grad():
+            for _ in range(5):
+                out[i] = m(xs[i]).cpu()
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(torch.equal(out[i], refs[i]) for i in range(4))
+
+
+def test_releases_free_host_memory(offload):
+    m = mlp()
+    itc = offload()
+
+    def live_after(n: int) -> int:
+        with torch.no_grad():
+            for _ in range(n):
+                m(torch.randn(64, 8)).sum().item()
+        itc.session.flush()
+        return host(itc).stats()["bytes_live"]
+    settled = live_after(2)
+    assert live_after(20) <= settled  # dropped proxies are released: no growth
+    assert host(itc).stats()["bytes_peak"] < 20 * 64 * 32 * 4
+
+
+def test_persistent_tensors_uploaded_once_across_sessions(tmp_path):
+    from rrtod.blobstore import BlobStore
+    blobs = BlobStore(tmp_path / "blobs", 1 << 30)
+    m = mlp()
+    first = loopback(tmp_path, blobs=blobs)
+    with torch.no_grad():
+        m(torch.randn(1, 8)).cpu()
+    first.uninstall()
+    weights = sum(p.numel() * 4 for p in m.parameters())
+    assert first.session.counters["blob_bytes_up"] == weights
+    m2 = mlp()  # a restarted app: same weights, fresh objects
+    second = loopback(tmp_path, blobs=blobs)
+    with torch.no_grad():
+        m2(torch.randn(1, 8)).cpu()
+    second.uninstall()
+    assert second.session.counters["blob_bytes_up"] == 0
+
+
+def test_refused_op_raises_clearly_or_runs_locally(offload):
+    m = mlp()
+    itc = offload(deny=("aten::relu",), fallback="error")
+    with pytest.raises(RemoteOpError, match="aten::relu.default is denied"):
+        with torch.no_grad():
+            m(torch.randn(2, 8))
+    itc.uninstall()
+    m2, x = mlp(), torch.randn(2, 8)
+    with torch.no_grad():
+        ref = m2(x)
+    itc = offload(deny=("aten::relu",), fallback="local")
+    with torch.no_grad():
+        y = m2(x)
+    assert torch.equal(y.cpu(), ref) and itc.session.counters["local_ops"] == 1
+
+
+def test_async_error_surfaces_at_next_download(tmp_path):
+    m = mlp()
+    itc = loopback(tmp_path, mode="stream")
+    try:
+        with torch.no_grad():
+            y = m(torch.randn(2, 8))
+            (y @ torch.ones(4, 2)).cpu()  # the first call of an operator waits (probe)
+            host(itc).store.quota = host(itc).store.bytes_live  # nothing more fits
+            z = y @ torch.ones(4, 1000)  # streamed: accepted now, refused by the host
+            with pytest.raises(RemoteOpError, match="QUOTA_EXCEEDED"):
+                z.cpu()
+    finally:
+        itc.uninstall()
+
+
+def test_host_lost_raises_then_falls_back_to_local(tmp_path):
+    m, x = mlp(), torch.randn(2, 8)
+    with torch.no_grad():
+        ref = m(x)
+    itc = loopback(tmp_path, fallback="local")
+    try:
+        with torch.no_grad():
+            y = m(x)
+        itc.session.channel.lose("GPU host vanished")
+        with pytest.raises(HostLost, match="GPU host vanished"):
+            y.cpu()
+        with torch.no_grad():  # the weights' local copies still exist: later inferences run here
+            again = m(x)
+        assert type(again) is torch.Tensor and torch.equal(again, ref)
+    finally:
+        itc.uninstall()

@@ -1,0 +1,70 @@
+"""Wire encoding of tensors and operator arguments (both ends use plugins/torch/codec.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rrto.v1 import ops_pb2
+from rrto_plugins.torch import codec
+from rrto_plugins.torch.allowlist import Allowlist, builtin_names
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64,
+                                   torch.bool, torch.uint8, torch.complex64])
+def test_tensor_roundtrip_is_bitwise(dtype):
+    t = (torch.randn(3, 5) * 100).to(dtype)
+    msg = ops_pb2.TensorData.FromString(codec.tensor_data(t).SerializeToString())
+    back = codec.from_tensor_data(msg)
+    assert back.dtype == dtype and back.shape == t.shape
+    assert torch.equal(back.view(torch.uint8) if dtype != torch.bool else back,
+                       t.view(torch.uint8) if dtype != torch.bool else t)
+
+
+def test_non_contiguous_and_empty_tensors():
+    t = torch.arange(12.0).reshape(3, 4).t()
+    assert torch.equal(codec.from_tensor_data(codec.tensor_data(t)), t)
+    e = torch.empty(0, 3)
+    assert codec.from_tensor_data(codec.tensor_data(e)).shape == (0, 3)
+    assert torch.equal(codec.from_tensor_data(codec.tensor_data(torch.tensor(7))), torch.tensor(7))
+
+
+def test_size_mismatch_is_rejected():
+    msg = codec.tensor_data(torch.zeros(4))
+    msg.data = msg.data[:-1]
+    with pytest.raises(codec.CodecError, match="expected 16"):
+        codec.from_tensor_data(msg)
+    msg.meta.dtype = "pyobject"
+    with pytest.raises(codec.CodecError, match="unknown dtype"):
+        codec.from_tensor_data(msg)
+
+
+def test_values_roundtrip():
+    value = [None, True, 3, -2.5, "mean", (1, 2), [], torch.float16, torch.device("cpu"),
+             torch.channels_last, torch.strided, 1 + 2j]
+    out = ops_pb2.Value()
+    codec.encode_value(value, out, lambda t: ops_pb2.TensorRef(id=1))
+    wire = ops_pb2.Value.FromString(out.SerializeToString())
+    back = codec.decode_value(wire, lambda r: None, torch.device)
+    assert back == value
+    assert isinstance(back[5], tuple) and isinstance(back[6], list)
+
+
+def test_tensor_args_go_through_callback_and_unknown_types_refuse():
+    out = ops_pb2.Value()
+    codec.encode_value([torch.zeros(1), None], out, lambda t: ops_pb2.TensorRef(id=42))
+    assert out.list.items[0].tensor.id == 42
+    with pytest.raises(codec.CodecError, match="Generator"):
+        codec.encode_value(torch.Generator(), ops_pb2.Value(), lambda t: None)
+
+
+def test_allowlist_refuses_files_storages_and_foreign_namespaces():
+    allow = Allowlist()
+    assert allow.allows("aten::convolution.default") and allow.allows("aten::add.Tensor")
+    for name in ("aten::from_file.default", "aten::set_.source_Storage", "aten::_print.default",
+                 "aten::record_stream.default", "torchvision::nms.default", "os::system",
+                 "aten::nope.default", "aten::add.Tensor; rm -rf /", "builtins::eval"):
+        assert not allow.allows(name), name
+    assert Allowlist(deny=("aten::relu",)).allows("aten::relu.default") is False
+    names = builtin_names()
+    assert "aten::addmm.default" in names and not any("from_file" in n for n in names)

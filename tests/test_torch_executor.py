@@ -1,0 +1,176 @@
+"""The host executor driven with raw frames, as the GPU daemon drives it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rrto.v1 import ops_pb2
+from rrto_plugins.torch import codec
+from rrto_plugins.torch.executor import TorchExecutor
+from rrtod.blobstore import BlobStore, hash_of
+from rrtod.executor import ExecutorContext
+
+
+def make(tmp_path, quota=1 << 20, **kw) -> TorchExecutor:
+    ctx = ExecutorContext(device="cpu", memory_quota=quota, allow_extra=kw.get("allow", ()),
+                          deny=kw.get("deny", ()), blobs=BlobStore(tmp_path / "blobs", 1 << 20),
+                          state_dir=tmp_path)
+    ex = TorchExecutor(ctx)
+    ready = ex.open(ops_pb2.SessionOpen(app="t", executor="torch"))
+    assert ready.device == "cpu" and ready.session
+    return ex
+
+
+def up(t: torch.Tensor, bind: int = 0) -> ops_pb2.Value:
+    return ops_pb2.Value(tensor=ops_pb2.TensorRef(upload=codec.tensor_data(t), bind_id=bind))
+
+
+def ref(i: int) -> ops_pb2.Value:
+    return ops_pb2.Value(tensor=ops_pb2.TensorRef(id=i))
+
+
+def call(ex, op, args, out_ids=(), seq=1, **kw) -> list[ops_pb2.SessionDown]:
+    c = ops_pb2.OpCall(seq=seq, op=op, args=args, out_ids=list(out_ids), **kw)
+    return list(ex.handle(ops_pb2.SessionUp(call=c)))
+
+
+def fetch(ex, i, seq=99) -> ops_pb2.SessionDown:
+    (down,) = ex.handle(ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=seq, id=i)))
+    return down
+
+
+def test_streamed_call_store_and_fetch(tmp_path):
+    ex = make(tmp_path)
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    assert call(ex, "aten::add.Tensor", [up(a, bind=1), up(b)], out_ids=[2]) == []
+    got = fetch(ex, 2)
+    assert got.fetched.seq == 99
+    assert torch.equal(codec.from_tensor_data(got.fetched.tensor), a + b)
+    assert call(ex, "aten::mul.Tensor", [ref(1), ref(2)], out_ids=[3], seq=2) == []
+    assert torch.equal(codec.from_tensor_data(fetch(ex, 3).fetched.tensor), a * (a + b))
+    assert ex.stats()["ops"] == 2 and ex.stats()["tensors"] == 3
+
+
+def test_sync_and_want_meta_and_values(tmp_path):
+    ex = make(tmp_path)
+    x = torch.tensor([0.0, 2.0, 0.0, 3.0])
+    (down,) = call(ex, "aten::nonzero.default", [up(x, bind=1)], want_meta=True, sync=True)
+    assert list(down.result.outs[0].shape) == [2, 1]
+    new_id = down.result.value.tensor.id
+    assert new_id and torch.equal(codec.from_tensor_data(fetch(ex, new_id).fetched.tensor),
+                                  torch.tensor([[1], [3]]))
+    (down,) = call(ex, "aten::_local_scalar_dense.default", [ref(1)], seq=2)
+    # a non-tensor result always comes back, even for a streamed call
+    (one,) = call(ex, "aten::select.int", [ref(1), ops_pb2.Value(i=0), ops_pb2.Value(i=3)],
+                  out_ids=[5], seq=3, sync=True)
+    assert one.result.seq == 3
+    (down,) = call(ex, "aten::_local_scalar_dense.default", [ref(5)], seq=4)
+    assert down.result.value.f == 3.0
+
+
+def test_views_share_quota_bytes_and_release_frees(tmp_path):
+    ex = make(tmp_path)
+    call(ex, "aten::view.default", [up(torch.zeros(256), bind=1),
+                                    ops_pb2.Value(list=ops_pb2.ValueList(
+                                        items=[ops_pb2.Value(i=16), ops_pb2.Value(i=16)]))],
+         out_ids=[2])
+    assert ex.stats()["bytes_live"] == 1024 and ex.stats()["tensors"] == 2
+    list(ex.handle(ops_pb2.SessionUp(release=ops_pb2.Release(ids=[1]))))
+    assert ex.stats()["bytes_live"] == 1024
+    list(ex.handle(ops_pb2.SessionUp(release=ops_pb2.Release(ids=[2]))))
+    assert ex.stats()["bytes_live"] == 0 and ex.stats()["tensors"] == 0
+
+
+@pytest.mark.parametrize("op", ["aten::from_file.default", "torchvision::nms.default",
+                                "aten::set_.source_Storage", "not an op"])
+def test_refused_operator_says_so_and_poisons_outputs(tmp_path, op):
+    ex = make(tmp_path)
+    (err,) = call(ex, op, [up(torch.zeros(2))], out_ids=[7], seq=5)
+    assert err.error.code == "OP_NOT_ALLOWED" and err.error.seq == 5
+    # a call that uses the failed output fails quietly; the download names the root cause
+    assert call(ex, "aten::relu.default", [ref(7)], out_ids=[8], seq=6) == []
+    down = fetch(ex, 8)
+    assert down.error.code == "POISONED" and "OP_NOT_ALLOWED" in down.error.message
+    assert ex.stats()["ops"] == 0
+
+
+def test_deny_and_allow_extra(tmp_path):
+    ex = make(tmp_path, deny=("aten::relu",))
+    (err,) = call(ex, "aten::relu.default", [up(torch.zeros(2))], out_ids=[1])
+    assert err.error.code == "OP_NOT_ALLOWED" and "denied" in err.error.message
+
+
+def test_quota_exceeded_on_upload_and_on_output(tmp_path):
+    ex = make(tmp_path, quota=4096)
+    (err,) = call(ex, "aten::relu.default", [up(torch.zeros(2048))], out_ids=[1])
+    assert err.error.code == "QUOTA_EXCEEDED" and "4096-byte memory quota" in err.error.message
+    call(ex, "aten::clone.default", [up(torch.zeros(512), bind=1)], out_ids=[2], seq=2)
+    (err,) = call(ex, "aten::repeat.default", [ref(1), ops_pb2.Value(list=ops_pb2.ValueList(
+        items=[ops_pb2.Value(i=4)]))], out_ids=[3], seq=3)
+    assert err.error.code == "QUOTA_EXCEEDED"
+    assert ex.stats()["bytes_live"] <= 4096
+    # the session still works after the refusal, within its quota
+    list(ex.handle(ops_pb2.SessionUp(release=ops_pb2.Release(ids=[1]))))
+    assert call(ex, "aten::neg.default", [ref(2)], out_ids=[4], seq=4) == []
+
+
+def test_op_failure_is_reported_with_the_operator(tmp_path):
+    ex = make(tmp_path)
+    (err,) = call(ex, "aten::mm.default", [up(torch.zeros(2, 3)), up(torch.zeros(2, 3))],
+                  out_ids=[1], seq=9)
+    assert err.error.code == "OP_FAILED" and "aten::mm.default (call 9)" in err.error.message
+
+
+def test_bad_frames_never_raise(tmp_path):
+    ex = make(tmp_path)
+    bad = codec.tensor_data(torch.zeros(4))
+    bad.data = b"\x00"
+    (err,) = call(ex, "aten::relu.default", [ops_pb2.Value(tensor=ops_pb2.TensorRef(upload=bad))],
+                  out_ids=[1])
+    assert err.error.code == "BAD_FRAME"
+    (err,) = call(ex, "aten::relu.default", [ref(12345)], out_ids=[1], seq=2)
+    assert err.error.code == "UNKNOWN_TENSOR"
+    (err,) = ex.handle(ops_pb2.SessionUp())
+    assert err.error.code == "BAD_FRAME"
+    (err,) = call(ex, "aten::relu.default", [], out_ids=[1], seq=3)
+    assert err.error.code == "OP_FAILED"
+
+
+def test_persistent_tensors_by_hash(tmp_path):
+    ex = make(tmp_path)
+    w = codec.tensor_data(torch.randn(8))
+    key = hash_of(w)
+    (q,) = ex.handle(ops_pb2.SessionUp(query=ops_pb2.BlobQuery(hashes=[key])))
+    assert list(q.query.missing) == [key]
+    bad = ops_pb2.BlobPut(hash=b"\x00" * 16, tensor=w)
+    (err,) = ex.handle(ops_pb2.SessionUp(blob=bad))
+    assert err.error.code == "BLOB_INVALID"
+    assert list(ex.handle(ops_pb2.SessionUp(blob=ops_pb2.BlobPut(hash=key, tensor=w)))) == []
+    pers = ops_pb2.Value(tensor=ops_pb2.TensorRef(persistent=key, bind_id=1))
+    call(ex, "aten::neg.default", [pers], out_ids=[2])
+    assert torch.equal(codec.from_tensor_data(fetch(ex, 1).fetched.tensor),
+                       codec.from_tensor_data(w))
+    ex.close()
+    # another session (or a restarted host) finds it in the cache
+    ex2 = make(tmp_path)
+    (q,) = ex2.handle(ops_pb2.SessionUp(query=ops_pb2.BlobQuery(hashes=[key])))
+    assert list(q.query.missing) == []
+    (err,) = call(ex2, "aten::neg.default", [ops_pb2.Value(tensor=ops_pb2.TensorRef(
+        persistent=b"\x01" * 16, bind_id=1))], out_ids=[2])
+    assert err.error.code == "BLOB_MISSING"
+
+
+def test_sessions_are_isolated_and_close_frees(tmp_path):
+    a, b = make(tmp_path), make(tmp_path)
+    call(a, "aten::clone.default", [up(torch.ones(3))], out_ids=[1])
+    assert fetch(b, 1).error.code == "UNKNOWN_TENSOR"
+    a.close()
+    assert a.stats()["bytes_live"] == 0 and a.stats()["tensors"] == 0
+
+
+def test_open_quota_can_only_lower(tmp_path):
+    ex = TorchExecutor(ExecutorContext(device="cpu", memory_quota=1000, allow_extra=(), deny=(),
+                                       blobs=BlobStore(tmp_path, 1 << 20), state_dir=tmp_path))
+    ex.open(ops_pb2.SessionOpen(memory_quota=10**9))
+    assert ex.stats()["memory_quota"] == 1000
