@@ -1,0 +1,79 @@
+"""``python -m bench``: every model × link × system, written to bench/results/.
+
+``--quick`` is the few-minutes subset for this 2-core machine (3 small models, loopback and
+wifi6-edge, 10 inferences per cell); the full run covers every model and link.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+from bench.harness import SYSTEMS, Plan, run
+from bench.link import LINKS
+from bench.models import MODELS, QUICK_MODELS
+from bench.report import write
+
+QUICK_LINKS = ("loopback", "wifi6-edge")
+
+
+def _csv(value: str, allowed: list[str] | tuple[str, ...], what: str) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [v for v in items if v not in allowed]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown {what}: {', '.join(unknown)} "
+                                         f"(known: {', '.join(allowed)})")
+    return items
+
+
+def _terminate(signum: int, frame: object) -> NoReturn:
+    # SIGTERM unwinds like Ctrl-C, so every context manager stops its child processes.
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="a few minutes on this machine")
+    parser.add_argument("--models", type=lambda v: _csv(v, list(MODELS), "model"))
+    parser.add_argument("--links", type=lambda v: _csv(v, list(LINKS), "link"))
+    parser.add_argument("--systems", type=lambda v: _csv(v, SYSTEMS, "system"))
+    parser.add_argument("--iters", type=int, help="measured inferences per cell")
+    parser.add_argument("--warmup", type=int, help="warm-up inferences per cell (record phase)")
+    parser.add_argument("--budget-s", type=float, help="stop measuring a cell after this")
+    parser.add_argument("--out", type=Path, help="results folder (default bench/results)")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    plan = Plan(
+        models=args.models or list(QUICK_MODELS if args.quick else MODELS),
+        links=args.links or list(QUICK_LINKS if args.quick else LINKS),
+        systems=args.systems or list(SYSTEMS),
+        iters=args.iters or (10 if args.quick else 30),
+        warmup=args.warmup if args.warmup is not None else (3 if args.quick else 5),
+        budget_s=args.budget_s or (15.0 if args.quick else 60.0),
+        cell_timeout_s=120.0 if args.quick else 600.0,
+        quick=args.quick,
+    )
+    if args.out:
+        plan.out_dir = args.out
+    print(f"bench: models {','.join(plan.models)}; links {','.join(plan.links)}; "
+          f"systems {','.join(plan.systems)}; {plan.iters} iterations after {plan.warmup} warm-up")
+    try:
+        doc = run(plan)
+    except KeyboardInterrupt:
+        print("bench: interrupted; child processes stopped, nothing written", file=sys.stderr)
+        return 130
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + ("-quick" if plan.quick else "")
+    paths = write(doc, plan.out_dir, stamp)
+    for kind, path in paths.items():
+        print(f"bench: wrote {kind} {path}")
+    ok = sum(c["status"] == "ok" for c in doc["cells"])
+    print(f"bench: {ok}/{len(doc['cells'])} cells reported")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

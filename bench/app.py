@@ -1,0 +1,76 @@
+"""The benchmark's app: an unmodified inference loop, as a robot program would run it.
+
+Nothing here knows about rrtod: ``python bench/app.py --model NAME`` computes locally,
+``rrto-run python bench/app.py --model NAME`` offloads it transparently. Each inference takes a
+fresh deterministic input ("grab a frame", untimed), runs the model in ``inference_mode`` and
+reads every output back as bytes (timed: the app needs its results). It prints ONE JSON line:
+per-inference latency (perf_counter) and process CPU time (process_time), warm-up latencies
+apart, and a checksum of the outputs of the warm-up and the first measured inference so local
+and offloaded runs can be compared exactly.
+
+``--sync`` lets the harness read the daemon's counters at the end of the warm-up: the app prints
+``{"phase": "warm"}`` and waits for a line on stdin. ``--budget-s`` stops measuring early (the
+JSON says how many inferences ran) so a slow system cannot stall the whole benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
+
+import torch  # noqa: E402
+
+from bench.models import MODELS, outputs_of  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/app.py", description=__doc__)
+    parser.add_argument("--model", required=True, choices=sorted(MODELS))
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--budget-s", type=float, default=None, help="stop measuring after this")
+    parser.add_argument("--sync", action="store_true", help="wait for stdin after the warm-up")
+    args = parser.parse_args(argv)
+    spec = MODELS[args.model]
+    model = spec.make()
+    inputs = spec.inputs(args.warmup + args.iters)
+    digest = hashlib.sha256()
+    warm_ms: list[float] = []
+    lat_ms: list[float] = []
+    cpu_ms: list[float] = []
+    started = time.perf_counter()
+    with torch.inference_mode():
+        for i, x in enumerate(inputs):
+            if i == args.warmup:
+                if args.sync:
+                    print(json.dumps({"phase": "warm"}), flush=True)
+                    sys.stdin.readline()
+                started = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
+            out = [o.numpy().tobytes() for o in outputs_of(model(x))]
+            t1, c1 = time.perf_counter(), time.process_time()
+            if i <= args.warmup:  # a prefix every run has, whatever its budget cut off
+                for part in out:
+                    digest.update(part)
+            if i < args.warmup:
+                warm_ms.append((t1 - t0) * 1e3)
+                continue
+            lat_ms.append((t1 - t0) * 1e3)
+            cpu_ms.append((c1 - c0) * 1e3)
+            if args.budget_s is not None and t1 - started > args.budget_s:
+                break
+    print(json.dumps({"model": args.model, "iters": len(lat_ms), "warmup": args.warmup,
+                      "warmup_ms": warm_ms, "latency_ms": lat_ms, "cpu_ms": cpu_ms,
+                      "checksum": digest.hexdigest()[:16],
+                      "torch_threads": torch.get_num_threads()}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

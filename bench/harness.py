@@ -1,0 +1,408 @@
+"""Runs every model × link × system in one process tree and collects every sample.
+
+Per link: a measurement server, the GPU daemon, the NTO server, the link proxy in front of all
+three (so they share one emulated link), and the robot daemon pointed at the proxy. Per cell: the
+link is measured first (a cell whose RTT or throughput misses its target by more than 10% is
+refused: kept in the JSON with its samples, never reported in the table), then the app runs as a
+subprocess; at the end of its warm-up it pauses so the harness can snapshot the daemon's and the
+link's counters and restart the bandwidth trace, so per-inference figures cover only measured
+inferences and every system sees the same trace. A failing cell is recorded with its error and
+the run goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import stats
+from bench.link import LINKS, LinkProcess, LinkSpec, MeasureServer, measure
+
+REPO = Path(__file__).resolve().parent.parent
+APP = REPO / "bench" / "app.py"
+BIN = Path(sys.executable).parent
+SYSTEMS = ("local", "per-op", "nto", "rrto")
+DAEMON_SYSTEMS = ("per-op", "rrto")
+# Mode overrides the shim reads from the environment (see plugins/torch and rrtod/shim).
+# RRTO_FALLBACK=error: a shim that cannot reach its daemon must fail the cell, not quietly run
+# the model locally and report local numbers as offloaded ones.
+MODE_ENV = {"per-op": {"RRTO_MODE": "sync", "RRTO_REPLAY": "0", "RRTO_FALLBACK": "error"},
+            "rrto": {"RRTO_MODE": "stream", "RRTO_REPLAY": "1", "RRTO_FALLBACK": "error"}}
+
+
+@dataclass
+class Plan:
+    models: list[str]
+    links: list[str]
+    systems: list[str]
+    iters: int = 30
+    warmup: int = 5
+    budget_s: float = 60.0  # measured part of one cell stops after this
+    cell_timeout_s: float = 600.0  # the whole app process is killed after this
+    quick: bool = False
+    out_dir: Path = field(default_factory=lambda: REPO / "bench" / "results")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "out_dir": str(self.out_dir)}
+
+
+class CellError(Exception):
+    pass
+
+
+def _stderr_tail(text: str, lines: int = 15) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def parse_shim_stats(stderr: str) -> dict[str, Any] | None:
+    """The shim's own figures, if it printed a ``rrto-stats {json}`` line on stderr (last wins).
+
+    Keys used when present: ``shim_us_per_op`` (or ``shim_s`` and ``ops``), ``round_trips``,
+    ``inferences``, ``replayed``.
+    """
+    found = None
+    for line in stderr.splitlines():
+        if line.startswith("rrto-stats "):
+            with contextlib.suppress(ValueError):
+                found = json.loads(line[len("rrto-stats "):])
+    if found is not None and "shim_us_per_op" not in found and found.get("ops"):
+        if "shim_s" in found:
+            found["shim_us_per_op"] = found["shim_s"] / found["ops"] * 1e6
+    return found
+
+
+class LinkEnv:
+    """Everything one link needs, started in order and torn down in reverse (also on errors)."""
+
+    def __init__(self, spec: LinkSpec, systems: list[str], stack: contextlib.ExitStack):
+        self.spec = spec
+        self.robot: Any = None
+        self.gpu: Any = None
+        self.nto_address: str | None = None
+        self.link: LinkProcess | None = None
+        self.daemon_error: str | None = None
+        self.measure_server = MeasureServer()
+        stack.callback(self.measure_server.close)
+        targets: dict[str, str] = {"measure": self.measure_server.address}
+        needs_daemons = any(s in DAEMON_SYSTEMS for s in systems)
+        if needs_daemons:
+            from rrtod.launch import Launcher
+
+            self.launcher = stack.enter_context(Launcher())
+            try:
+                self.gpu = self.launcher.start("gpu", roles=["gpu"])
+                targets["gpu"] = self.gpu.listen
+            except Exception as e:  # noqa: BLE001 - recorded per cell, the run goes on
+                self.daemon_error = f"GPU daemon did not start: {e}"
+        if "nto" in systems:
+            self.nto_proc = subprocess.Popen([sys.executable, "-m", "bench.nto", "serve"],
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                             text=True, cwd=str(REPO))
+            stack.callback(_stop, self.nto_proc)
+            assert self.nto_proc.stdout is not None
+            line = self.nto_proc.stdout.readline().split()
+            if line[:1] != ["READY"]:
+                raise RuntimeError("NTO server did not start")
+            targets["nto"] = f"127.0.0.1:{line[1]}"
+        names = list(targets)
+        if spec.emulated:
+            self.link = stack.enter_context(LinkProcess(spec, list(targets.values())))
+            self.addresses = {n: self.link.address(i) for i, n in enumerate(names)}
+            self.one_way_delay_s = self.link.calibrate(self.addresses["measure"])
+        else:
+            self.addresses = dict(targets)
+            self.one_way_delay_s = 0.0
+        self.nto_address = self.addresses.get("nto")
+        if needs_daemons and self.gpu is not None:
+            try:
+                self.robot = self.launcher.start("robot", roles=["robot"],
+                                                 hosts=[{"name": "gpu", "address": self.addresses["gpu"]}])
+                self.robot.wait_for(lambda s: s["hosts"] and s["hosts"][0]["state"] == "up",
+                                    timeout=30, what="GPU host up")
+            except Exception as e:  # noqa: BLE001
+                self.daemon_error = f"robot daemon not ready: {e}"
+                self.robot = None
+
+    def measure(self) -> dict[str, Any]:
+        return measure(self.addresses["measure"], self.spec, self.link).to_dict()
+
+
+def _stop(proc: subprocess.Popen[Any], timeout: float = 5.0) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(OSError):
+            if proc.stdin:
+                proc.stdin.close()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _live_session(status: dict[str, Any], pid: int) -> dict[str, Any] | None:
+    sessions = status.get("sessions") or []
+    for s in sessions:
+        if s.get("pid") == pid:
+            return s
+    return sessions[-1] if sessions else None
+
+
+COUNTERS = ("ops_forwarded", "frames_up", "frames_down", "bytes_up", "bytes_down", "inferences")
+
+
+def run_app(cmd: list[str], env: dict[str, str], timeout: float,
+            on_warm: Any = None) -> tuple[dict[str, Any], str, float]:
+    """Run one app process; returns (its JSON result, its stderr, wall seconds).
+
+    ``on_warm(pid)`` runs while the app waits at the end of its warm-up.
+    """
+    t0 = time.monotonic()
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                                text=True, cwd=str(REPO), env={**os.environ, **env})
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        result = None
+        try:
+            assert proc.stdout is not None and proc.stdin is not None
+            for line in proc.stdout:
+                with contextlib.suppress(ValueError):
+                    msg = json.loads(line)
+                    if isinstance(msg, dict) and msg.get("phase") == "warm":
+                        if on_warm is not None:
+                            on_warm(proc.pid)
+                        proc.stdin.write("\n")
+                        proc.stdin.flush()
+                    elif isinstance(msg, dict) and "latency_ms" in msg:
+                        result = msg
+            proc.wait()
+        finally:
+            timer.cancel()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        err.seek(0)
+        stderr = err.read()
+    wall = time.monotonic() - t0
+    if result is None:
+        why = "timed out" if wall >= timeout else f"exit {proc.returncode}"
+        raise CellError(f"app failed ({why}): {_stderr_tail(stderr)}")
+    return result, stderr, wall
+
+
+def run_cell(env: LinkEnv | None, model: str, system: str, plan: Plan) -> dict[str, Any]:
+    cell: dict[str, Any] = {"link": env.spec.name if env else None, "model": model, "system": system,
+                            "status": "ok", "error": None}
+    app_args = ["--model", model, "--iters", str(plan.iters), "--warmup", str(plan.warmup),
+                "--budget-s", str(plan.budget_s), "--sync"]
+    extra_env: dict[str, str] = {}
+    warm: dict[str, Any] = {}
+    try:
+        if system == "local":
+            cmd = [sys.executable, str(APP), *app_args]
+        elif system == "nto":
+            assert env is not None and env.nto_address
+            cmd = [sys.executable, "-m", "bench.nto", "client", "--target", env.nto_address, *app_args]
+        else:
+            assert env is not None
+            if env.robot is None:
+                raise CellError(env.daemon_error or "robot daemon not running")
+            run = BIN / "rrto-run"
+            if not run.exists():
+                raise CellError("rrto-run is not installed yet (the shim is pending)")
+            cmd = [str(run), sys.executable, str(APP), *app_args]
+            extra_env = {**env.robot.env, **MODE_ENV[system]}
+        if env is not None and system != "local":
+            cell["link_measurement"] = env.measure()
+            if not cell["link_measurement"]["valid"]:
+                cell["status"] = "refused"
+                cell["error"] = "; ".join(cell["link_measurement"]["problems"])
+        before = env.robot.ctl("status") if system in DAEMON_SYSTEMS and env else None
+
+        def on_warm(pid: int) -> None:
+            if env is None or system == "local":
+                return
+            if before is not None:
+                status = env.robot.ctl("status")
+                warm["session"] = _live_session(status, pid)
+                sid = (warm["session"] or {}).get("id")
+                warm["power"] = ((status.get("power") or {}).get("sessions") or {}).get(sid)
+            if env.link is not None:
+                warm["link_bytes"] = env.link.carried()
+                env.link.reset_origin()
+
+        result, stderr, wall = run_app(cmd, extra_env, plan.cell_timeout_s, on_warm)
+        n = max(result["iters"], 1)
+        cell.update(samples={k: result[k] for k in ("latency_ms", "cpu_ms", "warmup_ms")},
+                    iters=result["iters"], checksum=result["checksum"], wall_s=wall,
+                    latency=stats.summarize(result["latency_ms"]),
+                    cpu_ms_per_inference=stats.summarize(result["cpu_ms"])["median"])
+        per_inf: dict[str, Any] = {}
+        if env is not None and env.link is not None and "link_bytes" in warm:
+            up, down = env.link.carried()
+            per_inf["link_bytes_up"] = (up - warm["link_bytes"][0]) / n
+            per_inf["link_bytes_down"] = (down - warm["link_bytes"][1]) / n
+        if system == "nto":
+            per_inf.update(round_trips=result["round_trips_per_inference"],
+                           bytes_up=result["bytes_up_per_inference"],
+                           bytes_down=result["bytes_down_per_inference"])
+        if before is not None and env is not None:
+            after = env.robot.wait_for(lambda s: not s["sessions"], timeout=30, what="session end")
+            session_totals = {k: after["finished"][k] - before["finished"][k] for k in COUNTERS}
+            at_warm = warm.get("session") or {}
+            steady = {k: session_totals[k] - at_warm.get(k, 0) for k in COUNTERS}
+            if session_totals["ops_forwarded"] == 0:
+                raise CellError("the app ran but forwarded no operator: not offloaded")
+            per_inf.update({k: v / n for k, v in steady.items() if k != "inferences"})
+            per_inf["round_trips"] = per_inf["frames_down"]
+            per_inf["daemon_inferences"] = steady["inferences"]
+            per_inf["record"] = at_warm.get("record")
+            sid = at_warm.get("id")
+            end = ((after.get("power") or {}).get("sessions") or {}).get(sid)
+            cell["power_meter"] = (after.get("power") or {}).get("meter")
+            per_inf["energy_j"] = _energy_per_inference(warm.get("power"), end)
+        shim = parse_shim_stats(stderr)
+        if shim:
+            cell["shim"] = shim
+            if "round_trips" in shim and shim.get("inferences"):
+                per_inf["round_trips"] = shim["round_trips"] / shim["inferences"]
+        cell["per_inference"] = per_inf
+    except CellError as e:
+        cell.update(status="failed", error=str(e))
+    except Exception as e:  # noqa: BLE001 - one broken cell must not end the run
+        cell.update(status="failed", error=f"{type(e).__name__}: {e}")
+    return cell
+
+
+def _energy_per_inference(warm: dict[str, Any] | None, end: dict[str, Any] | None) -> float | None:
+    """Energy per measured inference from the daemon's accountant (None when it has none)."""
+    if not end or not end.get("inferences") or end.get("energy_per_inference_j") is None:
+        return None
+    total = end["energy_per_inference_j"] * end["inferences"]
+    if warm and warm.get("inferences") and warm.get("energy_per_inference_j") is not None:
+        n = end["inferences"] - warm["inferences"]
+        if n > 0:
+            return (total - warm["energy_per_inference_j"] * warm["inferences"]) / n
+    return total / end["inferences"]
+
+
+def machine() -> dict[str, Any]:
+    import platform
+    from importlib import metadata
+
+    def version(dist: str) -> str | None:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO)
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "python": platform.python_version(),
+            "versions": {d: version(d) for d in ("torch", "grpcio", "rrtod", "numpy")},
+            "git_commit": commit.stdout.strip() or None}
+
+
+def finish_cells(cells: list[dict[str, Any]], links: dict[str, Any]) -> list[dict[str, Any]]:
+    """Add each cell's physical limit and compare systems per (link, model)."""
+    local = {c["model"]: c["latency"]["median"] for c in cells
+             if c["system"] == "local" and c["status"] == "ok"}
+    for c in cells:
+        m = c.get("link_measurement")
+        if c["status"] != "ok" or not m or c["model"] not in local:
+            continue
+        pi = c.get("per_inference", {})
+        up = pi.get("link_bytes_up", pi.get("bytes_up", 0.0))
+        down = pi.get("link_bytes_down", pi.get("bytes_down", 0.0))
+        c["limit_ms"] = stats.physical_limit_ms(m["rtt_ms"], m["up_mbps"], m["down_mbps"], up, down,
+                                                local[c["model"]])
+    comps = []
+    for link in links:
+        for model in dict.fromkeys(c["model"] for c in cells):
+            medians: dict[str, float | None] = {}
+            shim_us = None
+            for c in cells:
+                if c["model"] != model or c["status"] != "ok":
+                    continue
+                if c["system"] == "local" or c["link"] == link:
+                    medians[c["system"]] = c["latency"]["median"]
+                    if c["system"] == "rrto":
+                        shim_us = (c.get("shim") or {}).get("shim_us_per_op")
+            comp = stats.comparisons(medians, LINKS[link].emulated, shim_us)
+            comps.append({"link": link, "model": model, "medians_ms": medians,
+                          "shim_us_per_op": shim_us, **comp})
+    return comps
+
+
+def run(plan: Plan, log: Any = print) -> dict[str, Any]:
+    """The whole benchmark; returns the results document (also what gets written as JSON)."""
+    started = time.time()
+    cells: list[dict[str, Any]] = []
+    links: dict[str, Any] = {}
+    if "local" in plan.systems:
+        for model in plan.models:
+            cell = run_cell(None, model, "local", plan)
+            log(_line(cell))
+            cells.append(cell)
+    remote = [s for s in plan.systems if s != "local"]
+    for link_name in plan.links:
+        spec = LINKS[link_name]
+        info: dict[str, Any] = {"spec": asdict(spec)}
+        links[link_name] = info
+        if not remote:
+            continue
+        with contextlib.ExitStack() as stack:
+            try:
+                env = LinkEnv(spec, remote, stack)
+            except Exception as e:  # noqa: BLE001
+                info["error"] = f"{type(e).__name__}: {e}"
+                log(f"[{link_name}] could not set up: {info['error']}")
+                for model in plan.models:
+                    for system in remote:
+                        cells.append({"link": link_name, "model": model, "system": system,
+                                      "status": "failed", "error": info["error"]})
+                continue
+            info.update(one_way_delay_s=env.one_way_delay_s, daemon_error=env.daemon_error,
+                        measured_at_start=env.measure())
+            if env.link and env.link.trace:
+                info["trace_mean_mbps"] = env.link.trace.overall_mean_mbps()
+            log(f"[{link_name}] link measured: {_fmt_measure(info['measured_at_start'])}")
+            for model in plan.models:
+                for system in remote:
+                    cell = run_cell(env, model, system, plan)
+                    log(_line(cell))
+                    cells.append(cell)
+    reference = {c["model"]: c.get("checksum") for c in cells if c["system"] == "local"}
+    for c in cells:
+        if c.get("checksum") and reference.get(c["model"]):
+            c["outputs_match_local"] = c["checksum"] == reference[c["model"]]
+    comps = finish_cells(cells, links)
+    return {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "duration_s": time.time() - started, "machine": machine(), "plan": plan.to_dict(),
+            "links": links, "cells": cells, "comparisons": comps}
+
+
+def _fmt_measure(m: dict[str, Any]) -> str:
+    def f(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3g}"
+    return (f"RTT {f(m['rtt_ms'])} ms (target {f(m['target_rtt_ms'])}), up {f(m['up_mbps'])} Mbit/s "
+            f"(target {f(m['target_up_mbps'])}), down {f(m['down_mbps'])} Mbit/s"
+            + ("" if m["valid"] else "  INVALID: " + "; ".join(m["problems"])))
+
+
+def _line(cell: dict[str, Any]) -> str:
+    where = f"{cell['link'] or '-'}/{cell['model']}/{cell['system']}"
+    if cell["status"] == "failed":
+        return f"  {where}: FAILED {cell['error'].splitlines()[0] if cell['error'] else ''}"
+    lat = cell["latency"]
+    tail = "" if cell["status"] == "ok" else f"  REFUSED ({cell['error']})"
+    return f"  {where}: median {lat['median']:.2f} ms, p90 {lat['p90']:.2f} ms, n={lat['n']}{tail}"

@@ -1,0 +1,147 @@
+"""Writes a run's results: the JSON document (every sample), a markdown table and a PNG plot.
+
+Only cells with status ``ok`` appear in the table and the plot; refused cells (link emulation
+off target) and failed cells are listed below the table with their reason, and kept in the JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from bench.link import LINKS
+
+
+def _f(x: float | None, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    if abs(x) >= 100:
+        return f"{x:.0f}"
+    return f"{x:.{digits}g}"
+
+
+def _kb(x: float | None) -> str:
+    return "–" if x is None else _f(x / 1e3)
+
+
+def markdown(doc: dict[str, Any], json_name: str | None = None) -> str:
+    m = doc["machine"]
+    plan = doc["plan"]
+    out = [f"# rrtod benchmark — {doc['started']}", "",
+           f"{m['platform']}, {m['cpu_count']} CPUs, torch {m['versions']['torch']}, "
+           f"grpcio {m['versions']['grpcio']}, rrtod {m['versions']['rrtod']} "
+           f"(commit {str(m.get('git_commit'))[:10]}). "
+           f"{'Quick' if plan['quick'] else 'Full'} run: {plan['iters']} measured inferences after "
+           f"{plan['warmup']} warm-up, at most {plan['budget_s']:g} s per cell; batch 1. "
+           f"Run took {doc['duration_s']:.0f} s." + (f" Samples: `{json_name}`." if json_name else ""),
+           "", "The \"GPU host\" computes on the same 2-core CPU as the robot app, so host compute is "
+           "not faster than local here: read offloading's cost (the ratios), not a speed-up.", ""]
+    out += ["## Links (measured through the emulator at the start of each link)", "",
+            "| link | RTT target | RTT measured | rate target (Mbit/s) | up measured | down measured | "
+            "cells refused |", "|---|---|---|---|---|---|---|"]
+    for name, info in doc["links"].items():
+        spec = LINKS[name]
+        ms = info.get("measured_at_start") or {}
+        refused = sum(1 for c in doc["cells"] if c["link"] == name and c["status"] == "refused")
+        rate = (_f(spec.mbps) if spec.mbps else
+                f"trace, mean {_f(info.get('trace_mean_mbps'))}" if spec.trace else "unlimited")
+        out.append(f"| {name} | {_f(spec.rtt_ms or None)} ms | {_f(ms.get('rtt_ms'))} ms | {rate} | "
+                   f"{_f(ms.get('up_mbps'))} | {_f(ms.get('down_mbps'))} | {refused} |")
+    out += ["", "Each remote cell also measured its link right before it ran (in the JSON). Trace "
+            "links compare measured throughput with the trace's mean over the same window.", ""]
+    out += ["## Latency per inference", "",
+            "| link | model | system | median ms | p90 ms | p99 ms | n | round trips | KB up | "
+            "KB down | energy J | client CPU ms | limit ms | outputs = local |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in doc["cells"]:
+        if c["status"] != "ok":
+            continue
+        pi = c.get("per_inference", {})
+        lat = c["latency"]
+        up = pi.get("link_bytes_up", pi.get("bytes_up"))
+        down = pi.get("link_bytes_down", pi.get("bytes_down"))
+        match = c.get("outputs_match_local")
+        out.append(f"| {c['link'] or '(none)'} | {c['model']} | {c['system']} | {_f(lat['median'])} | "
+                   f"{_f(lat['p90'])} | {_f(lat['p99'])} | {lat['n']} | {_f(pi.get('round_trips'))} | "
+                   f"{_kb(up)} | {_kb(down)} | {_f(pi.get('energy_j'))} | "
+                   f"{_f(c.get('cpu_ms_per_inference'))} | {_f(c.get('limit_ms'))} | "
+                   f"{'–' if match is None else 'yes' if match else 'NO'} |")
+    out += ["", "Bytes are what the emulated link carried per measured inference (gRPC framing "
+            "included); on loopback, what the app or daemon counted. Round trips: 1 per call for NTO; "
+            "for per-op/rrto the daemon's replies to the app per inference, or the shim's own count. "
+            "Limit: measured RTT + these bytes at the measured rates + local compute.", ""]
+    out += ["## Ratios and targets (medians, same run)", "",
+            "| link | model | rrto/nto | per-op/rrto | penalty removed | shim µs/op | targets |",
+            "|---|---|---|---|---|---|---|"]
+    for comp in doc["comparisons"]:
+        if comp["link"] and not any(c["link"] == comp["link"] and c["model"] == comp["model"]
+                                    for c in doc["cells"]):
+            continue
+        t = comp["targets"]
+        met = ", ".join(f"{k} {'met' if v else 'MISSED' if v is not None else 'n/a'}" for k, v in t.items())
+        out.append(f"| {comp['link']} | {comp['model']} | {_f(comp['rrto_over_nto'])} | "
+                   f"{_f(comp['per_op_over_rrto'])} | {_f(comp['penalty_removed'])} | "
+                   f"{_f(comp.get('shim_us_per_op'))} | {met} |")
+    bad = [c for c in doc["cells"] if c["status"] != "ok"]
+    if bad:
+        out += ["", "## Cells not reported", "", "| link | model | system | status | reason |",
+                "|---|---|---|---|---|"]
+        for c in bad:
+            reason = (c.get("error") or "").splitlines()[0][:160].replace("|", "/")
+            out.append(f"| {c['link']} | {c['model']} | {c['system']} | {c['status']} | {reason} |")
+    return "\n".join(out) + "\n"
+
+
+def plot(doc: dict[str, Any], path: Path) -> Path | None:
+    """Median latency per system per link (one panel per link, bars per model), log scale."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    links = list(doc["links"])
+    systems = ["local", "per-op", "nto", "rrto"]
+    models = list(dict.fromkeys(c["model"] for c in doc["cells"]))
+    fig, axes = plt.subplots(1, max(len(links), 1), figsize=(4.5 * max(len(links), 1), 4), squeeze=False,
+                             sharey=True)
+    width = 0.8 / len(systems)
+    for ax, link in zip(axes[0], links, strict=False):
+        for j, system in enumerate(systems):
+            xs, ys, errs = [], [], []
+            for i, model in enumerate(models):
+                cell = next((c for c in doc["cells"] if c["model"] == model and c["system"] == system
+                             and c["status"] == "ok" and (c["link"] == link or system == "local")), None)
+                if cell:
+                    xs.append(i + (j - 1.5) * width)
+                    ys.append(cell["latency"]["median"])
+                    errs.append(max(cell["latency"]["p90"] - cell["latency"]["median"], 0))
+            if xs:
+                ax.bar(xs, ys, width, yerr=[[0] * len(errs), errs], label=system, capsize=2)
+        ax.set_title(link)
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(models)), models, rotation=30, ha="right")
+        ax.grid(axis="y", which="both", alpha=0.3)
+    axes[0][0].set_ylabel("latency per inference, ms (median, bar to p90)")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"rrtod benchmark {doc['started']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write(doc: dict[str, Any], out_dir: Path, stamp: str) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / f"{stamp}.json"
+    json_path.write_text(json.dumps(doc, indent=1, default=str))
+    md_path = out_dir / "latest.md"
+    md_path.write_text(markdown(doc, json_path.name))
+    paths = {"json": json_path, "markdown": md_path}
+    png = plot(doc, out_dir / "latest.png")
+    if png:
+        paths["png"] = png
+    return paths

@@ -1,0 +1,82 @@
+"""Figures per cell and across systems: percentiles, ratios, the penalty record/replay removes,
+the physical limit and the issue's targets. Pure functions on plain numbers, so they are tested on
+synthetic samples and never on timings.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+# The issue's targets.
+RRTO_NTO_MAX = {"robot": 1.05, "loopback": 1.25}
+PENALTY_REMOVED_MIN = 0.98
+SHIM_US_PER_OP_MAX = 10.0
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default), ``q`` in [0, 100]."""
+    if not samples:
+        return math.nan
+    xs = sorted(samples)
+    pos = (len(xs) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(samples: list[float]) -> dict[str, float]:
+    return {"n": len(samples), "median": percentile(samples, 50), "p90": percentile(samples, 90),
+            "p99": percentile(samples, 99), "mean": sum(samples) / len(samples) if samples else math.nan}
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or not b or math.isnan(a) or math.isnan(b):
+        return None
+    return a / b
+
+
+def penalty_removed(per_op: float | None, rrto: float | None, nto: float | None) -> float | None:
+    """``(per-op − rrto) / (per-op − nto)``: 1 when record/replay is as fast as NTO, 0 when it is
+    no better than forwarding every operator. Undefined when per-op is not slower than NTO."""
+    if per_op is None or rrto is None or nto is None or per_op <= nto:
+        return None
+    return (per_op - rrto) / (per_op - nto)
+
+
+def physical_limit_ms(rtt_ms: float | None, up_mbps: float | None, down_mbps: float | None,
+                      bytes_up: float, bytes_down: float, host_compute_ms: float) -> float | None:
+    """One round trip, the bytes at the measured rates, and the host's compute: no offloading
+    system that ships these bytes can beat this."""
+    if rtt_ms is None:
+        return None
+    t = rtt_ms + host_compute_ms
+    if up_mbps:
+        t += bytes_up * 8 / (up_mbps * 1e6) * 1e3
+    if down_mbps:
+        t += bytes_down * 8 / (down_mbps * 1e6) * 1e3
+    return t
+
+
+def comparisons(medians: dict[str, float | None], link_is_robot: bool,
+                shim_us_per_op: float | None = None) -> dict[str, Any]:
+    """Ratios between systems of one (link, model) and where each target stands."""
+    local, nto, per_op, rrto = (medians.get(k) for k in ("local", "nto", "per-op", "rrto"))
+    out: dict[str, Any] = {
+        "rrto_over_nto": ratio(rrto, nto),
+        "per_op_over_rrto": ratio(per_op, rrto),
+        "penalty_removed": penalty_removed(per_op, rrto, nto),
+        "rrto_over_local": ratio(rrto, local),
+        "nto_over_local": ratio(nto, local),
+    }
+    limit = RRTO_NTO_MAX["robot" if link_is_robot else "loopback"]
+    targets: dict[str, bool | None] = {
+        f"rrto/nto<={limit}": None if out["rrto_over_nto"] is None else out["rrto_over_nto"] <= limit,
+    }
+    if link_is_robot:
+        pr = out["penalty_removed"]
+        targets[f"penalty_removed>={PENALTY_REMOVED_MIN}"] = None if pr is None else pr >= PENALTY_REMOVED_MIN
+    targets[f"shim_us_per_op<={SHIM_US_PER_OP_MAX:g}"] = (
+        None if shim_us_per_op is None else shim_us_per_op <= SHIM_US_PER_OP_MAX)
+    out["targets"] = targets
+    return out
