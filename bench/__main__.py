@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, help="measured inferences per cell")
     parser.add_argument("--warmup", type=int, help="warm-up inferences per cell (record phase)")
     parser.add_argument("--budget-s", type=float, help="stop measuring a cell after this")
+    parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS for every process of the run")
     parser.add_argument("--out", type=Path, help="results folder (default bench/results)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         budget_s=args.budget_s or (15.0 if args.quick else 60.0),
         cell_timeout_s=120.0 if args.quick else 600.0,
         quick=args.quick,
+        threads=args.threads,
     )
     if args.out:
         plan.out_dir = args.out

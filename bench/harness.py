@@ -39,6 +39,13 @@ MODE_ENV = {"per-op": {"RRTO_MODE": "sync", "RRTO_REPLAY": "0", "RRTO_FALLBACK":
             "rrto": {"RRTO_MODE": "stream", "RRTO_REPLAY": "1", "RRTO_FALLBACK": "error"}}
 
 
+# Set for every process of a run (app, NTO server, daemons) unless the caller set them: several
+# processes share 2 cores here, and libgomp's default active wait keeps idle torch worker
+# threads spinning, stealing the core from whichever process computes (a 2 ms detector frame
+# measured 93 ms beside one busy process; with PASSIVE, 2 ms). Same for every system: recorded.
+PROCESS_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
 @dataclass
 class Plan:
     models: list[str]
@@ -49,6 +56,7 @@ class Plan:
     budget_s: float = 60.0  # measured part of one cell stops after this
     cell_timeout_s: float = 600.0  # the whole app process is killed after this
     quick: bool = False
+    threads: int | None = None  # OMP_NUM_THREADS for every process (None: torch's default)
     out_dir: Path = field(default_factory=lambda: REPO / "bench" / "results")
 
     def to_dict(self) -> dict[str, Any]:
@@ -346,6 +354,11 @@ def finish_cells(cells: list[dict[str, Any]], links: dict[str, Any]) -> list[dic
 def run(plan: Plan, log: Any = print) -> dict[str, Any]:
     """The whole benchmark; returns the results document (also what gets written as JSON)."""
     started = time.time()
+    for key, value in PROCESS_ENV.items():
+        os.environ.setdefault(key, value)
+    if plan.threads:
+        os.environ["OMP_NUM_THREADS"] = str(plan.threads)
+    process_env = {k: os.environ.get(k) for k in (*PROCESS_ENV, "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     cells: list[dict[str, Any]] = []
     links: dict[str, Any] = {}
     if "local" in plan.systems:
@@ -388,6 +401,7 @@ def run(plan: Plan, log: Any = print) -> dict[str, Any]:
     comps = finish_cells(cells, links)
     return {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
             "duration_s": time.time() - started, "machine": machine(), "plan": plan.to_dict(),
+            "process_env": process_env,
             "links": links, "cells": cells, "comparisons": comps}
 
 

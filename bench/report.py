@@ -35,7 +35,10 @@ def markdown(doc: dict[str, Any], json_name: str | None = None) -> str:
            f"(commit {str(m.get('git_commit'))[:10]}). "
            f"{'Quick' if plan['quick'] else 'Full'} run: {plan['iters']} measured inferences after "
            f"{plan['warmup']} warm-up, at most {plan['budget_s']:g} s per cell; batch 1. "
-           f"Run took {doc['duration_s']:.0f} s." + (f" Samples: `{json_name}`." if json_name else ""),
+           f"Run took {doc['duration_s']:.0f} s." + (f" Samples: `{json_name}`." if json_name else "")
+           + " Every process ran with " + (", ".join(f"{k}={v}" for k, v in
+                                                   (doc.get("process_env") or {}).items() if v) or "defaults")
+           + ".",
            "", "The \"GPU host\" computes on the same 2-core CPU as the robot app, so host compute is "
            "not faster than local here: read offloading's cost (the ratios), not a speed-up.", ""]
     out += ["## Links (measured through the emulator at the start of each link)", "",
