@@ -17,6 +17,7 @@ import threading
 from typing import Any
 
 import torch
+import torch.utils._mode_utils
 from torch._subclasses.fake_tensor import DynamicOutputShapeException
 
 from rrto.v1 import ops_pb2
@@ -53,7 +54,8 @@ class _Waiter:
 class _OpInfo:
     """What the client needs to know about an operator, computed once per overload."""
 
-    __slots__ = ("name", "value_op", "ret_alias", "writes", "probed", "local", "namespace")
+    __slots__ = ("name", "value_op", "ret_alias", "writes", "probed", "local", "namespace",
+                 "inplace_view")
 
     def __init__(self, func: torch._ops.OpOverload):
         schema = func._schema
@@ -77,6 +79,7 @@ class _OpInfo:
             self.ret_alias.append(hit)
         self.probed = False
         self.local = False
+        self.inplace_view = torch.Tag.inplace_view in func.tags  # transpose_, unsqueeze_, ...
 
 
 def _arg(args: tuple, kwargs: dict, pos: int, name: str) -> Any:
@@ -119,6 +122,41 @@ def _template(result: Any, outs: list[_Out]) -> Any:
     if isinstance(result, (list, tuple)):
         return type(result)(_template(r, outs) for r in result)
     return result
+
+
+def restride(func: Any, args: tuple, kwargs: dict) -> None:
+    """Apply an in-place view op (``transpose_``) to the proxy's own metadata, without
+    dispatching: the host changed its tensor's layout, the app's wrapper must follow."""
+    with torch.utils._mode_utils.no_dispatch():
+        meta_in_tls = torch._C._meta_in_tls_dispatch_include()
+        torch._C._set_meta_in_tls_dispatch_include(True)
+        try:
+            func(*args, **kwargs)
+        finally:
+            torch._C._set_meta_in_tls_dispatch_include(meta_in_tls)
+
+
+def _to_meta(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return _meta_like(x)
+    if isinstance(x, torch.device):
+        return torch.device("meta")
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_meta(v) for v in x)
+    return x
+
+
+def _materialize(x: Any, handles: list, info: _OpInfo, args: tuple, kwargs: dict,
+                 device: torch.device) -> Any:
+    """The call's result: proxies for new outputs, the argument itself for in-place ones."""
+    if isinstance(x, _Out):
+        h = handles[x.k]
+        if h is None:
+            return _arg(args, kwargs, *info.ret_alias[x.k])
+        return RemoteTensor(h, x.shape, x.stride, x.offset, x.dtype, device)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_materialize(v, handles, info, args, kwargs, device) for v in x)
+    return x
 
 
 class RemoteSession:
@@ -327,16 +365,8 @@ class RemoteSession:
 
     def _infer(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """Output template from meta execution; None when the shapes depend on data."""
-        def conv(x: Any) -> Any:
-            if isinstance(x, torch.Tensor):
-                return _meta_like(x)
-            if isinstance(x, torch.device):
-                return torch.device("meta")
-            if isinstance(x, (list, tuple)):
-                return type(x)(conv(v) for v in x)
-            return x
-        margs = conv(args)
-        mkwargs = {k: conv(v) for k, v in kwargs.items()}
+        margs = _to_meta(args)
+        mkwargs = {k: _to_meta(v) for k, v in kwargs.items()}
         try:
             result = func(*margs, **mkwargs)
         except DynamicOutputShapeException:
@@ -444,22 +474,15 @@ class RemoteSession:
             raise
         info.probed = True
         self.counters["calls"] += 1
+        if info.inplace_view:
+            restride(func, args, kwargs)
         if want:
             return self._from_reply(reply, device)
         return self._build(tmpl, handles, outs, info, args, kwargs, device)
 
     def _build(self, tmpl: Any, handles: list, outs: list[_Out], info: _OpInfo, args: tuple,
                kwargs: dict, device: torch.device) -> Any:
-        def make(x: Any) -> Any:
-            if isinstance(x, _Out):
-                h = handles[x.k]
-                if h is None:
-                    return _arg(args, kwargs, *info.ret_alias[x.k])
-                return RemoteTensor(h, x.shape, x.stride, x.offset, x.dtype, device)
-            if isinstance(x, (list, tuple)):
-                return type(x)(make(v) for v in x)
-            return x
-        return make(tmpl)
+        return _materialize(tmpl, handles, info, args, kwargs, device)
 
     def _from_reply(self, reply: ops_pb2.OpResult, device: torch.device) -> Any:
         metas = iter(reply.outs)
@@ -475,17 +498,8 @@ class RemoteSession:
         """Download the proxies, run ``func`` here, write mutated proxies back to the host."""
         self.counters["local_ops"] += 1
         real: dict[int, torch.Tensor] = {}
-
-        def down(x: Any) -> Any:
-            if isinstance(x, RemoteTensor):
-                if id(x) not in real:
-                    real[id(x)] = self.download(x).clone()
-                return real[id(x)]
-            if isinstance(x, (list, tuple)):
-                return type(x)(down(v) for v in x)
-            return x
-        largs = down(args)
-        lkwargs = {k: down(v) for k, v in kwargs.items()}
+        largs = self._downloaded(args, real)
+        lkwargs = {k: self._downloaded(v, real) for k, v in kwargs.items()}
         result = func(*largs, **lkwargs)
         for i, n in info.writes:  # keep the host's copy of a mutated proxy in step
             target = _arg(args, kwargs, i, n)
@@ -504,16 +518,29 @@ class RemoteSession:
         """The host is gone: persistent tensors still have their local copy; nothing else does."""
         if self.fallback != "local":
             raise HostLost(self.lost or "")
+        return func(*self._local_copies(args, func), **{k: self._local_copies(v, func)
+                                                          for k, v in kwargs.items()})
 
-        def local(x: Any) -> Any:
-            if isinstance(x, RemoteTensor):
-                h = x._rrto_handle
-                if h.local is None:
-                    raise HostLost(f"{self.lost}; the value of a tensor used by "
-                                   f"{func} lived on the GPU host")
-                t = h.local
-                return t if tuple(t.shape) == tuple(x.shape) else t.view(x.shape)
-            if isinstance(x, (list, tuple)):
-                return type(x)(local(v) for v in x)
-            return x
-        return func(*local(args), **{k: local(v) for k, v in kwargs.items()})
+    # Recursive helpers are methods or module functions, never closures: a recursive closure is
+    # a reference cycle that would keep the call's proxies (and the host's tensors) alive until
+    # the cyclic garbage collector runs.
+    def _downloaded(self, x: Any, real: dict[int, torch.Tensor]) -> Any:
+        if isinstance(x, RemoteTensor):
+            if id(x) not in real:
+                real[id(x)] = self.download(x).clone()
+            return real[id(x)]
+        if isinstance(x, (list, tuple)):
+            return type(x)(self._downloaded(v, real) for v in x)
+        return x
+
+    def _local_copies(self, x: Any, func: Any) -> Any:
+        if isinstance(x, RemoteTensor):
+            h = x._rrto_handle
+            if h.local is None:
+                raise HostLost(f"{self.lost}; the value of a tensor used by "
+                               f"{func} lived on the GPU host")
+            t = h.local
+            return t if tuple(t.shape) == tuple(x.shape) else t.view(x.shape)
+        if isinstance(x, (list, tuple)):
+            return type(x)(self._local_copies(v, func) for v in x)
+        return x

@@ -73,6 +73,34 @@ def _has_non_tensor(value: Any) -> bool:
     return True
 
 
+def _same_layout(t: torch.Tensor, meta: ops_pb2.TensorMeta) -> bool:
+    return all(size == 1 or st == ps
+               for size, st, ps in zip(t.shape, t.stride(), meta.stride, strict=True))
+
+
+def _conform(t: torch.Tensor, meta: ops_pb2.TensorMeta, what: str) -> torch.Tensor:
+    """The output as the app's proxy describes it. The client infers metadata by meta
+    execution, and for some composite operators the meta decomposition lays out its result
+    differently from the device kernel; the app's view of the tensor is what later calls
+    (``view``, ``as_strided``) rely on, so the host copies the value into that layout."""
+    if tuple(t.shape) != tuple(meta.shape):
+        # Auxiliary outputs such as native_batch_norm's saved statistics in eval are empty on
+        # CPU but sized by the meta kernel; nothing reads them, so keep what the kernel made.
+        return t
+    if t.numel() <= 1 or len(meta.stride) != t.dim() or _same_layout(t, meta):
+        return t
+    return torch.empty_strided(t.shape, tuple(meta.stride), dtype=t.dtype,
+                               device=t.device).copy_(t)
+
+
+def _rebuild(value: Any, swap: dict[int, torch.Tensor]) -> Any:
+    if isinstance(value, torch.Tensor):
+        return swap.get(id(value), value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_rebuild(v, swap) for v in value)
+    return value
+
+
 class TorchExecutor:
     """Executes one session's frames. Not thread-safe by design: one worker thread drives it."""
 
@@ -203,6 +231,12 @@ class TorchExecutor:
                 result = op(*args, **kwargs)
             outs: list[torch.Tensor] = []
             _flatten(result, outs)
+            if call.out_meta and len(call.out_meta) == len(outs):
+                conformed = [_conform(t, m, what) for t, m in zip(outs, call.out_meta,
+                                                                   strict=True)]
+                if any(a is not b for a, b in zip(conformed, outs, strict=True)):
+                    result = _rebuild(result, dict(zip(map(id, outs), conformed, strict=True)))
+                    outs = conformed
             ids = list(call.out_ids)
             if len(ids) < len(outs):
                 if not call.want_meta:

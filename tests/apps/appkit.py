@@ -1,0 +1,97 @@
+"""Shared scaffolding of the test apps: plain PyTorch, no rrto import anywhere.
+
+Each app builds a seeded model, runs a few inferences on deterministic inputs and prints, per
+output tensor, its dtype, shape, a SHA-256 of its bytes and a few values. The same script run
+locally and under ``rrto-run`` must print the same lines. ``--hold`` keeps the process (and so
+its offloading session) alive until a line arrives on stdin, so a test can ask the daemon for
+the session's operator count; ``--thread`` runs the inferences in a thread the app starts;
+``--hold-mid`` waits for a line after the first half of the inferences (a test stops the GPU
+host there); ``--dump FILE`` writes every output's values as JSON (for the transformer's tolerance check).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+MODES = {
+    "no_grad": torch.no_grad,
+    "inference_mode": torch.inference_mode,
+    "grad": torch.enable_grad,  # eval with autograd on: outputs carry grad_fn
+}
+
+
+def flat(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for k in sorted(value) for t in flat(value[k])]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in flat(v)]
+    return []
+
+
+def describe(index: int, outputs: Any) -> list[str]:
+    lines = []
+    for k, t in enumerate(flat(outputs)):
+        data = t.detach().contiguous().numpy()  # a data read: downloads a proxy
+        digest = hashlib.sha256(data.tobytes()).hexdigest()[:16]
+        head = [round(float(v), 6) for v in t.detach().flatten()[:3].tolist()]
+        lines.append(f"{index}:{k} {str(t.dtype)[6:]} {list(t.shape)} {digest} {head}")
+    return lines
+
+
+def main(build: Callable[[], torch.nn.Module], make_input: Callable[[int], Any],
+         mode: str = "no_grad", runs: int = 3,
+         post: Callable[[Any], Any] | None = None) -> None:
+    argv = sys.argv[1:]
+    torch.manual_seed(0)
+    model = build().eval()
+    lines: list[str] = []
+
+    dumped: dict[str, list] = {}
+
+    def infer() -> None:
+        for i in range(runs):
+            if "--hold-mid" in argv and i == runs // 2:
+                print("\n".join(lines), flush=True)
+                lines.clear()
+                print("HOLD", flush=True)
+                sys.stdin.readline()
+            x = make_input(i)
+            with MODES[mode]():
+                out = model(*x) if isinstance(x, tuple) else model(x)
+                if post is not None:
+                    out = post(out)
+            lines.extend(describe(i, out))
+            if "--dump" in argv:
+                for k, t in enumerate(flat(out)):
+                    dumped[f"{i}:{k}"] = t.detach().double().flatten().tolist()
+
+    if "--thread" in argv:
+        t = threading.Thread(target=infer)
+        t.start()
+        t.join()
+    else:
+        infer()
+    print("\n".join(lines), flush=True)
+    if "--dump" in argv:
+        with open(argv[argv.index("--dump") + 1], "w") as f:
+            json.dump(dumped, f)
+    if "--hold" in argv:
+        print("HOLD", flush=True)
+        sys.stdin.readline()
+
+
+def inputs(*shape: int, seed: int = 1) -> Callable[[int], torch.Tensor]:
+    """Deterministic inputs, different for each inference (made with plain local torch)."""
+    def make(i: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(seed * 1000 + i)
+        return torch.randn(*shape, generator=g)
+    return make
