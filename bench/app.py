@@ -9,7 +9,8 @@ apart, and a checksum of the outputs of the warm-up and the first measured infer
 and offloaded runs can be compared exactly.
 
 ``--sync`` lets the harness read the daemon's counters at the end of the warm-up: the app prints
-``{"phase": "warm"}`` and waits for a line on stdin. ``--budget-s`` stops measuring early (the
+``{"phase": "warm"}`` and waits for a line on stdin; ``--sync-end`` does the same (``done``) after
+the result line, while the session is still open. ``--budget-s`` stops measuring early (the
 JSON says how many inferences ran) so a slow system cannot stall the whole benchmark.
 """
 
@@ -36,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--budget-s", type=float, default=None, help="stop measuring after this")
     parser.add_argument("--sync", action="store_true", help="wait for stdin after the warm-up")
+    parser.add_argument("--sync-end", action="store_true", help="and again after the result line")
     args = parser.parse_args(argv)
     spec = MODELS[args.model]
     model = spec.make()
@@ -69,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
                       "warmup_ms": warm_ms, "latency_ms": lat_ms, "cpu_ms": cpu_ms,
                       "checksum": digest.hexdigest()[:16],
                       "torch_threads": torch.get_num_threads()}), flush=True)
+    if args.sync_end:
+        print(json.dumps({"phase": "done"}), flush=True)
+        sys.stdin.readline()
     return 0
 
 

@@ -168,11 +168,12 @@ COUNTERS = ("ops_forwarded", "frames_up", "frames_down", "bytes_up", "bytes_down
 
 
 def run_app(cmd: list[str], env: dict[str, str], timeout: float,
-            on_warm: Any = None) -> tuple[dict[str, Any], str, float]:
+            phases: dict[str, Any] | None = None) -> tuple[dict[str, Any], str, float]:
     """Run one app process; returns (its JSON result, its stderr, wall seconds).
 
-    ``on_warm(pid)`` runs while the app waits at the end of its warm-up.
+    ``phases[name](pid)`` runs while the app waits after printing ``{"phase": name}``.
     """
+    phases = phases or {}
     t0 = time.monotonic()
     with tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
@@ -185,9 +186,10 @@ def run_app(cmd: list[str], env: dict[str, str], timeout: float,
             for line in proc.stdout:
                 with contextlib.suppress(ValueError):
                     msg = json.loads(line)
-                    if isinstance(msg, dict) and msg.get("phase") == "warm":
-                        if on_warm is not None:
-                            on_warm(proc.pid)
+                    if isinstance(msg, dict) and "phase" in msg:
+                        hook = phases.get(msg["phase"])
+                        if hook is not None:
+                            hook(proc.pid)
                         proc.stdin.write("\n")
                         proc.stdin.flush()
                     elif isinstance(msg, dict) and "latency_ms" in msg:
@@ -207,75 +209,90 @@ def run_app(cmd: list[str], env: dict[str, str], timeout: float,
     return result, stderr, wall
 
 
+def _command(env: LinkEnv | None, model: str, system: str, plan: Plan) -> tuple[list[str], dict[str, str]]:
+    """The process one cell runs, and the environment it adds."""
+    app_args = ["--model", model, "--iters", str(plan.iters), "--warmup", str(plan.warmup),
+                "--budget-s", str(plan.budget_s), "--sync", "--sync-end"]
+    if system == "local":
+        return [sys.executable, str(APP), *app_args], {}
+    assert env is not None
+    if system == "nto":
+        assert env.nto_address
+        return [sys.executable, "-m", "bench.nto", "client", "--target", env.nto_address, *app_args], {}
+    if env.robot is None:
+        raise CellError(env.daemon_error or "robot daemon not running")
+    run = BIN / "rrto-run"
+    if not run.exists():
+        raise CellError("rrto-run is not installed yet (the shim is pending)")
+    return [str(run), sys.executable, str(APP), *app_args], {**env.robot.env, **MODE_ENV[system]}
+
+
+def _replays(session: dict[str, Any] | None) -> int:
+    record = (session or {}).get("record") or {}
+    return sum(int(s.get("replays") or 0) for s in record.get("sequences") or [])
+
+
 def run_cell(env: LinkEnv | None, model: str, system: str, plan: Plan) -> dict[str, Any]:
     cell: dict[str, Any] = {"link": env.spec.name if env else None, "model": model, "system": system,
                             "status": "ok", "error": None}
-    app_args = ["--model", model, "--iters", str(plan.iters), "--warmup", str(plan.warmup),
-                "--budget-s", str(plan.budget_s), "--sync"]
-    extra_env: dict[str, str] = {}
-    warm: dict[str, Any] = {}
+    snaps: dict[str, dict[str, Any]] = {"warm": {}, "done": {}}
+    daemon = system in DAEMON_SYSTEMS
     try:
-        if system == "local":
-            cmd = [sys.executable, str(APP), *app_args]
-        elif system == "nto":
-            assert env is not None and env.nto_address
-            cmd = [sys.executable, "-m", "bench.nto", "client", "--target", env.nto_address, *app_args]
-        else:
-            assert env is not None
-            if env.robot is None:
-                raise CellError(env.daemon_error or "robot daemon not running")
-            run = BIN / "rrto-run"
-            if not run.exists():
-                raise CellError("rrto-run is not installed yet (the shim is pending)")
-            cmd = [str(run), sys.executable, str(APP), *app_args]
-            extra_env = {**env.robot.env, **MODE_ENV[system]}
+        cmd, extra_env = _command(env, model, system, plan)
         if env is not None and system != "local":
             cell["link_measurement"] = env.measure()
             if not cell["link_measurement"]["valid"]:
                 cell["status"] = "refused"
                 cell["error"] = "; ".join(cell["link_measurement"]["problems"])
-        before = env.robot.ctl("status") if system in DAEMON_SYSTEMS and env else None
+        before = env.robot.ctl("status") if daemon and env else None
 
-        def on_warm(pid: int) -> None:
+        def snapshot(phase: str, pid: int) -> None:
+            """Counters at the end of the warm-up and after the last measured inference."""
             if env is None or system == "local":
                 return
-            if before is not None:
+            snap = snaps[phase]
+            if daemon:
                 status = env.robot.ctl("status")
-                warm["session"] = _live_session(status, pid)
-                sid = (warm["session"] or {}).get("id")
-                warm["power"] = ((status.get("power") or {}).get("sessions") or {}).get(sid)
+                snap["session"] = _live_session(status, pid)
+                sid = (snap["session"] or {}).get("id")
+                snap["power"] = ((status.get("power") or {}).get("sessions") or {}).get(sid)
             if env.link is not None:
-                warm["link_bytes"] = env.link.carried()
-                env.link.reset_origin()
+                snap["link_bytes"] = env.link.carried()
+                if phase == "warm":
+                    env.link.reset_origin()  # every system sees the trace from its start
 
-        result, stderr, wall = run_app(cmd, extra_env, plan.cell_timeout_s, on_warm)
+        result, stderr, wall = run_app(cmd, extra_env, plan.cell_timeout_s,
+                                       {"warm": lambda pid: snapshot("warm", pid),
+                                        "done": lambda pid: snapshot("done", pid)})
         n = max(result["iters"], 1)
         cell.update(samples={k: result[k] for k in ("latency_ms", "cpu_ms", "warmup_ms")},
                     iters=result["iters"], checksum=result["checksum"], wall_s=wall,
                     latency=stats.summarize(result["latency_ms"]),
                     cpu_ms_per_inference=stats.summarize(result["cpu_ms"])["median"])
+        warm, done = snaps["warm"], snaps["done"]
         per_inf: dict[str, Any] = {}
-        if env is not None and env.link is not None and "link_bytes" in warm:
-            up, down = env.link.carried()
-            per_inf["link_bytes_up"] = (up - warm["link_bytes"][0]) / n
-            per_inf["link_bytes_down"] = (down - warm["link_bytes"][1]) / n
+        if "link_bytes" in warm and "link_bytes" in done:
+            per_inf["link_bytes_up"] = (done["link_bytes"][0] - warm["link_bytes"][0]) / n
+            per_inf["link_bytes_down"] = (done["link_bytes"][1] - warm["link_bytes"][1]) / n
         if system == "nto":
             per_inf.update(round_trips=result["round_trips_per_inference"],
                            bytes_up=result["bytes_up_per_inference"],
                            bytes_down=result["bytes_down_per_inference"])
         if before is not None and env is not None:
             after = env.robot.wait_for(lambda s: not s["sessions"], timeout=30, what="session end")
-            session_totals = {k: after["finished"][k] - before["finished"][k] for k in COUNTERS}
-            at_warm = warm.get("session") or {}
-            steady = {k: session_totals[k] - at_warm.get(k, 0) for k in COUNTERS}
-            if session_totals["ops_forwarded"] == 0:
+            totals = {k: after["finished"][k] - before["finished"][k] for k in COUNTERS}
+            if totals["ops_forwarded"] == 0:
                 raise CellError("the app ran but forwarded no operator: not offloaded")
+            at_warm = warm.get("session") or {}
+            at_done = done.get("session") or totals  # fallback: the whole session's totals
+            steady = {k: at_done.get(k, 0) - at_warm.get(k, 0) for k in COUNTERS}
             per_inf.update({k: v / n for k, v in steady.items() if k != "inferences"})
             per_inf["round_trips"] = per_inf["frames_down"]
             per_inf["daemon_inferences"] = steady["inferences"]
-            per_inf["record"] = at_warm.get("record")
+            per_inf["replayed"] = (_replays(done.get("session")) - _replays(at_warm)) / n
+            per_inf["record"] = (done.get("session") or at_warm).get("record")
             sid = at_warm.get("id")
-            end = ((after.get("power") or {}).get("sessions") or {}).get(sid)
+            end = ((after.get("power") or {}).get("sessions") or {}).get(sid) or done.get("power")
             cell["power_meter"] = (after.get("power") or {}).get("meter")
             per_inf["energy_j"] = _energy_per_inference(warm.get("power"), end)
         shim = parse_shim_stats(stderr)

@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--warmup", type=int, default=3)
     c.add_argument("--budget-s", type=float, default=None)
     c.add_argument("--sync", action="store_true")
+    c.add_argument("--sync-end", action="store_true")
     args = parser.parse_args(argv)
     if args.cmd == "serve":
         server = Server(args.port)
@@ -149,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(json.dumps(run_client(args.model, args.target, args.iters, args.warmup, args.budget_s,
                                 args.sync)), flush=True)
+    if args.sync_end:
+        print(json.dumps({"phase": "done"}), flush=True)
+        sys.stdin.readline()
     return 0
 
 

@@ -22,6 +22,10 @@ def _f(x: float | None, digits: int = 3) -> str:
     return f"{x:.{digits}g}"
 
 
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{x:.0%}"
+
+
 def _kb(x: float | None) -> str:
     return "–" if x is None else _f(x / 1e3)
 
@@ -56,8 +60,8 @@ def markdown(doc: dict[str, Any], json_name: str | None = None) -> str:
             "links compare measured throughput with the trace's mean over the same window.", ""]
     out += ["## Latency per inference", "",
             "| link | model | system | median ms | p90 ms | p99 ms | n | round trips | KB up | "
-            "KB down | energy J | client CPU ms | limit ms | outputs = local |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "KB down | energy J | client CPU ms | replayed | limit ms | outputs = local |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in doc["cells"]:
         if c["status"] != "ok":
             continue
@@ -69,11 +73,14 @@ def markdown(doc: dict[str, Any], json_name: str | None = None) -> str:
         out.append(f"| {c['link'] or '(none)'} | {c['model']} | {c['system']} | {_f(lat['median'])} | "
                    f"{_f(lat['p90'])} | {_f(lat['p99'])} | {lat['n']} | {_f(pi.get('round_trips'))} | "
                    f"{_kb(up)} | {_kb(down)} | {_f(pi.get('energy_j'))} | "
-                   f"{_f(c.get('cpu_ms_per_inference'))} | {_f(c.get('limit_ms'))} | "
+                   f"{_f(c.get('cpu_ms_per_inference'))} | {_pct(pi.get('replayed'))} | "
+                   f"{_f(c.get('limit_ms'))} | "
                    f"{'–' if match is None else 'yes' if match else 'NO'} |")
     out += ["", "Bytes are what the emulated link carried per measured inference (gRPC framing "
             "included); on loopback, what the app or daemon counted. Round trips: 1 per call for NTO; "
             "for per-op/rrto the daemon's replies to the app per inference, or the shim's own count. "
+            "Replayed: share of measured inferences the daemon saw replayed (record/replay "
+            "active). Energy: the robot daemon's power meter per measured inference (daemon sessions only). "
             "Limit: measured RTT + these bytes at the measured rates + local compute.", ""]
     out += ["## Ratios and targets (medians, same run)", "",
             "| link | model | rrto/nto | per-op/rrto | penalty removed | shim µs/op | targets |",
@@ -129,9 +136,10 @@ def plot(doc: dict[str, Any], path: Path) -> Path | None:
         ax.set_xticks(range(len(models)), models, rotation=30, ha="right")
         ax.grid(axis="y", which="both", alpha=0.3)
     axes[0][0].set_ylabel("latency per inference, ms (median, bar to p90)")
-    axes[0][0].legend(fontsize=8)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(systems), fontsize=8, frameon=False)
     fig.suptitle(f"rrtod benchmark {doc['started']}", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
