@@ -34,9 +34,11 @@ SYSTEMS = ("local", "per-op", "nto", "rrto")
 DAEMON_SYSTEMS = ("per-op", "rrto")
 # Mode overrides the shim reads from the environment (see plugins/torch and rrtod/shim).
 # RRTO_FALLBACK=error: a shim that cannot reach its daemon must fail the cell, not quietly run
-# the model locally and report local numbers as offloaded ones.
-MODE_ENV = {"per-op": {"RRTO_MODE": "sync", "RRTO_REPLAY": "0", "RRTO_FALLBACK": "error"},
-            "rrto": {"RRTO_MODE": "stream", "RRTO_REPLAY": "1", "RRTO_FALLBACK": "error"}}
+# the model locally and report local numbers as offloaded ones. RRTO_STATS=1 asks the shim for
+# its own figures as one ``rrto-stats {json}`` line on stderr at exit (see parse_shim_stats).
+_SHIM_ENV = {"RRTO_FALLBACK": "error", "RRTO_STATS": "1"}
+MODE_ENV = {"per-op": {"RRTO_MODE": "sync", "RRTO_REPLAY": "0", **_SHIM_ENV},
+            "rrto": {"RRTO_MODE": "stream", "RRTO_REPLAY": "1", **_SHIM_ENV}}
 
 
 # Set for every process of a run (app, NTO server, daemons) unless the caller set them: several
@@ -74,17 +76,22 @@ def _stderr_tail(text: str, lines: int = 15) -> str:
 def parse_shim_stats(stderr: str) -> dict[str, Any] | None:
     """The shim's own figures, if it printed a ``rrto-stats {json}`` line on stderr (last wins).
 
-    Keys used when present: ``shim_us_per_op`` (or ``shim_s`` and ``ops``), ``round_trips``,
-    ``inferences``, ``replayed``.
+    The target is the shim's time per *replayed* operator, so keys are used in this order:
+    ``shim_us_per_op``; ``replay_shim_s`` / ``replayed_ops``; ``shim_s`` / ``ops`` (every operator,
+    record phase included: an upper bound). Also ``round_trips`` and ``inferences``.
     """
     found = None
     for line in stderr.splitlines():
         if line.startswith("rrto-stats "):
             with contextlib.suppress(ValueError):
                 found = json.loads(line[len("rrto-stats "):])
-    if found is not None and "shim_us_per_op" not in found and found.get("ops"):
-        if "shim_s" in found:
-            found["shim_us_per_op"] = found["shim_s"] / found["ops"] * 1e6
+    if not isinstance(found, dict) or "shim_us_per_op" in found:
+        return found
+    for seconds, ops in (("replay_shim_s", "replayed_ops"), ("shim_s", "ops")):
+        if found.get(ops) and seconds in found:
+            found["shim_us_per_op"] = found[seconds] / found[ops] * 1e6
+            found["shim_us_per_op_basis"] = ops
+            break
     return found
 
 

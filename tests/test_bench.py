@@ -129,6 +129,10 @@ def test_shim_stats_line_is_parsed() -> None:
     err = 'noise\nrrto-stats {"ops": 100, "shim_s": 0.0005, "round_trips": 10, "inferences": 10}\n'
     got = parse_shim_stats(err)
     assert got is not None and got["shim_us_per_op"] == pytest.approx(5.0)
+    err += 'rrto-stats {"ops": 100, "shim_s": 1.0, "replayed_ops": 50, "replay_shim_s": 0.0002}\n'
+    got = parse_shim_stats(err)
+    assert got is not None and got["shim_us_per_op"] == pytest.approx(4.0)
+    assert got["shim_us_per_op_basis"] == "replayed_ops"
     assert parse_shim_stats("rrto: warning: no daemon") is None
 
 
