@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import pickle
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -224,5 +225,37 @@ def test_host_lost_raises_then_falls_back_to_local(tmp_path):
         with torch.no_grad():  # the weights' local copies still exist: later inferences run here
             again = m(x)
         assert type(again) is torch.Tensor and torch.equal(again, ref)
+    finally:
+        itc.uninstall()
+
+
+def _child(m: nn.Module, x: torch.Tensor, q: Any) -> None:
+    torch.set_num_threads(1)  # GNU OpenMP hangs in a forked child otherwise (plain torch too)
+    with torch.no_grad():
+        y = m(x)
+    q.put((type(y).__name__, y.tolist()))
+
+
+def test_forked_child_runs_locally_without_touching_the_connection(tmp_path):
+    import multiprocessing
+
+    m, x = mlp(), torch.randn(2, 8)
+    with torch.no_grad():
+        ref = m(x)
+    itc = loopback(tmp_path)
+    try:
+        with torch.no_grad():
+            assert torch.equal(m(x).cpu(), ref)
+        frames = itc.session.counters["frames"]
+        ctx = multiprocessing.get_context("fork")
+        q = ctx.Queue()
+        p = ctx.Process(target=_child, args=(m, x, q))
+        p.start()
+        kind, values = q.get(timeout=60)
+        p.join(60)
+        assert kind == "Tensor" and values == ref.tolist()
+        with torch.no_grad():  # the parent's session is untouched
+            assert torch.equal(m(x).cpu(), ref)
+        assert itc.session.counters["frames"] > frames
     finally:
         itc.uninstall()

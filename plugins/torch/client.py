@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import collections
 import itertools
+import os
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -27,6 +29,7 @@ from . import codec
 from .channel import Channel
 from .errors import HostLost, OffloadError, RemoteOpError
 from .proxy import Handle, RemoteTensor
+from .replay import MISS, ReplayClient
 
 BIND_OP = "aten::alias.default"  # see RemoteSession._bind
 _GRAD = {"inference": ops_pb2.INFERENCE_MODE, "no_grad": ops_pb2.NO_GRAD,
@@ -34,6 +37,16 @@ _GRAD = {"inference": ops_pb2.INFERENCE_MODE, "no_grad": ops_pb2.NO_GRAD,
 # Operators answered without the host: they only relabel a handle.
 _LOCAL_ALIAS = {torch.ops.aten.detach.default, torch.ops.aten.alias.default,
                 torch.ops.aten.lift_fresh.default}
+
+
+class _Dead:
+    """The channel of a forked child: sends nothing."""
+
+    def send(self, frames: list) -> None:
+        raise OSError("no connection in a forked child")
+
+    def mark(self, index: int, start_ns: int, end_ns: int) -> None:
+        pass
 
 
 class _Waiter:
@@ -159,10 +172,22 @@ def _materialize(x: Any, handles: list, info: _OpInfo, args: tuple, kwargs: dict
     return x
 
 
+_SESSIONS: weakref.WeakSet[RemoteSession] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for session in list(_SESSIONS):
+        session._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class RemoteSession:
     """Client state of one app session: ids, sequence numbers, waiters, errors, caches."""
 
-    def __init__(self, channel: Channel, mode: str = "stream", fallback: str = "local"):
+    def __init__(self, channel: Channel, mode: str = "stream", fallback: str = "local",
+                 replay: bool = True):
         self.channel = channel
         self.mode = mode
         self.fallback = fallback
@@ -180,12 +205,26 @@ class RemoteSession:
         self._tls = threading.local()
         self._threads = itertools.count(0)
         self.counters = collections.Counter()
+        # Record/replay (plugins/torch/replay.py): sequences pushed by the robot daemon.
+        self.replay = ReplayClient(self) if replay else None
         channel.start(self._on_down, self._on_lost)
+        _SESSIONS.add(self)
+
+    def _forked(self) -> None:
+        """A forked child shares the parent's socket but not its reader thread or its session:
+        it must never write to the connection. It continues like a session whose host is lost."""
+        self.lost = "this process was forked from the offloading app; its session stays with the parent"
+        self.channel = _Dead()
 
     # -- wire --------------------------------------------------------------------------------
     def _on_down(self, down: ops_pb2.SessionDown) -> None:
         kind = down.WhichOneof("msg")
-        if kind in ("result", "fetched"):
+        if kind == "fetched" and down.fetched.seq == 0 and self.replay is not None:
+            self.replay.pushed(down.fetched)  # a replayed output, sent unasked
+        elif kind == "sequence":
+            if self.replay is not None:
+                self.replay.define(down.sequence)
+        elif kind in ("result", "fetched"):
             msg = getattr(down, kind)
             w = self._waiters.pop(msg.seq, None)
             if w is not None:
@@ -303,6 +342,14 @@ class RemoteSession:
             return self._shape_like(h.local, proxy)
         if self.lost is not None:
             raise HostLost(f"{self.lost}; the value of this tensor lived on the GPU host")
+        if self.replay is not None and self.replay.is_replayed(h.id):
+            data = self.replay.take(h.id)  # pushed by the host during replay: no round trip
+            self.raise_async_errors()
+            if data is not None:
+                self.counters["bytes_down"] += len(data.data)
+                return self._shape_like(codec.from_tensor_data(data), proxy)
+            if self.lost is not None:
+                raise HostLost(f"{self.lost}; the value of this tensor lived on the GPU host")
         fetch = ops_pb2.Fetch(id=h.id)
         reply = self._submit(ops_pb2.SessionUp(fetch=fetch), numbered=True, wait=True)
         self.raise_async_errors()
@@ -346,6 +393,11 @@ class RemoteSession:
                              and isinstance(_arg(args, kwargs, i, n), torch.Tensor)
                              for i, n in info.writes):
             return self._run_local(func, args, kwargs, info)
+        if self.replay is not None and self.replay.sequences:
+            result = self.replay.dispatch(func, args, kwargs, info, self._thread(),
+                                          self._grad_mode(), self._build)
+            if result is not MISS:
+                return result
         if info.value_op:
             return self._forward(func, args, kwargs, info, None)
         return self._forward(func, args, kwargs, info, self.output_template(func, args, kwargs))

@@ -31,6 +31,9 @@ class TorchInterceptor:
         self._index = 0
         self._hooks: list[Any] = []
         self.offloaded_modules = 0
+        # What is offloaded (DESIGN.md): the app's accelerator work; on a robot without one,
+        # its models' forward computation. Modules are offloaded by the device of their state.
+        self.device_type = "cuda" if torch.cuda.is_available() else "cpu"
 
     def install(self) -> None:
         self._hooks.append(nn.modules.module.register_module_forward_pre_hook(self._pre))
@@ -76,7 +79,8 @@ class TorchInterceptor:
             for m in mods:
                 for table, is_param in ((m._parameters, True), (m._buffers, False)):
                     for name, t in table.items():
-                        if t is None or isinstance(t, RemoteTensor) or t.device.type != "cpu":
+                        if (t is None or isinstance(t, RemoteTensor)
+                                or t.device.type != self.device_type):
                             continue
                         if t.layout != torch.strided or t.is_quantized:
                             continue
