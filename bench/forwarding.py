@@ -80,7 +80,10 @@ def offloaded(sock: str, fn: Callable, make: Callable, mode: str, grad: str,
     from rrto_plugins.torch.channel import SocketChannel
 
     channel = SocketChannel(sock, app="bench-forwarding", pid=os.getpid(), argv=sys.argv)
-    itc = make_interceptor(channel, mode=mode, fallback="error")
+    try:  # plain forwarding: keep record/replay out of these figures
+        itc = make_interceptor(channel, mode=mode, fallback="error", replay=False)
+    except TypeError:  # a backend without replay
+        itc = make_interceptor(channel, mode=mode, fallback="error")
     try:
         model = build(fn)
         first = timed(model, make, grad, runs=1, warmup=0)[0]  # offload, weights, meta cache

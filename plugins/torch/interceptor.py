@@ -10,6 +10,10 @@ inference: its start and end go to the daemon as an ``InferenceMark``.
 
 from __future__ import annotations
 
+import atexit
+import json
+import os
+import sys
 import threading
 import time
 from typing import Any
@@ -36,6 +40,8 @@ class TorchInterceptor:
         self.device_type = "cuda" if torch.cuda.is_available() else "cpu"
 
     def install(self) -> None:
+        if os.environ.get("RRTO_STATS", "0") not in ("", "0"):
+            atexit.register(self.print_stats)
         self._hooks.append(nn.modules.module.register_module_forward_pre_hook(self._pre))
         self._hooks.append(nn.modules.module.register_module_forward_hook(
             self._post, always_call=True))
@@ -44,6 +50,25 @@ class TorchInterceptor:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+
+    def stats(self) -> dict[str, Any]:
+        """The shim's own figures: operators seen, time spent in the shim (host waits
+        included), forwarded and local calls, bytes, inferences (outermost module calls)."""
+        c = dict(self.session.counters)
+        out: dict[str, Any] = {k: v for k, v in c.items() if k != "shim_ns"}
+        out["shim_s"] = c.get("shim_ns", 0) / 1e9
+        out["inferences"] = self._index
+        out["mode"] = self.session.mode
+        replayer = getattr(self.session, "replay", None)
+        if replayer is not None and isinstance(getattr(replayer, "counters", None), dict):
+            out.update({f"replay_{k}" if k in out else k: v
+                        for k, v in replayer.counters.items()})
+        return out
+
+    def print_stats(self) -> None:
+        """``RRTO_STATS=1``: one ``rrto-stats {json}`` line on stderr at exit (bench harness)."""
+        print("rrto-stats " + json.dumps(self.stats(), default=str), file=sys.stderr,
+              flush=True)
 
     # -- hooks -------------------------------------------------------------------------------
     def _pre(self, module: nn.Module, args: Any) -> None:

@@ -10,6 +10,7 @@ locally); the host's copy is released when the last proxy on it is gone.
 
 from __future__ import annotations
 
+from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -103,7 +104,13 @@ class RemoteTensor(torch.Tensor):
             tree_map(lambda x: found.append(x) if isinstance(x, RemoteTensor) else None,
                      (args, kwargs))
             session = found[0]._rrto_handle.session
-        return session.dispatch(func, args, kwargs or {})
+        t0 = perf_counter_ns()
+        try:
+            return session.dispatch(func, args, kwargs or {})
+        finally:
+            stats = session.counters
+            stats["shim_ns"] += perf_counter_ns() - t0  # includes waits for the host
+            stats["ops"] += 1
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: Any = None):
