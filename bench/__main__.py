@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         iters=args.iters or (10 if args.quick else 30),
         warmup=args.warmup if args.warmup is not None else (3 if args.quick else 5),
         budget_s=args.budget_s or (15.0 if args.quick else 60.0),
-        cell_timeout_s=120.0 if args.quick else 600.0,
+        cell_timeout_s=120.0 if args.quick else 300.0,
         quick=args.quick,
         threads=args.threads,
     )

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         for i, x in enumerate(inputs):
             if i == args.warmup:
                 if args.sync:
-                    print(json.dumps({"phase": "warm"}), flush=True)
+                    print(json.dumps({"phase": "warm", "warmup_ms": warm_ms}), flush=True)
                     sys.stdin.readline()
                 started = time.perf_counter()
             c0, t0 = time.process_time(), time.perf_counter()

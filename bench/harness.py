@@ -174,11 +174,21 @@ def _live_session(status: dict[str, Any], pid: int) -> dict[str, Any] | None:
 COUNTERS = ("ops_forwarded", "frames_up", "frames_down", "bytes_up", "bytes_down", "inferences")
 
 
+def measured_deadline_s(budget_s: float, warmup_ms: list[float]) -> float:
+    """How long the measured part may take before the app counts as stalled: its budget, plus
+    the last inference that started before the budget ran out (at most 3× the slowest warm-up
+    inference, which includes the record phase), plus 30 s of slack for exit and teardown."""
+    return budget_s + 3 * max(warmup_ms or [0.0]) / 1e3 + 30.0
+
+
 def run_app(cmd: list[str], env: dict[str, str], timeout: float,
-            phases: dict[str, Any] | None = None) -> tuple[dict[str, Any], str, float]:
+            phases: dict[str, Any] | None = None, budget_s: float | None = None
+            ) -> tuple[dict[str, Any], str, float]:
     """Run one app process; returns (its JSON result, its stderr, wall seconds).
 
-    ``phases[name](pid)`` runs while the app waits after printing ``{"phase": name}``.
+    ``phases[name](pid)`` runs while the app waits after printing ``{"phase": name}``. The app is
+    killed after ``timeout``, or sooner once its warm-up is over and it overruns
+    ``measured_deadline_s`` (a hung offloaded call must not hold the run for the full timeout).
     """
     phases = phases or {}
     t0 = time.monotonic()
@@ -197,6 +207,13 @@ def run_app(cmd: list[str], env: dict[str, str], timeout: float,
                         hook = phases.get(msg["phase"])
                         if hook is not None:
                             hook(proc.pid)
+                        if msg["phase"] == "warm" and budget_s is not None:
+                            left = timeout - (time.monotonic() - t0)
+                            timer.cancel()
+                            timer = threading.Timer(
+                                min(left, measured_deadline_s(budget_s, msg.get("warmup_ms") or [])),
+                                proc.kill)
+                            timer.start()
                         proc.stdin.write("\n")
                         proc.stdin.flush()
                     elif isinstance(msg, dict) and "latency_ms" in msg:
@@ -211,7 +228,7 @@ def run_app(cmd: list[str], env: dict[str, str], timeout: float,
         stderr = err.read()
     wall = time.monotonic() - t0
     if result is None:
-        why = "timed out" if wall >= timeout else f"exit {proc.returncode}"
+        why = "killed: timed out or stalled" if proc.returncode == -9 else f"exit {proc.returncode}"
         raise CellError(f"app failed ({why}): {_stderr_tail(stderr)}")
     return result, stderr, wall
 
@@ -270,7 +287,7 @@ def run_cell(env: LinkEnv | None, model: str, system: str, plan: Plan) -> dict[s
 
         result, stderr, wall = run_app(cmd, extra_env, plan.cell_timeout_s,
                                        {"warm": lambda pid: snapshot("warm", pid),
-                                        "done": lambda pid: snapshot("done", pid)})
+                                        "done": lambda pid: snapshot("done", pid)}, plan.budget_s)
         n = max(result["iters"], 1)
         cell.update(samples={k: result[k] for k in ("latency_ms", "cpu_ms", "warmup_ms")},
                     iters=result["iters"], checksum=result["checksum"], wall_s=wall,

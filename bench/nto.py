@@ -101,7 +101,7 @@ def run_client(model: str, target: str, iters: int, warmup: int, budget_s: float
         for i, x in enumerate(inputs):
             if i == warmup:
                 if sync:
-                    print(json.dumps({"phase": "warm"}), flush=True)
+                    print(json.dumps({"phase": "warm", "warmup_ms": warm_ms}), flush=True)
                     sys.stdin.readline()
                 started = time.perf_counter()
                 up = down = 0

@@ -166,3 +166,15 @@ def test_quick_bench_end_to_end(tmp_path: Path) -> None:
     assert "| loopback | mlp | nto |" in (tmp_path / "latest.md").read_text()
     if importlib.util.find_spec("matplotlib"):
         assert (tmp_path / "latest.png").exists()
+
+
+def test_a_hung_app_is_killed_and_reported() -> None:
+    from bench.harness import CellError, measured_deadline_s, run_app
+
+    assert measured_deadline_s(60.0, [100.0, 2000.0]) == pytest.approx(60 + 6 + 30)
+    hang = ("import json, time; print(json.dumps({'phase': 'warm', 'warmup_ms': [1]}), flush=True); "
+            "input(); time.sleep(60)")
+    seen = []
+    with pytest.raises(CellError, match="killed"):
+        run_app([sys.executable, "-c", hang], {}, timeout=1.5, phases={"warm": seen.append})
+    assert seen  # the warm-up hook ran before the kill
