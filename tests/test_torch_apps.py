@@ -33,9 +33,11 @@ HOST = {"executor": {"allow_extra": ["rrtotest::scale"]}}
 
 
 def app_env(daemon: Any, **extra: str) -> dict[str, str]:
+    """The environment of an app process. This suite checks forwarding: record/replay (which
+    builds on it and has its own tests) is off, so every call here is forwarded."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RRTO_")}
     env.pop("PYTHONPATH", None)
-    return {**env, **(daemon.env if daemon else {}), **extra}
+    return {**env, **(daemon.env if daemon else {}), "RRTO_REPLAY": "0", **extra}
 
 
 class App:
