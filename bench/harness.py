@@ -1,19 +1,21 @@
 """Runs every model × link × system in one process tree and collects every sample.
 
 Per link: a measurement server, the GPU daemon, the NTO server, the link proxy in front of all
-three (so they share one emulated link), and the robot daemon pointed at the proxy. Per cell: the
-link is measured first (a cell whose RTT or throughput misses its target by more than 10% is
-refused: kept in the JSON with its samples, never reported in the table), then the app runs as a
-subprocess; at the end of its warm-up it pauses so the harness can snapshot the daemon's and the
-link's counters and restart the bandwidth trace, so per-inference figures cover only measured
-inferences and every system sees the same trace. A failing cell is recorded with its error and
-the run goes on.
+three (so they share one emulated link), and one robot daemon per daemon system (per-op, rrto)
+pointed at the proxy. Per cell: the link is measured first (a cell whose RTT or throughput
+misses its target by more than 10% is refused: kept in the JSON with its samples, never reported
+in the table), then the app runs as a subprocess; at the end of its warm-up and after its last
+measured inference it pauses so the harness can snapshot the daemon's and the link's counters
+(the first pause also restarts the bandwidth trace), so per-inference figures cover only the
+measured inferences and every system sees the same trace. A failing cell is recorded with its
+error and the run goes on.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -100,7 +102,7 @@ class LinkEnv:
 
     def __init__(self, spec: LinkSpec, systems: list[str], stack: contextlib.ExitStack):
         self.spec = spec
-        self.robot: Any = None
+        self.robots: dict[str, Any] = {}  # system -> its robot daemon
         self.gpu: Any = None
         self.nto_address: str | None = None
         self.link: LinkProcess | None = None
@@ -137,15 +139,18 @@ class LinkEnv:
             self.addresses = dict(targets)
             self.one_way_delay_s = 0.0
         self.nto_address = self.addresses.get("nto")
-        if needs_daemons and self.gpu is not None:
+        # One robot daemon per daemon system, each with its own state dir, all on the same GPU
+        # daemon and link: sequences that a per-op session recorded must not be restored into an
+        # rrto session (the result would depend on the order of the cells).
+        for system in (s for s in DAEMON_SYSTEMS if s in systems and self.gpu is not None):
             try:
-                self.robot = self.launcher.start("robot", roles=["robot"],
-                                                 hosts=[{"name": "gpu", "address": self.addresses["gpu"]}])
-                self.robot.wait_for(lambda s: s["hosts"] and s["hosts"][0]["state"] == "up",
-                                    timeout=30, what="GPU host up")
+                robot = self.launcher.start(f"robot-{system}", roles=["robot"],
+                                            hosts=[{"name": "gpu", "address": self.addresses["gpu"]}])
+                robot.wait_for(lambda s: s["hosts"] and s["hosts"][0]["state"] == "up",
+                               timeout=30, what="GPU host up")
+                self.robots[system] = robot
             except Exception as e:  # noqa: BLE001
-                self.daemon_error = f"robot daemon not ready: {e}"
-                self.robot = None
+                self.daemon_error = f"robot daemon for {system} not ready: {e}"
 
     def measure(self) -> dict[str, Any]:
         return measure(self.addresses["measure"], self.spec, self.link).to_dict()
@@ -243,12 +248,13 @@ def _command(env: LinkEnv | None, model: str, system: str, plan: Plan) -> tuple[
     if system == "nto":
         assert env.nto_address
         return [sys.executable, "-m", "bench.nto", "client", "--target", env.nto_address, *app_args], {}
-    if env.robot is None:
+    robot = env.robots.get(system)
+    if robot is None:
         raise CellError(env.daemon_error or "robot daemon not running")
     run = BIN / "rrto-run"
     if not run.exists():
         raise CellError("rrto-run is not installed yet (the shim is pending)")
-    return [str(run), sys.executable, str(APP), *app_args], {**env.robot.env, **MODE_ENV[system]}
+    return [str(run), sys.executable, str(APP), *app_args], {**robot.env, **MODE_ENV[system]}
 
 
 def _replays(session: dict[str, Any] | None) -> int:
@@ -268,15 +274,16 @@ def run_cell(env: LinkEnv | None, model: str, system: str, plan: Plan) -> dict[s
             if not cell["link_measurement"]["valid"]:
                 cell["status"] = "refused"
                 cell["error"] = "; ".join(cell["link_measurement"]["problems"])
-        before = env.robot.ctl("status") if daemon and env else None
+        robot = env.robots.get(system) if env is not None else None
+        before = robot.ctl("status") if daemon and robot is not None else None
 
         def snapshot(phase: str, pid: int) -> None:
             """Counters at the end of the warm-up and after the last measured inference."""
             if env is None or system == "local":
                 return
             snap = snaps[phase]
-            if daemon:
-                status = env.robot.ctl("status")
+            if daemon and robot is not None:
+                status = robot.ctl("status")
                 snap["session"] = _live_session(status, pid)
                 sid = (snap["session"] or {}).get("id")
                 snap["power"] = ((status.get("power") or {}).get("sessions") or {}).get(sid)
@@ -299,11 +306,12 @@ def run_cell(env: LinkEnv | None, model: str, system: str, plan: Plan) -> dict[s
             per_inf["link_bytes_up"] = (done["link_bytes"][0] - warm["link_bytes"][0]) / n
             per_inf["link_bytes_down"] = (done["link_bytes"][1] - warm["link_bytes"][1]) / n
         if system == "nto":
+            cell["host_compute_ms"] = stats.summarize(result.get("host_compute_ms") or [])["median"]
             per_inf.update(round_trips=result["round_trips_per_inference"],
                            bytes_up=result["bytes_up_per_inference"],
                            bytes_down=result["bytes_down_per_inference"])
-        if before is not None and env is not None:
-            after = env.robot.wait_for(lambda s: not s["sessions"], timeout=30, what="session end")
+        if before is not None and robot is not None:
+            after = robot.wait_for(lambda s: not s["sessions"], timeout=30, what="session end")
             totals = {k: after["finished"][k] - before["finished"][k] for k in COUNTERS}
             if totals["ops_forwarded"] == 0:
                 raise CellError("the app ran but forwarded no operator: not offloaded")
@@ -362,18 +370,26 @@ def machine() -> dict[str, Any]:
 
 
 def finish_cells(cells: list[dict[str, Any]], links: dict[str, Any]) -> list[dict[str, Any]]:
-    """Add each cell's physical limit and compare systems per (link, model)."""
+    """Add each cell's physical limit and compare systems per (link, model).
+
+    Host compute is the NTO server's own compute time in the same link's run (measured on the
+    host side, under that run's load), else the local median.
+    """
     local = {c["model"]: c["latency"]["median"] for c in cells
              if c["system"] == "local" and c["status"] == "ok"}
+    host = {(c["link"], c["model"]): c["host_compute_ms"] for c in cells
+            if c["system"] == "nto" and c["status"] == "ok" and c.get("host_compute_ms") is not None
+            and not math.isnan(c["host_compute_ms"])}
     for c in cells:
         m = c.get("link_measurement")
-        if c["status"] != "ok" or not m or c["model"] not in local:
+        compute = host.get((c["link"], c["model"]), local.get(c["model"]))
+        if c["status"] != "ok" or not m or compute is None:
             continue
         pi = c.get("per_inference", {})
         up = pi.get("link_bytes_up", pi.get("bytes_up", 0.0))
         down = pi.get("link_bytes_down", pi.get("bytes_down", 0.0))
         c["limit_ms"] = stats.physical_limit_ms(m["rtt_ms"], m["up_mbps"], m["down_mbps"], up, down,
-                                                local[c["model"]])
+                                                compute)
     comps = []
     for link in links:
         for model in dict.fromkeys(c["model"] for c in cells):

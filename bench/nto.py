@@ -7,8 +7,8 @@ of device as the GPU daemon, through the same emulated link, so ``rrto/nto`` iso
 transparency costs.
 
 Wire: method ``/bench.Nto/Infer``, request metadata ``model``, request body the raw float32 input
-bytes; response body = 4-byte header length, a JSON header (dtype and shape per output), then the
-outputs' raw bytes back to back. Raw bytes both ways, no pickle.
+bytes; response body = 4-byte header length, a JSON header (dtype and shape per output, and the
+server's compute time), then the outputs' raw bytes back to back. Raw bytes both ways, no pickle.
 
 ``python -m bench.nto serve`` prints ``READY <port>``; ``python -m bench.nto client --model M
 --target HOST:PORT`` prints the same JSON line as ``bench/app.py`` plus bytes per inference.
@@ -36,23 +36,25 @@ OPTIONS = [("grpc.max_send_message_length", 256 * 2**20),
            ("grpc.max_receive_message_length", 256 * 2**20)]
 
 
-def encode_outputs(outputs: tuple[torch.Tensor, ...]) -> bytes:
+def encode_outputs(outputs: tuple[torch.Tensor, ...], compute_ms: float = 0.0) -> bytes:
     arrays = [o.contiguous().numpy() for o in outputs]
-    header = json.dumps([{"dtype": a.dtype.str, "shape": list(a.shape)} for a in arrays]).encode()
+    header = json.dumps({"outputs": [{"dtype": a.dtype.str, "shape": list(a.shape)} for a in arrays],
+                         "compute_ms": compute_ms}).encode()
     return b"".join([len(header).to_bytes(4, "big"), header, *(a.tobytes() for a in arrays)])
 
 
-def decode_outputs(body: bytes) -> list[torch.Tensor]:
+def decode_outputs(body: bytes) -> tuple[list[torch.Tensor], float]:
+    """The outputs, and the server's compute time for them (ms)."""
     n = int.from_bytes(body[:4], "big")
     header = json.loads(body[4:4 + n])
     pos, out = 4 + n, []
-    for h in header:
+    for h in header["outputs"]:
         dtype = np.dtype(h["dtype"])
         count = int(np.prod(h["shape"])) if h["shape"] else 1
         a = np.frombuffer(body, dtype=dtype, count=count, offset=pos).reshape(h["shape"])
         pos += count * dtype.itemsize
         out.append(torch.from_numpy(a.copy()))
-    return out
+    return out, float(header.get("compute_ms", 0.0))
 
 
 class Server:
@@ -78,8 +80,10 @@ class Server:
             if model is None:
                 model = self.models[name] = spec.make()
             x = torch.frombuffer(bytearray(body), dtype=torch.float32).reshape(spec.input_shape)
+            t0 = time.perf_counter()
             with torch.inference_mode():
-                return encode_outputs(outputs_of(model(x)))
+                outputs = outputs_of(model(x))
+            return encode_outputs(outputs, (time.perf_counter() - t0) * 1e3)
 
     def stop(self) -> None:
         self.server.stop(0)
@@ -94,6 +98,7 @@ def run_client(model: str, target: str, iters: int, warmup: int, budget_s: float
     warm_ms: list[float] = []
     lat_ms: list[float] = []
     cpu_ms: list[float] = []
+    host_ms: list[float] = []  # the server's compute per inference: the host side of the limit
     up = down = 0
     with grpc.insecure_channel(target, options=OPTIONS) as channel:
         call = channel.unary_unary(METHOD)
@@ -108,7 +113,8 @@ def run_client(model: str, target: str, iters: int, warmup: int, budget_s: float
             c0, t0 = time.process_time(), time.perf_counter()
             body = x.contiguous().numpy().tobytes()
             reply = call(body, metadata=(("model", model),), timeout=600)
-            out = [o.numpy().tobytes() for o in decode_outputs(reply)]
+            outputs, compute_ms = decode_outputs(reply)
+            out = [o.numpy().tobytes() for o in outputs]
             t1, c1 = time.perf_counter(), time.process_time()
             up, down = up + len(body), down + len(reply)
             if i <= warmup:
@@ -119,13 +125,15 @@ def run_client(model: str, target: str, iters: int, warmup: int, budget_s: float
                 continue
             lat_ms.append((t1 - t0) * 1e3)
             cpu_ms.append((c1 - c0) * 1e3)
+            host_ms.append(compute_ms)
             if budget_s is not None and t1 - started > budget_s:
                 break
     n = max(len(lat_ms), 1)
     return {"model": model, "iters": len(lat_ms), "warmup": warmup, "warmup_ms": warm_ms,
             "latency_ms": lat_ms, "cpu_ms": cpu_ms, "checksum": digest.hexdigest()[:16],
             "torch_threads": torch.get_num_threads(), "round_trips_per_inference": 1.0,
-            "bytes_up_per_inference": up / n, "bytes_down_per_inference": down / n}
+            "bytes_up_per_inference": up / n, "bytes_down_per_inference": down / n,
+            "host_compute_ms": host_ms}
 
 
 def main(argv: list[str] | None = None) -> int:

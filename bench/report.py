@@ -81,7 +81,8 @@ def markdown(doc: dict[str, Any], json_name: str | None = None) -> str:
             "for per-op/rrto the daemon's replies to the app per inference, or the shim's own count. "
             "Replayed: share of measured inferences the daemon saw replayed (record/replay "
             "active). Energy: the robot daemon's power meter per measured inference (daemon sessions only). "
-            "Limit: measured RTT + these bytes at the measured rates + local compute.", ""]
+            "Limit: measured RTT + these bytes at the measured rates + host compute (the NTO server's own "
+            "compute time in the same link's run; else the local median).", ""]
     out += ["## Ratios and targets (medians, same run)", "",
             "| link | model | rrto/nto | per-op/rrto | penalty removed | shim µs/op | targets |",
             "|---|---|---|---|---|---|---|"]
