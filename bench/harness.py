@@ -394,7 +394,7 @@ def finish_cells(cells: list[dict[str, Any]], links: dict[str, Any]) -> list[dic
     for link in links:
         for model in dict.fromkeys(c["model"] for c in cells):
             medians: dict[str, float | None] = {}
-            shim_us = None
+            shim_us = basis = None
             for c in cells:
                 if c["model"] != model or c["status"] != "ok":
                     continue
@@ -402,9 +402,13 @@ def finish_cells(cells: list[dict[str, Any]], links: dict[str, Any]) -> list[dic
                     medians[c["system"]] = c["latency"]["median"]
                     if c["system"] == "rrto":
                         shim_us = (c.get("shim") or {}).get("shim_us_per_op")
-            comp = stats.comparisons(medians, LINKS[link].emulated, shim_us)
+                        basis = (c.get("shim") or {}).get("shim_us_per_op_basis")
+            # Time over all operators includes host waits and the record phase: an upper bound
+            # shown in the table, not a figure the target can be judged on.
+            judged = None if basis == "ops" else shim_us
+            comp = stats.comparisons(medians, LINKS[link].emulated, judged)
             comps.append({"link": link, "model": model, "medians_ms": medians,
-                          "shim_us_per_op": shim_us, **comp})
+                          "shim_us_per_op": shim_us, "shim_us_per_op_basis": basis, **comp})
     return comps
 
 
