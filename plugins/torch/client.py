@@ -29,7 +29,11 @@ from . import codec
 from .channel import Channel
 from .errors import HostLost, OffloadError, RemoteOpError
 from .proxy import Handle, RemoteTensor
-from .replay import MISS, ReplayClient
+
+try:  # record/replay builds on this client (plugins/torch/replay.py)
+    from .replay import MISS, ReplayClient
+except ImportError:  # a tree without it: plain forwarding
+    MISS, ReplayClient = object(), None
 
 BIND_OP = "aten::alias.default"  # see RemoteSession._bind
 _GRAD = {"inference": ops_pb2.INFERENCE_MODE, "no_grad": ops_pb2.NO_GRAD,
@@ -206,7 +210,7 @@ class RemoteSession:
         self._threads = itertools.count(0)
         self.counters = collections.Counter()
         # Record/replay (plugins/torch/replay.py): sequences pushed by the robot daemon.
-        self.replay = ReplayClient(self) if replay else None
+        self.replay = ReplayClient(self) if replay and ReplayClient is not None else None
         channel.start(self._on_down, self._on_lost)
         _SESSIONS.add(self)
 
