@@ -112,6 +112,7 @@ class InterceptConfig(_Section):
     backend: str = "torch"
     mode: Literal["stream", "sync"] = "stream"  # sync: wait for every call (Cricket semantics)
     fallback: Literal["local", "error"] = "local"  # no daemon or host: run locally, or raise
+    replay: bool = True  # record/replay: one request per inference once the sequence is found
 
 
 class ExecutorConfig(_Section):

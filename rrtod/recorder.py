@@ -73,6 +73,12 @@ def build_definition(entries: list[LoggedCall], found: Found, persistent: dict[i
                     src.meta.CopyFrom(metas[value])  # type: ignore[index]
             else:
                 d.sources.add(kind=SRC.PERSISTENT, hash=value)  # type: ignore[arg-type]
+    # An input's recorded bytes are never replayed (each inference streams its own): keep only
+    # its metadata, so the definition stays small on the wire and on disk.
+    refs = (ref for call in d.calls for ref in iter_tensor_refs(call))
+    for src, ref in zip(d.sources, refs, strict=True):
+        if src.kind == SRC.INPUT and ref.WhichOneof("ref") == "upload":
+            ref.upload.ClearField("data")
     for out_index in found.outputs:
         i, k = out_index
         d.outputs.append(block[i].outputs[k])
@@ -107,6 +113,7 @@ class Recorder:
         self.last_search = 0.0
         self.search_stats: list[dict[str, Any]] = []
         self.seen_hashes: set[bytes] = set()
+        self.pending: dict[int, ops_pb2.SequenceDef] = {}  # sent to the host, not yet accepted
         self.saved: list[tuple[dict[str, Any], ops_pb2.SequenceDef]] = self._load_saved()
 
     # ----- observe the relayed frames -----
@@ -180,14 +187,31 @@ class Recorder:
         self.sequences[d.id] = summary
         self.active_threads.add(d.thread)
 
-    def drop(self, seq_id: int) -> ops_pb2.SequenceDef | None:
-        """Forget a sequence (flush, or too many mismatches): recording resumes for its thread."""
+    def drop(self, seq_id: int, forget: bool = False) -> ops_pb2.SequenceDef | None:
+        """Stop replaying a sequence (flush, given up by the shim, refused by the host):
+        recording resumes for its thread. ``forget`` also deletes its saved copy, so that a
+        restarted app does not start from it again."""
         summary = self.sequences.pop(seq_id, None)
+        self.pending.pop(seq_id, None)
         if summary is None:
             return None
         self.active_threads.discard(summary["thread"])
         self.log.clear()
+        if forget:
+            for path in self._saved_paths(seq_id):
+                path.unlink(missing_ok=True)
         return ops_pb2.SequenceDef(id=seq_id)  # no calls: "drop" for the host and the shim
+
+    def acknowledged(self, ack: ops_pb2.SequenceAck) -> ops_pb2.SequenceDef | None:
+        """The host's answer to a definition: the definition to pass on to the shim if it was
+        accepted and is still wanted, else None (refused: dropped and forgotten)."""
+        d = self.pending.pop(ack.id, None)
+        if ack.accepted:
+            return d if ack.id in self.sequences else None
+        log.warning("GPU host refused sequence", session=self.session, app=self.app,
+                    sequence=ack.id, reason=ack.reason)
+        self.drop(ack.id, forget=True)
+        return None
 
     # ----- persistence -----
     def _path(self, summary: dict[str, Any], d: ops_pb2.SequenceDef) -> Path:
@@ -204,6 +228,16 @@ class Recorder:
             tmp.replace(path)
         except OSError as exc:
             log.warning("cannot save sequence", error=str(exc), dir=str(self.store_dir))
+
+    def _saved_paths(self, seq_id: int) -> list[Path]:
+        found = []
+        for path in self.store_dir.glob(f"{_slug(self.app)}-*.json"):
+            try:
+                if json.loads(path.read_text()).get("id") == seq_id:
+                    found.append(path)
+            except (OSError, ValueError):
+                continue
+        return found
 
     def save_stats(self) -> None:
         """Write replay/mismatch counters back to the saved files (at session end)."""

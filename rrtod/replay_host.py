@@ -29,11 +29,11 @@ class Compiled:
     definition: ops_pb2.SequenceDef
     local: dict[int, int]  # recorded local id -> index
     slots: list[list[int]]  # per call: its slots (indices into sources), in ref order
-    inputs: list[list[int]]  # per call: slots that must be supplied each inference
+    inputs: list[list[int]]  # per call: slots it waits for (inputs; weights until first bound)
     outputs: set[int]  # local indices the app downloads
     pushes: list[list[int]]  # per call: outputs whose final value it writes (pushed after it)
     writes: list[list[int]]  # per call: recorded ids it overwrites in place (existing values)
-    sticky: dict[int, ops_pb2.TensorRef] = field(default_factory=dict)  # rebound constants
+    sticky: dict[int, ops_pb2.TensorRef] = field(default_factory=dict)  # bound weights, constants
 
 
 def compile_sequence(d: ops_pb2.SequenceDef) -> Compiled:
@@ -55,7 +55,9 @@ def compile_sequence(d: ops_pb2.SequenceDef) -> Compiled:
         own = list(range(n, n + count))
         n += count
         slots.append(own)
-        inputs.append([s for s in own if d.sources[s].kind == SRC.INPUT])
+        # A weight's id is only known to be bound once the shim names it (its first use in this
+        # session may be this very replay), so until then it is waited for like an input.
+        inputs.append([s for s in own if d.sources[s].kind in (SRC.INPUT, SRC.PERSISTENT)])
         writes.append([r for r in call.out_ids if r in produced or r not in local])
         produced.update(call.out_ids)
     outputs = {local[o] for o in d.outputs if o in local}
@@ -92,6 +94,7 @@ class HostReplayer:
         self.last: Active | None = None
         self.replays = 0
         self.aborts = 0
+        self.refused = False  # the last start named an unknown sequence
 
     def process(self, frame: ops_pb2.SessionUp, emit: Emit) -> None:
         kind = frame.WhichOneof("msg")
@@ -101,17 +104,33 @@ class HostReplayer:
             self._finish(emit)  # a new inference: the previous one runs to its end first
             self.last = None
             seq = self.sequences.get(frame.start.sequence)
-            if seq is None:
-                emit(_error("UNKNOWN_SEQUENCE", f"no sequence {frame.start.sequence} defined"))
+            self.refused = seq is None
+            if seq is None:  # its arguments follow: they are dropped without more errors
+                emit(_error("UNKNOWN_SEQUENCE", f"no sequence {frame.start.sequence} defined",
+                            frame.start.sequence))
                 return
             self.active = Active(seq, frame.start.base_id)
             self.replays += 1
             self._advance(emit)
         elif kind == "arg":
-            if self.active is None:
-                emit(_error("NO_REPLAY", "replay argument outside a replay"))
+            act = self.active
+            if act is None:
+                if not self.refused:
+                    emit(_error("NO_REPLAY", "replay argument outside a replay"))
                 return
-            self.active.args[frame.arg.slot] = frame.arg.tensor
+            if act.failed:
+                return  # already reported; the rest of this inference is not run
+            slot = frame.arg.slot
+            sources = act.seq.definition.sources
+            if slot >= len(sources):
+                act.failed = True
+                emit(_error("BAD_ARG", f"sequence {act.seq.definition.id} has no slot {slot}",
+                            act.seq.definition.id))
+                return
+            if sources[slot].kind == SRC.INPUT:
+                act.args[slot] = frame.arg.tensor
+            else:  # a weight or constant (re)bound: it holds for later inferences too
+                act.seq.sticky[slot] = frame.arg.tensor
             self._advance(emit)
         elif kind == "abort":
             self._abort(frame.abort.position, emit)
@@ -134,14 +153,14 @@ class HostReplayer:
             return
         try:
             compiled = compile_sequence(d)
+            if any(compiled.writes) and not hasattr(self.executor, "snapshot"):
+                raise ValueError(f"sequence {d.id} writes values in place and this executor "
+                                 "cannot snapshot them")
         except (ValueError, KeyError) as exc:
-            emit(_error("BAD_SEQUENCE", str(exc)))
-            return
-        if any(compiled.writes) and not hasattr(self.executor, "snapshot"):
-            emit(_error("BAD_SEQUENCE", f"sequence {d.id} writes values in place and this "
-                                        "executor cannot snapshot them"))
+            emit(ops_pb2.SessionDown(defined=ops_pb2.SequenceAck(id=d.id, reason=str(exc))))
             return
         self.sequences[d.id] = compiled
+        emit(ops_pb2.SessionDown(defined=ops_pb2.SequenceAck(id=d.id, accepted=True)))
 
     def _finish(self, emit: Emit) -> None:
         act = self.active
@@ -150,7 +169,7 @@ class HostReplayer:
             if act.position < len(act.seq.definition.calls) and not act.failed:
                 emit(_error("REPLAY_INCOMPLETE",
                             f"replay of sequence {act.seq.definition.id} stopped at call "
-                            f"{act.position}: inputs missing"))
+                            f"{act.position}: inputs missing", act.seq.definition.id))
             self._close(act)
 
     def _close(self, act: Active, complete: bool = False) -> None:
@@ -168,7 +187,7 @@ class HostReplayer:
         stop = len(calls) if limit is None else min(limit, len(calls))
         while act.position < stop:
             k = act.position
-            if any(s not in act.args for s in act.seq.inputs[k]):
+            if any(s not in act.args and s not in act.seq.sticky for s in act.seq.inputs[k]):
                 return  # waits for the app to produce this input
             call = self._rebind(act, k)
             if act.seq.writes[k]:
@@ -178,6 +197,7 @@ class HostReplayer:
             for down in self.handle(ops_pb2.SessionUp(call=call)):
                 if down.WhichOneof("msg") == "error":
                     act.failed = True
+                    down.error.sequence = act.seq.definition.id
                     emit(down)
                     return
                 if down.WhichOneof("msg") != "result":
@@ -212,16 +232,10 @@ class HostReplayer:
                 ref.CopyFrom(given)
                 if bind in seq.local and given.WhichOneof("ref") == "upload":
                     ref.bind_id = act.base + seq.local[bind]  # read again later by id
-                if seq.definition.sources[slot].kind != SRC.INPUT:
-                    # A rebound constant holds for later inferences (by id once bound).
-                    seq.sticky[slot] = (ops_pb2.TensorRef(id=given.bind_id) if given.bind_id
-                                        else given)
                 continue
             sticky = seq.sticky.get(slot)
             if sticky is not None:
                 ref.CopyFrom(sticky)
-                if sticky.bind_id:  # bound by this call: later inferences read it by id
-                    seq.sticky[slot] = ops_pb2.TensorRef(id=sticky.bind_id)
                 continue
             src = seq.definition.sources[slot]
             if src.kind == SRC.PRODUCED:
@@ -253,5 +267,5 @@ class HostReplayer:
         self._close(act)
 
 
-def _error(code: str, message: str) -> ops_pb2.SessionDown:
-    return ops_pb2.SessionDown(error=ops_pb2.Error(code=code, message=message))
+def _error(code: str, message: str, sequence: int = 0) -> ops_pb2.SessionDown:
+    return ops_pb2.SessionDown(error=ops_pb2.Error(code=code, message=message, sequence=sequence))

@@ -150,6 +150,12 @@ class RobotRole:
 
             async def downstream() -> None:
                 while (frame := await call.read()) is not grpc.aio.EOF:
+                    if frame.WhichOneof("msg") == "defined":  # for this daemon, not the app
+                        rec = session.recorder
+                        d = rec.acknowledged(frame.defined) if rec is not None else None
+                        if d is None:
+                            continue
+                        frame = ops_pb2.SessionDown(sequence=d)
                     data = encode(local_pb2.LocalReply(session=frame))
                     session.frames_down += 1
                     session.bytes_down += len(data)
@@ -229,7 +235,7 @@ class RobotRole:
                 self.energy.set_state(session.id, "communication")  # repeated: costs nothing
             rec = session.recorder
             if fkind == "define" and rec is not None:  # the shim gave a sequence up
-                rec.drop(frame.define.id)
+                rec.drop(frame.define.id, forget=True)
             async with session.write_lock:
                 await call.write(frame)
             if rec is None:
@@ -270,12 +276,16 @@ class RobotRole:
 
     async def _push_sequence(self, session: AppSession, d: ops_pb2.SequenceDef,
                              call: grpc.aio.StreamStreamCall, writer: asyncio.StreamWriter) -> None:
-        """Host first, then the shim: the shim's first ReplayStart is relayed after the
-        definition, so the host always knows the sequence it is asked to replay."""
+        """Host first; the shim gets a definition once the host has accepted it (``defined``,
+        handled in the downstream relay), so the shim never asks for a replay the host cannot
+        run. A drop (no calls) goes to both at once."""
+        if d.calls and session.recorder is not None:
+            session.recorder.pending[d.id] = d
         async with session.write_lock:
             await call.write(ops_pb2.SessionUp(define=d))
-        writer.write(encode(local_pb2.LocalReply(session=ops_pb2.SessionDown(sequence=d))))
-        await writer.drain()
+        if not d.calls:
+            writer.write(encode(local_pb2.LocalReply(session=ops_pb2.SessionDown(sequence=d))))
+            await writer.drain()
 
     async def flush(self, app: str | None) -> int:
         """Drop live sequences (of ``app``, or all): host and shim forget them, recording

@@ -365,12 +365,16 @@ def test_record_search_define_replay_persist_and_flush(rrtod_daemon):
     assert kinds == [ops_pb2.SeqSource.INPUT, ops_pb2.SeqSource.PERSISTENT,
                      ops_pb2.SeqSource.PRODUCED]
     assert definition.sources[1].hash == EchoApp.HASH
-    # One start and its input: the host replays both calls and pushes the output unasked.
+    # The definition reached the app only after the host accepted it, so the host knows it.
+    # One start, its input, and (first replay in this session) the weight's id: the host
+    # replays both calls and pushes the output unasked.
+    assert not definition.calls[0].args[0].tensor.upload.data  # an input's bytes: not kept
     base = 1 << 52
     app._send(start=ops_pb2.ReplayStart(sequence=definition.id, base_id=base))
     meta = ops_pb2.TensorMeta(dtype="float32", shape=[4], stride=[1], device="cpu")
     app._send(arg=ops_pb2.ReplayArg(slot=0, tensor=ops_pb2.TensorRef(
         upload=ops_pb2.TensorData(meta=meta, data=b"\0" * 16))))
+    app._send(arg=ops_pb2.ReplayArg(slot=1, tensor=ops_pb2.TensorRef(id=EchoApp.W)))
     pushed = app.recv()
     out_index = list(definition.local_ids).index(definition.outputs[0])
     assert pushed.fetched.seq == 0 and pushed.fetched.id == base + out_index

@@ -100,11 +100,17 @@ def value(down: ops_pb2.SessionDown) -> tuple[int, float]:
     return down.fetched.id, struct.unpack("<d", down.fetched.tensor.data)[0]
 
 
+def test_definition_is_acknowledged():
+    r = HostReplayer(NumberExecutor())
+    out = run(r, ops_pb2.SessionUp(define=sequence()))
+    assert [(d.defined.id, d.defined.accepted) for d in out] == [(7, True)]
+
+
 def test_replay_rebinds_and_streams_outputs_as_they_exist():
     ex = NumberExecutor()
     r = HostReplayer(ex)
-    out = run(r, ops_pb2.SessionUp(define=sequence()),
-              ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=1000)))
+    run(r, ops_pb2.SessionUp(define=sequence()))
+    out = run(r, ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=1000)))
     assert out == [] and ex.calls == []  # waits for the input
     out = run(r, ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(2.0))))
     # x = 12, y = 144 pushed after mul; then x += y -> 156 pushed after add_.
@@ -164,18 +170,61 @@ def test_forwarded_call_after_replay_confirms_it():
 def test_unknown_sequence_and_failing_call_are_reported():
     ex = NumberExecutor()
     r = HostReplayer(ex)
-    out = run(r, ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=9, base_id=1)))
-    assert out[0].error.code == "UNKNOWN_SEQUENCE"
+    out = run(r, ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=9, base_id=1)),
+              ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(2.0))))
+    # One error naming the sequence (the shim stops using it); its arguments are dropped quietly.
+    assert [(x.error.code, x.error.sequence) for x in out] == [("UNKNOWN_SEQUENCE", 9)]
     d = sequence()
     d.calls[1].op = "fail"
-    out = run(r, ops_pb2.SessionUp(define=d),
-              ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=1000)),
+    run(r, ops_pb2.SessionUp(define=d))
+    out = run(r, ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=1000)),
               ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(2.0))))
-    assert [x.error.code for x in out] == ["OP_FAILED"]
+    assert [(x.error.code, x.error.sequence) for x in out] == [("OP_FAILED", 7)]
+    out = run(r, ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=99, tensor=upload(2.0))))
+    assert out == []  # the replay already failed: nothing more runs or is reported
+
+
+def test_inconsistent_definition_is_refused_with_a_reason():
+    r = HostReplayer(NumberExecutor())
     bad = sequence()
     del bad.sources[-1]
     out = run(r, ops_pb2.SessionUp(define=bad))
-    assert out[0].error.code == "BAD_SEQUENCE"
+    assert out[0].defined.id == 7 and not out[0].defined.accepted
+    assert "sources" in out[0].defined.reason and 7 not in r.sequences
+    out = run(r, ops_pb2.SessionUp(define=sequence()),
+              ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=1000)),
+              ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=6, tensor=upload(2.0))))
+    assert out[-1].error.code == "BAD_ARG" and out[-1].error.sequence == 7
+
+
+def test_in_place_writes_need_an_executor_that_snapshots():
+    class NoSnapshots:
+        def __init__(self) -> None:
+            self.handle = NumberExecutor().handle
+
+    r = HostReplayer(NoSnapshots())
+    out = run(r, ops_pb2.SessionUp(define=sequence()))  # add_ writes x in place
+    assert not out[0].defined.accepted and "in place" in out[0].defined.reason
+
+
+def test_weight_slots_wait_until_the_shim_names_them_once():
+    """A weight may be bound by the app only when its call is matched: the host must not run
+    ahead of that. Named once, the binding holds for later inferences."""
+    ex = NumberExecutor()
+    ex.store[42] = 3.0
+    d = sequence()
+    d.sources[1].kind = SRC.PERSISTENT
+    d.sources[1].hash = b"w"
+    r = HostReplayer(ex)
+    out = run(r, ops_pb2.SessionUp(define=d),
+              ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=1000)),
+              ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(2.0))))
+    assert out[1:] == [] and ex.calls == []
+    out = run(r, ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=1, tensor=ref(42))))
+    assert value(out[0]) == (1001, 25.0)  # (2 + 3)^2
+    out = run(r, ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=2000)),
+              ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(1.0))))
+    assert value(out[0]) == (2001, 16.0)
 
 
 def test_empty_definition_drops_the_sequence():

@@ -12,12 +12,14 @@ from typing import Any
 from rrtod.hookspecs import InterceptionBackend, hookimpl
 
 
-def make_interceptor(channel: Any, mode: str = "stream", fallback: str = "local") -> Any:
+def make_interceptor(channel: Any, mode: str = "stream", fallback: str = "local",
+                     replay: bool = True) -> Any:
     """``InterceptionBackend.factory``: the shim calls it once torch is imported."""
     from .client import RemoteSession
     from .interceptor import TorchInterceptor
 
-    interceptor = TorchInterceptor(RemoteSession(channel, mode=mode, fallback=fallback))
+    interceptor = TorchInterceptor(RemoteSession(channel, mode=mode, fallback=fallback,
+                                                 replay=replay))
     interceptor.install()
     return interceptor
 

@@ -247,6 +247,8 @@ class RemoteSession:
                 w.event.set()
             else:
                 self._async_errors.append(err)
+                if err.sequence and self.replay is not None:
+                    self.replay.failed(err.sequence)
 
     def _on_lost(self, reason: str) -> None:
         self.lost = reason

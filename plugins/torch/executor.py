@@ -158,6 +158,19 @@ class TorchExecutor:
             "memory_quota": self.store.quota,
         }
 
+    # -- replay support (rrtod/replay_host.py) ------------------------------------------------
+    def snapshot(self, ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of live tensors a replayed call is about to overwrite in place (``relu_``
+        on an earlier output, a running statistic). Unknown ids have nothing to protect."""
+        with torch.no_grad():
+            return [(t, t.clone()) for i in ids if (t := self.store.get(i)) is not None]
+
+    def restore(self, token: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Write the copies back in place, so views of those tensors see the old values too."""
+        with torch.no_grad():
+            for t, copy in token:
+                t.copy_(copy)
+
     def close(self) -> None:
         if self._closed:
             return

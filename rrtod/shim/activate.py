@@ -2,7 +2,8 @@
 
 Settings: the socket is ``RRTO_SOCKET``, else the ``socket`` key of the daemon config
 (``RRTO_CONFIG``, default /etc/rrto/rrtod.yaml); ``intercept.mode`` and ``intercept.fallback``
-come from the same file and may be overridden by ``RRTO_MODE`` and ``RRTO_FALLBACK``. Without a
+come from the same file and may be overridden by ``RRTO_MODE`` and ``RRTO_FALLBACK``;
+``intercept.replay`` by ``RRTO_REPLAY=0|1``. Without a
 reachable daemon or host the app runs locally after one warning line on stderr
 (``fallback: local``), or fails at ``import torch`` with a message saying why (``fallback: error``).
 """
@@ -24,26 +25,31 @@ class ShimSettings:
     backend: str
     mode: str
     fallback: str
+    replay: bool
     config_note: str = ""  # why the config file was not used, if it was not
 
 
 def settings() -> ShimSettings:
     backend, mode, fallback, sock, note = "torch", "stream", "local", DEFAULT_SOCKET, ""
+    replay = True
     try:
         from rrtod.config import load
 
         cfg = load().config
         backend, mode, fallback, sock = (cfg.intercept.backend, cfg.intercept.mode,
                                          cfg.intercept.fallback, cfg.socket)
+        replay = cfg.intercept.replay
     except Exception as exc:  # unreadable or absent config: defaults, and say so if it matters
         note = str(exc)
+    replay = os.environ.get("RRTO_REPLAY", "1" if replay else "0") != "0"
     mode = os.environ.get("RRTO_MODE", mode)
     fallback = os.environ.get("RRTO_FALLBACK", fallback)
     if mode not in ("stream", "sync"):
         mode = "stream"
     if fallback not in ("local", "error"):
         fallback = "local"
-    return ShimSettings(os.environ.get("RRTO_SOCKET") or sock, backend, mode, fallback, note)
+    return ShimSettings(os.environ.get("RRTO_SOCKET") or sock, backend, mode, fallback, replay,
+                        note)
 
 
 def _warn(message: str) -> None:
@@ -95,5 +101,6 @@ def activate() -> Any:
                                "'error'") from None
         _warn(f"offloading disabled, running locally: {reason}")
         return None
-    _state["interceptor"] = record.factory(channel, mode=s.mode, fallback=s.fallback)
+    _state["interceptor"] = record.factory(channel, mode=s.mode, fallback=s.fallback,
+                                           replay=s.replay)
     return _state["interceptor"]

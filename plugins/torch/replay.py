@@ -1,0 +1,381 @@
+"""The shim's half of replay: match the app's calls against a verified sequence, answer them
+locally, and make the GPU host replay the whole inference from one start message.
+
+A call matches position ``k`` of the sequence when it is the same operator overload under the
+same grad mode, with equal non-tensor arguments, and every tensor argument comes from where the
+sequence says: the output of an earlier call of this inference (by identity), the same weight
+(by content hash), the same constant (or, where its metadata was recorded, an equal-shaped
+replacement, which the host is told about), or plain app data with the recorded metadata (an
+input, streamed to the host as it appears). A matching call gets proxies at once, with the
+metadata recorded for it, and no message. Anything else is a mismatch: the host is told the
+position, keeps what came before and drops the rest, and the call is forwarded as usual.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rrto.v1 import ops_pb2
+from rrtod.oplog import iter_tensor_refs
+
+from . import codec
+from .proxy import Handle, RemoteTensor
+
+SRC = ops_pb2.SeqSource
+MISS = object()  # dispatch: not answered by replay, forward it
+_T = object()  # a tensor's place in an argument structure
+
+# Replayed outputs take ids from their own range: base = REPLAY_BASE + inference * SPAN.
+REPLAY_BASE = 1 << 52
+SPAN = 1 << 20
+GIVE_UP_AFTER = 3  # consecutive mismatches before a sequence is dropped
+
+
+class _Unreplayable(Exception):
+    pass
+
+
+class _Placeholder:
+    __slots__ = ("ref",)
+
+    def __init__(self, ref: ops_pb2.TensorRef):
+        self.ref = ref
+
+
+def _strip(x: Any, found: list[Any]) -> Any:
+    """``x`` with every tensor (or template placeholder) replaced by ``_T``, collected in order."""
+    if isinstance(x, (torch.Tensor, _Placeholder)):
+        found.append(x)
+        return _T
+    if isinstance(x, (list, tuple)):
+        return type(x)([_strip(v, found) for v in x])
+    return x
+
+
+def _meta_key(m: ops_pb2.TensorMeta) -> tuple[Any, ...]:
+    return (codec.dtype_of(m.dtype), tuple(m.shape), tuple(m.stride), m.storage_offset)
+
+
+def _upload_key(m: ops_pb2.TensorMeta) -> tuple[Any, ...]:
+    """An upload travels C-contiguous; its recorded metadata names dtype and shape."""
+    return (codec.dtype_of(m.dtype), tuple(m.shape))
+
+
+def _input_key(t: torch.Tensor) -> tuple[Any, ...] | None:
+    """The live counterpart of ``_upload_key``; None for a non-contiguous tensor, whose
+    strides the recorded outputs' metadata may not follow."""
+    return (t.dtype, tuple(t.shape)) if t.is_contiguous() else None
+
+
+def _tensor_key(t: torch.Tensor) -> tuple[Any, ...]:
+    return (t.dtype, tuple(t.shape), t.stride(), t.storage_offset())
+
+
+@dataclass
+class Step:
+    op: str
+    grad_mode: int
+    args: Any
+    kwargs: dict[str, Any]
+    slots: list[int]  # indices into the sequence's sources, in argument order
+    out_local: list[int | None]  # per output id: local index (None: not local, keep id)
+    input_keys: dict[int, tuple[Any, ...]]  # slot -> recorded metadata of an INPUT
+    built: Any = None  # (result template, outputs) once known
+
+
+@dataclass
+class Sequence:
+    definition: ops_pb2.SequenceDef
+    steps: list[Step]
+    local: dict[int, int]
+    last_writer: dict[int, int]  # output local index -> position of the call that finalises it
+    outputs: set[int]
+    # slot -> the weight or constant the host uses there now (held, so its id stays live)
+    bindings: dict[int, Handle] = field(default_factory=dict)
+    mismatches: int = 0
+    failed: bool = False  # the host could not replay it
+
+    @property
+    def id(self) -> int:
+        return self.definition.id
+
+
+def compile_sequence(d: ops_pb2.SequenceDef) -> Sequence:
+    local = {rid: i for i, rid in enumerate(d.local_ids)}
+    steps, slot = [], 0
+    for call in d.calls:
+        def keep(ref: ops_pb2.TensorRef) -> _Placeholder:
+            return _Placeholder(ref)
+        args = [codec.decode_value(v, keep, torch.device) for v in call.args]
+        kwargs = {k: codec.decode_value(call.kwargs[k], keep, torch.device)
+                  for k in sorted(call.kwargs)}
+        found: list[Any] = []
+        sargs = _strip(args, found)
+        skw = {k: _strip(v, found) for k, v in kwargs.items()}
+        refs = list(iter_tensor_refs(call))
+        slots = list(range(slot, slot + len(refs)))
+        slot += len(refs)
+        input_keys = {s: _upload_key(r.upload.meta) for s, r in zip(slots, refs, strict=True)
+                      if d.sources[s].kind == SRC.INPUT and r.WhichOneof("ref") == "upload"}
+        steps.append(Step(call.op, call.grad_mode, sargs, skw, slots,
+                          [local.get(r) for r in call.out_ids], input_keys))
+    outputs = {local[o] for o in d.outputs}
+    last_writer = {i: k for k, st in enumerate(steps) for i in st.out_local if i is not None}
+    return Sequence(d, steps, local, last_writer, outputs)
+
+
+@dataclass
+class Active:
+    seq: Sequence
+    base: int
+    position: int = 0
+
+
+class ReplayClient:
+    """Per session: sequences by thread, the replay in progress per thread, pushed outputs."""
+
+    def __init__(self, session: Any):
+        self.session = session
+        self.sequences: dict[int, Sequence] = {}  # thread -> sequence
+        self._tls = threading.local()
+        self._inference = itertools.count(0)
+        self._pushed: dict[int, ops_pb2.TensorData] = {}
+        self._aborted: dict[int, int] = {}  # inference base -> position of its mismatch
+        self._waiting: dict[int, threading.Event] = {}
+        self._give_up: list[int] = []  # sequences the host failed: the robot records again
+        self._lock = threading.Lock()
+        self.counters = {"replays": 0, "mismatches": 0, "replayed_ops": 0, "dropped": 0,
+                         "failed": 0}
+
+    # ----- from the reader thread -----
+    def define(self, d: ops_pb2.SequenceDef) -> None:
+        if not d.calls:
+            self.sequences = {t: s for t, s in self.sequences.items() if s.id != d.id}
+            return
+        try:
+            self.sequences[d.thread] = compile_sequence(d)
+        except (codec.CodecError, KeyError, ValueError):
+            pass  # never replay what we cannot read: the calls keep being forwarded
+
+    def failed(self, seq_id: int) -> None:
+        """The host could not replay ``seq_id`` (an operator failed, or it lost the sequence):
+        stop using it and wake every download waiting for a push, which then fetches the usual
+        way and gets the host's error instead of waiting forever."""
+        with self._lock:
+            for seq in [s for s in self.sequences.values() if s.id == seq_id]:
+                seq.failed = True
+                del self.sequences[seq.definition.thread]
+            self._give_up.append(seq_id)  # told to the robot by an app thread (never block here)
+            waiting = list(self._waiting.values())
+            self._waiting.clear()
+            self.counters["failed"] += 1
+        for event in waiting:
+            event.set()
+
+    def pushed(self, fetched: ops_pb2.Fetched) -> None:
+        with self._lock:
+            self._pushed[fetched.id] = fetched.tensor
+            event = self._waiting.pop(fetched.id, None)
+        if event is not None:
+            event.set()
+
+    # ----- from the app's threads -----
+    @property
+    def active(self) -> Active | None:
+        return getattr(self._tls, "active", None)
+
+    def dispatch(self, func: Any, args: tuple, kwargs: dict, info: Any,
+                 thread: int, grad_mode: int, build: Callable[..., Any]) -> Any:
+        if self._give_up:
+            self._tell_given_up()
+        act = self.active
+        if act is not None and act.seq.failed:
+            self._tls.active = act = None  # failed on the host: forward from here on
+        if info.value_op:  # its value is a download: replay cannot answer it locally
+            if act is not None:
+                self._mismatch(act)
+            return MISS
+        if act is None:
+            seq = self.sequences.get(thread)
+            if seq is None or seq.steps[0].op != info.name:
+                return MISS
+            act = Active(seq, REPLAY_BASE + next(self._inference) * SPAN)
+            self._forget_before(act.base - 4 * SPAN)
+            frames = self._match(act, func, args, kwargs, info, grad_mode)
+            if frames is None:
+                return MISS  # not the start of this sequence: an ordinary forwarded call
+            start = ops_pb2.SessionUp(start=ops_pb2.ReplayStart(
+                sequence=seq.id, base_id=act.base, inference=act.base))
+            self.session.send_frames([start, *frames])
+            self._tls.active = act
+            self.counters["replays"] += 1
+        else:
+            frames = self._match(act, func, args, kwargs, info, grad_mode)
+            if frames is None:
+                self._mismatch(act)
+                return MISS
+            if frames:
+                self.session.send_frames(frames)
+        step = act.seq.steps[act.position]
+        try:
+            result = self._outputs(act, step, func, args, kwargs, info, build)
+        except _Unreplayable:
+            self._mismatch(act)
+            return MISS
+        act.position += 1
+        self.counters["replayed_ops"] += 1
+        if act.position == len(act.seq.steps):
+            self._tls.active = None
+            act.seq.mismatches = 0
+        return result
+
+    def _match(self, act: Active, func: Any, args: tuple, kwargs: dict, info: Any,
+               grad_mode: int) -> list[ops_pb2.SessionUp] | None:
+        """The frames this call needs (inputs, rebinds), or None when it does not match."""
+        step = act.seq.steps[act.position]
+        if step.op != info.name or step.grad_mode != grad_mode:
+            return None
+        found: list[Any] = []
+        if _strip(list(args), found) != step.args:
+            return None
+        if kwargs or step.kwargs:
+            if {k: _strip(kwargs[k], found) for k in sorted(kwargs)} != step.kwargs:
+                return None
+        if len(found) != len(step.slots):
+            return None
+        frames: list[ops_pb2.SessionUp] = []
+        bind: dict[int, Handle] = {}  # committed only if the whole call matches
+        sources = act.seq.definition.sources
+        for slot, t in zip(step.slots, found, strict=True):
+            src = sources[slot]
+            remote = isinstance(t, RemoteTensor)
+            h = t._rrto_handle if remote else None
+            if src.kind == SRC.PRODUCED:
+                if h is None or h.id != act.base + act.seq.local[src.id]:
+                    return None
+            elif src.kind == SRC.INPUT:
+                if h is not None:
+                    ref = ops_pb2.TensorRef(id=h.id)
+                    if h.session is not self.session or not h.bound:
+                        return None
+                else:
+                    if _input_key(t) != step.input_keys.get(slot):
+                        return None
+                    ref = self.session._encode_tensor(t)
+                frames.append(ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=slot, tensor=ref)))
+            elif src.kind == SRC.PERSISTENT:
+                # The host waits for each weight slot to be named once per session: the weight
+                # may be used for the first time right here, and must be bound before use.
+                if h is None or h.hash != bytes(src.hash):
+                    return None
+                if act.seq.bindings.get(slot) is not h:
+                    bind[slot] = h
+            else:  # CONSTANT
+                if h is None or h.session is not self.session:
+                    return None
+                now = act.seq.bindings.get(slot)
+                if (now.id if now is not None else src.id) == h.id:
+                    continue
+                if not src.HasField("meta") or _tensor_key(t) != _meta_key(src.meta):
+                    return None
+                bind[slot] = h
+        for slot, h in bind.items():
+            if not h.bound:  # a weight's first use since the app (re)started
+                self.session._bind(h)
+            act.seq.bindings[slot] = h
+            frames.append(ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(
+                slot=slot, tensor=ops_pb2.TensorRef(id=h.id))))
+        return frames
+
+    def _outputs(self, act: Active, step: Step, func: Any, args: tuple, kwargs: dict,
+                 info: Any, build: Callable[..., Any]) -> Any:
+        if step.built is None:
+            step.built = self.session.output_template(func, args, kwargs)
+            if step.built is None or len(step.built[1]) != len(step.out_local):
+                step.built = None
+                raise _Unreplayable  # shapes depend on data, or not the recorded outputs
+        tmpl, outs = step.built
+        handles: list[Handle | None] = []
+        for k, i in enumerate(step.out_local):
+            alias = (info.ret_alias[k] if k < len(info.ret_alias)
+                     and len(outs) == len(info.ret_alias) else None)
+            if alias is not None:
+                handles.append(None)  # the result is the (matched) argument itself
+            elif i is not None:
+                handles.append(Handle(self.session, act.base + i))
+            else:
+                raise _Unreplayable  # an existing value returned as new: forward instead
+        return build(tmpl, handles, outs, info, args, kwargs,
+                     self.session._app_device(args, kwargs))
+
+    def _tell_given_up(self) -> None:
+        with self._lock:
+            ids, self._give_up = self._give_up, []
+        self.session.send_frames([ops_pb2.SessionUp(define=ops_pb2.SequenceDef(id=i))
+                                  for i in ids])
+
+    def _mismatch(self, act: Active) -> None:
+        seq = act.seq
+        self.session.send_frames([ops_pb2.SessionUp(abort=ops_pb2.ReplayAbort(
+            position=act.position))])
+        self._aborted[act.base] = act.position
+        self._tls.active = None
+        self.counters["mismatches"] += 1
+        seq.mismatches += 1
+        if seq.mismatches >= GIVE_UP_AFTER and self.sequences.get(seq.definition.thread) is seq:
+            # Control flow that keeps changing: stop trying; the robot records again.
+            del self.sequences[seq.definition.thread]
+            self.counters["dropped"] += 1
+            self.session.send_frames([ops_pb2.SessionUp(define=ops_pb2.SequenceDef(id=seq.id))])
+
+    # ----- downloads -----
+    def is_replayed(self, oid: int) -> bool:
+        return oid >= REPLAY_BASE and oid < (1 << 62)
+
+    def take(self, oid: int) -> ops_pb2.TensorData | None:
+        """The pushed value of a replayed output, waiting for it; None when it is not pushed
+        (not an output of the sequence, or the app reads it before its final write: then the
+        replay is aborted here and the caller fetches it the usual way)."""
+        act = self.active
+        if act is not None and act.base <= oid < act.base + SPAN:
+            i = oid - act.base
+            if i not in act.seq.outputs or act.seq.last_writer.get(i, 0) >= act.position:
+                self._mismatch(act)
+                return None
+        with self._lock:
+            data = self._pushed.pop(oid, None)
+            if data is not None:
+                return data
+            if not self._expects(oid):
+                return None
+            event = self._waiting.setdefault(oid, threading.Event())
+        while not event.wait(0.5):
+            if self.session.lost is not None:
+                return None
+        with self._lock:
+            return self._pushed.pop(oid, None)
+
+    def _expects(self, oid: int) -> bool:
+        """Whether the host will push ``oid``: an output of the sequence, finalised before
+        any mismatch of its inference."""
+        base = REPLAY_BASE + ((oid - REPLAY_BASE) // SPAN) * SPAN
+        cut = self._aborted.get(base)
+        for seq in self.sequences.values():
+            i = oid - base
+            if i in seq.outputs and (cut is None or seq.last_writer.get(i, 0) < cut):
+                return True
+        return False
+
+    def _forget_before(self, base: int) -> None:
+        """Pushed values of old inferences the app never read (it dropped the proxies)."""
+        with self._lock:
+            for oid in [o for o in self._pushed if o < base]:
+                del self._pushed[oid]
+            for b in [b for b in self._aborted if b < base]:
+                del self._aborted[b]
