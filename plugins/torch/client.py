@@ -16,6 +16,7 @@ import itertools
 import os
 import threading
 import weakref
+from time import perf_counter_ns
 from typing import Any
 
 import torch
@@ -284,7 +285,10 @@ class RemoteSession:
                 self._on_lost(f"connection to rrtod lost: {exc}")
                 raise HostLost(self.lost or str(exc)) from None
             self.counters["frames"] += len(frames)
-        return w.wait() if w is not None else None
+        if w is None:
+            return None
+        self.counters["round_trips"] += 1  # the app waits for this reply
+        return w.wait()
 
     def send_frames(self, frames: list[ops_pb2.SessionUp]) -> None:
         """Stream ``frames`` in order without waiting (after any pending releases)."""
@@ -400,9 +404,12 @@ class RemoteSession:
                              for i, n in info.writes):
             return self._run_local(func, args, kwargs, info)
         if self.replay is not None and self.replay.sequences:
+            t0 = perf_counter_ns()
             result = self.replay.dispatch(func, args, kwargs, info, self._thread(),
                                           self._grad_mode(), self._build)
             if result is not MISS:
+                # The shim's own cost per replayed operator (matching, proxies, input frames).
+                self.counters["replay_shim_ns"] += perf_counter_ns() - t0
                 return result
         if info.value_op:
             return self._forward(func, args, kwargs, info, None)

@@ -55,8 +55,9 @@ class TorchInterceptor:
         """The shim's own figures: operators seen, time spent in the shim (host waits
         included), forwarded and local calls, bytes, inferences (outermost module calls)."""
         c = dict(self.session.counters)
-        out: dict[str, Any] = {k: v for k, v in c.items() if k != "shim_ns"}
-        out["shim_s"] = c.get("shim_ns", 0) / 1e9
+        out: dict[str, Any] = {k: v for k, v in c.items() if not k.endswith("_ns")}
+        out.update({k[:-3] + "_s": v / 1e9 for k, v in c.items() if k.endswith("_ns")})
+        out.setdefault("shim_s", 0.0)
         out["inferences"] = self._index
         out["mode"] = self.session.mode
         replayer = getattr(self.session, "replay", None)
