@@ -6,7 +6,8 @@ locally and under ``rrto-run`` must print the same lines. ``--hold`` keeps the p
 its offloading session) alive until a line arrives on stdin, so a test can ask the daemon for
 the session's operator count; ``--thread`` runs the inferences in a thread the app starts;
 ``--hold-mid`` waits for a line after the first half of the inferences (a test stops the GPU
-host there); ``--dump FILE`` writes every output's values as JSON (for the transformer's tolerance check).
+host there); ``--dump FILE`` writes every output's values as JSON (for the transformer's tolerance check);
+``--runs N`` runs N inferences instead of the app's default.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def main(build: Callable[[], torch.nn.Module], make_input: Callable[[int], Any],
          mode: str = "no_grad", runs: int = 3,
          post: Callable[[Any], Any] | None = None) -> None:
     argv = sys.argv[1:]
+    if "--runs" in argv:  # more inferences than the app's default (record/replay tests)
+        runs = int(argv[argv.index("--runs") + 1])
     torch.manual_seed(0)
     model = build().eval()
     lines: list[str] = []
