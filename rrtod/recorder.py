@@ -31,6 +31,9 @@ log = structlog.get_logger("rrtod.recorder")
 SRC = ops_pb2.SeqSource
 
 Send = Callable[[ops_pb2.SequenceDef], Awaitable[None]]
+# Calls forwarded on a thread with no replay, beyond which its sequences are stale: this many
+# times the longest one's length, plus a margin for occasional extra work between inferences.
+STALE_FACTOR, STALE_MARGIN = 2, 8
 
 
 def build_definition(entries: list[LoggedCall], found: Found, persistent: dict[int, bytes],
@@ -91,6 +94,11 @@ def fingerprint(d: ops_pb2.SequenceDef) -> str:
     return xxhash.xxh3_64_hexdigest(b"".join(hashes))
 
 
+def _is_bind(call: ops_pb2.OpCall) -> bool:
+    """A bind-only call (a persistent tensor's first use gets its id): not the app's work."""
+    return len(call.args) == 1 and call.args[0].tensor.HasField("persistent")
+
+
 def _slug(app: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", os.path.basename(app) or "app")[:64]
 
@@ -114,6 +122,7 @@ class Recorder:
         self.search_stats: list[dict[str, Any]] = []
         self.seen_hashes: set[bytes] = set()
         self.pending: dict[int, ops_pb2.SequenceDef] = {}  # sent to the host, not yet accepted
+        self.strays: dict[int, int] = {}  # thread -> calls forwarded since its last replay
         self.saved: list[tuple[dict[str, Any], ops_pb2.SequenceDef]] = self._load_saved()
 
     # ----- observe the relayed frames -----
@@ -121,6 +130,8 @@ class Recorder:
         """Log a frame; True when a search is due (the caller schedules ``search_and_define``)."""
         kind = frame.WhichOneof("msg")
         if kind in ("call", "fetch"):
+            if kind == "call" and self.active_threads:
+                self._stray(frame.call)
             self.log.record(frame)
             if kind == "fetch" and not self.active_threads:
                 self.inferences += 1
@@ -132,6 +143,7 @@ class Recorder:
             summary = self.sequences.get(frame.start.sequence)
             if summary is not None:
                 summary["replays"] += 1
+                self.strays[summary["thread"]] = 0
         elif kind == "abort":
             for summary in self.sequences.values():
                 if summary["thread"] in self.active_threads:
@@ -140,13 +152,30 @@ class Recorder:
             self.seen_hashes.update(bytes(h) for h in frame.query.hashes)
         return False
 
+    def _stray(self, call: ops_pb2.OpCall) -> None:
+        """A call forwarded on a thread that has sequences. Many of them with no replay in
+        between: the app runs something else now (another model, another input shape); record
+        that thread again so that its new sequence is found too. The old ones stay usable."""
+        t = call.thread
+        if t not in self.active_threads or _is_bind(call):
+            return
+        self.strays[t] = n = self.strays.get(t, 0) + 1
+        longest = max((s["operators"] for s in self.sequences.values() if s["thread"] == t),
+                      default=0)
+        if n > STALE_FACTOR * longest + STALE_MARGIN:
+            self.active_threads.discard(t)
+            self.strays[t] = 0
+            self.log.clear()
+            log.info("no sequence matches: recording again", session=self.session, app=self.app,
+                     thread=t, forwarded=n)
+
     def restorable(self) -> list[ops_pb2.SequenceDef]:
         """Saved sequences whose persistent tensors the app has now shown: replay them from
         the first inference. Each is offered once."""
         ready = []
         for summary, d in list(self.saved):
             needed = {bytes(s.hash) for s in d.sources if s.kind == SRC.PERSISTENT}
-            if needed and needed <= self.seen_hashes and d.thread not in self.active_threads:
+            if needed and needed <= self.seen_hashes:
                 self.saved.remove((summary, d))
                 self._adopt(d, summary | {"session": self.session, "restored": True})
                 ready.append(d)

@@ -142,7 +142,9 @@ class ReplayClient:
 
     def __init__(self, session: Any):
         self.session = session
-        self.sequences: dict[int, Sequence] = {}  # thread -> sequence
+        # thread -> its sequences, newest first (an app that alternates models, or input
+        # shapes, has one per variant: the robot records again when none matches for long)
+        self.sequences: dict[int, list[Sequence]] = {}
         self._tls = threading.local()
         self._inference = itertools.count(0)
         self._pushed: dict[int, ops_pb2.TensorData] = {}
@@ -156,21 +158,34 @@ class ReplayClient:
     # ----- from the reader thread -----
     def define(self, d: ops_pb2.SequenceDef) -> None:
         if not d.calls:
-            self.sequences = {t: s for t, s in self.sequences.items() if s.id != d.id}
+            self._remove(d.id)
             return
         try:
-            self.sequences[d.thread] = compile_sequence(d)
+            seq = compile_sequence(d)
         except (codec.CodecError, KeyError, ValueError):
-            pass  # never replay what we cannot read: the calls keep being forwarded
+            return  # never replay what we cannot read: the calls keep being forwarded
+        with self._lock:
+            others = [s for s in self.sequences.get(d.thread, []) if s.id != d.id]
+            self.sequences = {**self.sequences, d.thread: [seq, *others]}
+
+    def _remove(self, seq_id: int) -> list[Sequence]:
+        """Forget a sequence; returns what was removed. Copy-on-write: app threads read
+        ``sequences`` without the lock."""
+        with self._lock:
+            gone = [s for seqs in self.sequences.values() for s in seqs if s.id == seq_id]
+            if gone:
+                kept = {t: [s for s in seqs if s.id != seq_id]
+                        for t, seqs in self.sequences.items()}
+                self.sequences = {t: seqs for t, seqs in kept.items() if seqs}
+        return gone
 
     def failed(self, seq_id: int) -> None:
         """The host could not replay ``seq_id`` (an operator failed, or it lost the sequence):
         stop using it and wake every download waiting for a push, which then fetches the usual
         way and gets the host's error instead of waiting forever."""
+        for seq in self._remove(seq_id):
+            seq.failed = True
         with self._lock:
-            for seq in [s for s in self.sequences.values() if s.id == seq_id]:
-                seq.failed = True
-                del self.sequences[seq.definition.thread]
             self._give_up.append(seq_id)  # told to the robot by an app thread (never block here)
             waiting = list(self._waiting.values())
             self._waiting.clear()
@@ -202,14 +217,16 @@ class ReplayClient:
                 self._mismatch(act)
             return MISS
         if act is None:
-            seq = self.sequences.get(thread)
-            if seq is None or seq.steps[0].op != info.name:
-                return MISS
-            act = Active(seq, REPLAY_BASE + next(self._inference) * SPAN)
+            for seq in self.sequences.get(thread, ()):
+                if seq.steps[0].op != info.name:
+                    continue
+                act = Active(seq, REPLAY_BASE + next(self._inference) * SPAN)
+                frames = self._match(act, func, args, kwargs, info, grad_mode)
+                if frames is not None:
+                    break
+            else:
+                return MISS  # not the start of any sequence: an ordinary forwarded call
             self._forget_before(act.base - 4 * SPAN)
-            frames = self._match(act, func, args, kwargs, info, grad_mode)
-            if frames is None:
-                return MISS  # not the start of this sequence: an ordinary forwarded call
             start = ops_pb2.SessionUp(start=ops_pb2.ReplayStart(
                 sequence=seq.id, base_id=act.base, inference=act.base))
             self.session.send_frames([start, *frames])
@@ -314,6 +331,11 @@ class ReplayClient:
         return build(tmpl, handles, outs, info, args, kwargs,
                      self.session._app_device(args, kwargs))
 
+    def _give_up_sequence(self, seq: Sequence) -> None:
+        if self._remove(seq.id):
+            self.counters["dropped"] += 1
+            self.session.send_frames([ops_pb2.SessionUp(define=ops_pb2.SequenceDef(id=seq.id))])
+
     def _tell_given_up(self) -> None:
         with self._lock:
             ids, self._give_up = self._give_up, []
@@ -328,11 +350,8 @@ class ReplayClient:
         self._tls.active = None
         self.counters["mismatches"] += 1
         seq.mismatches += 1
-        if seq.mismatches >= GIVE_UP_AFTER and self.sequences.get(seq.definition.thread) is seq:
-            # Control flow that keeps changing: stop trying; the robot records again.
-            del self.sequences[seq.definition.thread]
-            self.counters["dropped"] += 1
-            self.session.send_frames([ops_pb2.SessionUp(define=ops_pb2.SequenceDef(id=seq.id))])
+        if seq.mismatches >= GIVE_UP_AFTER:
+            self._give_up_sequence(seq)  # control flow that keeps changing: record again
 
     # ----- downloads -----
     def is_replayed(self, oid: int) -> bool:
@@ -366,7 +385,7 @@ class ReplayClient:
         any mismatch of its inference."""
         base = REPLAY_BASE + ((oid - REPLAY_BASE) // SPAN) * SPAN
         cut = self._aborted.get(base)
-        for seq in self.sequences.values():
+        for seq in (s for seqs in self.sequences.values() for s in seqs):
             i = oid - base
             if i in seq.outputs and (cut is None or seq.last_writer.get(i, 0) < cut):
                 return True

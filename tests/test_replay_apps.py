@@ -1,0 +1,151 @@
+"""Record/replay end to end: unmodified torch apps (tests/apps) under ``rrto-run`` against a real
+``rrtod`` (robot+gpu) with replay on. Replayed inferences must print exactly what local
+execution prints, also when the replay mismatches (input shapes that change, control flow that
+depends on data, a model switched halfway); a restarted app replays from its first inference
+with no reply waited for, and a replayed inference puts little more than its inputs and
+outputs on the wire."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rrtod.launch import Launcher
+from tests.conftest import TEST_DEFAULTS
+from tests.test_torch_apps import APPS, BIN, DAEMON_ENV, HOST, MODELS, compare
+
+RUNS = 8
+
+
+def run_app(name: str, daemon: Any | None, *flags: str, tmp: Path, tag: str) -> tuple[str, dict]:
+    """Run one app to completion; returns its output lines and (offloaded) its shim stats."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RRTO_")}
+    env.pop("PYTHONPATH", None)
+    env["OMP_WAIT_POLICY"] = "PASSIVE"
+    dump = tmp / f"{name}-{tag}.json"
+    cmd = [sys.executable, str(APPS / f"{name}.py"), *flags, "--dump", str(dump)]
+    if daemon is not None:
+        env.update(daemon.env, RRTO_STATS="1", RRTO_FALLBACK="error")
+        cmd = [str(BIN / "rrto-run"), "--", *cmd]
+    out = subprocess.run(cmd, env=env, cwd=APPS, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    stats: dict = {}
+    for line in out.stderr.splitlines():
+        if line.startswith("rrto-stats "):
+            stats = json.loads(line.removeprefix("rrto-stats "))
+    assert daemon is None or stats, out.stderr[-3000:]
+    return out.stdout, stats
+
+
+def same_as_local(name: str, daemon: Any, *flags: str, tmp: Path) -> dict:
+    want, _ = run_app(name, None, *flags, tmp=tmp, tag="local")
+    got, stats = run_app(name, daemon, *flags, tmp=tmp, tag="remote")
+    compare(name, got, want, tmp / f"{name}-remote.json", tmp / f"{name}-local.json")
+    return stats
+
+
+def finished(daemon: Any) -> dict:
+    return daemon.wait_for(lambda s: not s["sessions"], what="sessions closed")["finished"]
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    with Launcher(extra_env=DAEMON_ENV) as launcher:
+        yield launcher.start("rrtod", **{**TEST_DEFAULTS, **HOST})
+
+
+@pytest.fixture
+def fresh(daemon):
+    """Each test starts with no saved sequence."""
+    daemon.ctl("flush", "--all")
+    yield daemon
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_replayed_model_equals_local(fresh, name, tmp_path):
+    stats = same_as_local(name, fresh, "--runs", str(RUNS), tmp=tmp_path)
+    # Replay starts by the third steady-state inference: at most three are forwarded.
+    print("FIG", name, stats["replays"], stats["mismatches"], fresh.ctl("sequences")["sequences"][0].get("found_at"))
+    assert stats["replays"] >= RUNS - 3, stats
+    assert stats["mismatches"] == 0 and stats["failed"] == 0, stats
+    (seq,) = fresh.ctl("sequences")["sequences"]
+    assert seq["app"] == f"{name}.py" and seq["operators"] > 0
+
+
+@pytest.mark.parametrize("name", ["small_cnn", "resnet", "detection"])
+def test_restarted_app_replays_from_its_first_inference(fresh, name, tmp_path):
+    """The second run finds the saved sequence: every inference is replayed, and the only reply
+    the app ever waits for is the weight cache query. Per replayed inference, the wire carries
+    at most 1.02 x its tensors + 2 KiB (counted exactly from two runs of different length)."""
+    same_as_local(name, fresh, "--runs", "4", tmp=tmp_path)
+    totals = []
+    for runs in (4, 10):
+        before = finished(fresh)
+        stats = same_as_local(name, fresh, "--runs", str(runs), tmp=tmp_path)
+        after = finished(fresh)
+        assert stats["replays"] == runs and stats["mismatches"] == 0, stats
+        assert stats["round_trips"] == 1, stats  # the BlobQuery of the weights, nothing else
+        totals.append({
+            "wire": sum(after[k] - before[k] for k in ("bytes_up", "bytes_down")),
+            "tensors": stats["bytes_up"] + stats["bytes_down"],
+            "frames": sum(after[k] - before[k] for k in ("frames_up", "frames_down"))})
+    per = {k: (totals[1][k] - totals[0][k]) / 6 for k in totals[0]}
+    assert per["tensors"] > 0
+    assert per["wire"] <= 1.02 * per["tensors"] + 2048, per
+
+
+def test_changing_input_shape_is_forwarded_then_replays_again(fresh, tmp_path):
+    stats = same_as_local("replay_shapes", fresh, tmp=tmp_path)
+    # 12 inferences: the three 40x40 ones never match the 32x32 sequence; the last three replay.
+    assert stats["replays"] >= 3 + 3, stats
+    assert stats["calls"] > 0
+
+
+def test_data_dependent_control_flow_mismatches_and_stays_correct(fresh, tmp_path):
+    stats = same_as_local("replay_branch", fresh, tmp=tmp_path)
+    assert stats["replays"] > 0 and stats["mismatches"] > 0, stats
+
+
+def test_model_switch_records_again_and_finds_the_new_sequence(fresh, tmp_path):
+    stats = same_as_local("switch_model", fresh, tmp=tmp_path)
+    assert stats["mismatches"] == 0, stats
+    finished(fresh)
+    # Calls of the second model kept being forwarded: the robot recorded again and found its
+    # sequence. Both were replayed, and both are kept (the app may switch back).
+    found = fresh.ctl("sequences")["sequences"]
+    assert sorted(s["replays"] > 0 for s in found) == [True, True], found
+    assert len({s["operators"] for s in found}) == 2, found
+
+
+@pytest.mark.parametrize("name", ["yolo_grid", "two_models"])
+def test_init_phase_and_two_models_in_one_process(fresh, name, tmp_path):
+    stats = same_as_local(name, fresh, tmp=tmp_path)
+    assert stats["replays"] >= 8 - 4 and stats["mismatches"] == 0, stats
+
+
+def test_two_processes_replay_in_isolation(fresh, tmp_path):
+    """Two apps at once on one robot and host: each its own session and sequence."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RRTO_")}
+    env.pop("PYTHONPATH", None)
+    env.update(fresh.env, RRTO_STATS="1", OMP_WAIT_POLICY="PASSIVE")
+    names = ["small_cnn", "mlp_policy"]
+    procs = [subprocess.Popen([str(BIN / "rrto-run"), "--", sys.executable, str(APPS / f"{n}.py"),
+                               "--runs", "10"], env=env, cwd=APPS, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for n in names]
+    outs = [p.communicate(timeout=180) for p in procs]
+    for n, p, (out, err) in zip(names, procs, outs, strict=True):
+        assert p.returncode == 0, err
+        local = subprocess.run([sys.executable, str(APPS / f"{n}.py"), "--runs", "10"],
+                               cwd=APPS, capture_output=True, text=True, timeout=120,
+                               env={**env, "RRTO_OFFLOAD": "0"})
+        assert out == local.stdout
+        stats = json.loads(err.splitlines()[-1].removeprefix("rrto-stats "))
+        assert stats["replays"] >= 10 - 3, stats
+    apps = sorted(s["app"] for s in fresh.ctl("sequences")["sequences"])
+    assert apps == sorted(f"{n}.py" for n in names)
