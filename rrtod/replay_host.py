@@ -32,13 +32,17 @@ class Compiled:
     inputs: list[list[int]]  # per call: slots it waits for (inputs; weights until first bound)
     outputs: set[int]  # local indices the app downloads
     pushes: list[list[int]]  # per call: outputs whose final value it writes (pushed after it)
-    writes: list[list[int]]  # per call: recorded ids it overwrites in place (existing values)
+    writes: list[list[int]]  # per call: positions of outputs that overwrite existing values
+    mutates: list[bool]  # per call: writes arguments in place without returning them
+    written: Callable[[ops_pb2.OpCall], list[int]] | None = None
     sticky: dict[int, ops_pb2.TensorRef] = field(default_factory=dict)  # bound weights, constants
 
 
-def compile_sequence(d: ops_pb2.SequenceDef) -> Compiled:
+def compile_sequence(d: ops_pb2.SequenceDef,
+                     written: Callable[[ops_pb2.OpCall], list[int]] | None = None) -> Compiled:
     """Index a definition for replay; ValueError if it is inconsistent (never trusted blindly:
-    a bad definition must fail here, not halfway through an inference)."""
+    a bad definition must fail here, not halfway through an inference). ``written``: the ids
+    of arguments a call writes in place without returning them (from the executor)."""
     local = {rid: i for i, rid in enumerate(d.local_ids)}
     counts = [sum(1 for _ in iter_tensor_refs(call)) for call in d.calls]
     if sum(counts) != len(d.sources):
@@ -49,7 +53,7 @@ def compile_sequence(d: ops_pb2.SequenceDef) -> Compiled:
             raise ValueError(f"sequence {d.id}: produced source {src.id} is not a local id")
     if any(o not in local for o in d.outputs):
         raise ValueError(f"sequence {d.id}: an output is not a local id")
-    slots, inputs, writes, n = [], [], [], 0
+    slots, inputs, writes, mutates, n = [], [], [], [], 0
     produced: set[int] = set()
     for call, count in zip(d.calls, counts, strict=True):
         own = list(range(n, n + count))
@@ -58,14 +62,15 @@ def compile_sequence(d: ops_pb2.SequenceDef) -> Compiled:
         # A weight's id is only known to be bound once the shim names it (its first use in this
         # session may be this very replay), so until then it is waited for like an input.
         inputs.append([s for s in own if d.sources[s].kind in (SRC.INPUT, SRC.PERSISTENT)])
-        writes.append([r for r in call.out_ids if r in produced or r not in local])
+        writes.append([j for j, r in enumerate(call.out_ids) if r in produced or r not in local])
+        mutates.append(bool(written and written(call)))
         produced.update(call.out_ids)
     outputs = {local[o] for o in d.outputs if o in local}
     last_writer = {local[r]: k for k, call in enumerate(d.calls) for r in call.out_ids if r in local}
     pushes: list[list[int]] = [[] for _ in d.calls]
     for i in sorted(outputs):
         pushes[last_writer[i]].append(i)
-    return Compiled(d, local, slots, inputs, outputs, pushes, writes)
+    return Compiled(d, local, slots, inputs, outputs, pushes, writes, mutates, written=written)
 
 
 @dataclass
@@ -152,8 +157,8 @@ class HostReplayer:
             self.sequences.pop(d.id, None)  # an empty definition drops the sequence
             return
         try:
-            compiled = compile_sequence(d)
-            if any(compiled.writes) and not hasattr(self.executor, "snapshot"):
+            compiled = compile_sequence(d, getattr(self.executor, "written_ids", None))
+            if (any(compiled.writes) or any(compiled.mutates)) and not hasattr(self.executor, "snapshot"):
                 raise ValueError(f"sequence {d.id} writes values in place and this executor "
                                  "cannot snapshot them")
         except (ValueError, KeyError) as exc:
@@ -190,9 +195,10 @@ class HostReplayer:
             if any(s not in act.args and s not in act.seq.sticky for s in act.seq.inputs[k]):
                 return  # waits for the app to produce this input
             call = self._rebind(act, k)
-            if act.seq.writes[k]:
-                ids = [act.base + act.seq.local[r] if r in act.seq.local else r
-                       for r in act.seq.writes[k]]
+            if act.seq.writes[k] or act.seq.mutates[k]:
+                ids = [call.out_ids[j] for j in act.seq.writes[k]]
+                if act.seq.mutates[k] and act.seq.written is not None:
+                    ids += act.seq.written(call)  # ids as rebound for this inference
                 act.snapshots.append((k, self.executor.snapshot(ids)))
             for down in self.handle(ops_pb2.SessionUp(call=call)):
                 if down.WhichOneof("msg") == "error":
@@ -225,6 +231,7 @@ class HostReplayer:
             i = seq.local.get(rid)
             if i is not None:
                 call.out_ids[j] = act.base + i
+        renamed: dict[int, int] = {}  # a rebound weight/constant: recorded id -> its id now
         for slot, ref in zip(seq.slots[k], iter_tensor_refs(call), strict=True):
             given = act.args.get(slot)
             if given is not None:
@@ -235,6 +242,8 @@ class HostReplayer:
                 continue
             sticky = seq.sticky.get(slot)
             if sticky is not None:
+                if ref.WhichOneof("ref") == "id" and sticky.WhichOneof("ref") == "id":
+                    renamed[ref.id] = sticky.id
                 ref.CopyFrom(sticky)
                 continue
             src = seq.definition.sources[slot]
@@ -243,6 +252,9 @@ class HostReplayer:
                 ref.id = act.base + seq.local[src.id]
             elif ref.WhichOneof("ref") == "upload" and ref.bind_id in seq.local:
                 ref.bind_id = act.base + seq.local[ref.bind_id]
+        if renamed:  # written in place and returned: the result is the rebound tensor too
+            for j, rid in enumerate(call.out_ids):
+                call.out_ids[j] = renamed.get(rid, rid)
         return call
 
     def _abort(self, position: int, emit: Emit) -> None:

@@ -149,3 +149,11 @@ def test_two_processes_replay_in_isolation(fresh, tmp_path):
         assert stats["replays"] >= 10 - 3, stats
     apps = sorted(s["app"] for s in fresh.ctl("sequences")["sequences"])
     assert apps == sorted(f"{n}.py" for n in names)
+
+
+def test_in_place_writes_and_running_statistics_survive_mismatches(fresh, tmp_path):
+    """Values written in place (an inplace ReLU, a residual +=, running statistics of batch
+    norms in training mode) end up exactly as forwarding leaves them, also when a branch makes
+    the host undo what it ran ahead."""
+    stats = same_as_local("inplace_state", fresh, tmp=tmp_path)
+    assert stats["replays"] > 0 and stats["mismatches"] > 0, stats

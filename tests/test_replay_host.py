@@ -42,13 +42,19 @@ class NumberExecutor:
             if c.op == "fail":
                 yield ops_pb2.SessionDown(error=ops_pb2.Error(code="OP_FAILED", message="no"))
                 return
-            self.store[c.out_ids[0]] = {"add": a + b, "mul": a * b, "add_": a + b}[c.op]
+            if c.op == "bump":  # returns a + b, and counts in b: written, not returned
+                self.store[c.args[1].tensor.id] = b + 1
+            self.store[c.out_ids[0]] = {"add": a + b, "mul": a * b, "add_": a + b,
+                                        "bump": a + b}[c.op]
         elif kind == "fetch":
             yield ops_pb2.SessionDown(fetched=ops_pb2.Fetched(
                 seq=frame.fetch.seq, tensor=num(self.store[frame.fetch.id])))
         elif kind == "release":
             for i in frame.release.ids:
                 self.store.pop(i, None)
+
+    def written_ids(self, c: ops_pb2.OpCall) -> list[int]:
+        return [c.args[1].tensor.id] if c.op == "bump" else []
 
     def snapshot(self, ids):
         return {i: self.store[i] for i in ids}
@@ -233,3 +239,22 @@ def test_empty_definition_drops_the_sequence():
     assert 7 in r.sequences
     run(r, ops_pb2.SessionUp(define=ops_pb2.SequenceDef(id=7)))
     assert 7 not in r.sequences
+
+
+def test_state_written_but_not_returned_is_restored_on_abort():
+    """A running statistic: ``bump`` returns a + c and increments the constant c in place
+    (the executor knows from the operator's schema). The host runs ahead; an abort before the
+    call must leave c as forwarding would."""
+    ex = NumberExecutor()
+    d = ops_pb2.SequenceDef(id=8, local_ids=[1, 2], outputs=[2])
+    d.calls.extend([call("add", 1, upload(0.0), upload(0.0)), call("bump", 2, ref(1), ref(100))])
+    for kind, i in ((SRC.INPUT, 0), (SRC.INPUT, 0), (SRC.PRODUCED, 1), (SRC.CONSTANT, 100)):
+        d.sources.add(kind=kind, id=i)
+    r = HostReplayer(ex)
+    run(r, ops_pb2.SessionUp(define=d))
+    out = run(r, ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=8, base_id=1000)),
+              ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(1.0))),
+              ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=1, tensor=upload(2.0))))
+    assert value(out[0]) == (1001, 13.0) and ex.store[100] == 11.0
+    run(r, ops_pb2.SessionUp(abort=ops_pb2.ReplayAbort(position=1)))
+    assert ex.store[100] == 10.0 and ex.store[1000] == 3.0 and 1001 not in ex.store

@@ -174,3 +174,28 @@ def test_open_quota_can_only_lower(tmp_path):
                                        blobs=BlobStore(tmp_path, 1 << 20), state_dir=tmp_path))
     ex.open(ops_pb2.SessionOpen(memory_quota=10**9))
     assert ex.stats()["memory_quota"] == 1000
+
+
+def test_written_ids_snapshot_and_restore_for_replay(tmp_path):
+    """Replay support: which arguments a call writes in place (from the schema, and the
+    composite batch norm that updates running statistics unannounced), and snapshots of them
+    that restore in place."""
+    ex = make(tmp_path)
+    c = ops_pb2.OpCall(op="aten::_native_batch_norm_legit.default")
+    for v in (ref(1), ref(2), ref(3), ref(4), ref(5), ops_pb2.Value(b=True),
+              ops_pb2.Value(f=0.1), ops_pb2.Value(f=1e-5)):
+        c.args.add().CopyFrom(v)
+    assert ex.written_ids(c) == [4, 5]
+    c.op = "aten::batch_norm.default"
+    assert ex.written_ids(c) == [4, 5]  # training=True
+    c.args[5].b = False
+    assert ex.written_ids(c) == []
+    assert ex.written_ids(ops_pb2.OpCall(op="aten::relu_.default", args=[ref(7)])) == [7]
+    call(ex, "aten::zeros.default", [ops_pb2.Value(list=ops_pb2.ValueList(
+        items=[ops_pb2.Value(i=3)]))], out_ids=[7])
+    token = ex.snapshot([7, 8])  # 8 does not exist: nothing to protect
+    call(ex, "aten::relu_.default", [ref(7)], out_ids=[7])
+    call(ex, "aten::add_.Tensor", [ref(7), up(torch.ones(3))], out_ids=[7], seq=2)
+    assert codec.from_tensor_data(fetch(ex, 7).fetched.tensor).tolist() == [1.0, 1.0, 1.0]
+    ex.restore(token)
+    assert codec.from_tensor_data(fetch(ex, 7, seq=100).fetched.tensor).tolist() == [0.0] * 3

@@ -47,6 +47,18 @@ class _Poisoned(Exception):
         self.cause = cause
 
 
+def _training(call: ops_pb2.OpCall) -> bool:
+    return len(call.args) > 5 and call.args[5].WhichOneof("kind") == "b" and call.args[5].b
+
+
+# Composite operators that update running statistics in place although their schema does not
+# say so: name -> (when, argument positions written).
+_HIDDEN_WRITES: dict[str, tuple[Any, tuple[int, ...]]] = {
+    "aten::batch_norm.default": (_training, (3, 4)),
+    "aten::instance_norm.default": (_training, (3, 4)),
+}
+
+
 def resolve_device(name: str) -> torch.device:
     """``auto``: the first CUDA device when there is one, else the CPU."""
     if name == "auto":
@@ -162,12 +174,34 @@ class TorchExecutor:
     def snapshot(self, ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Copies of live tensors a replayed call is about to overwrite in place (``relu_``
         on an earlier output, a running statistic). Unknown ids have nothing to protect."""
-        with torch.no_grad():
+        with torch.inference_mode():  # as the operators ran (their tensors are inference ones)
             return [(t, t.clone()) for i in ids if (t := self.store.get(i)) is not None]
+
+    def written_ids(self, call: ops_pb2.OpCall) -> list[int]:
+        """Ids of the tensor arguments ``call`` writes in place, from its operator's schema
+        (``Tensor(a!)``): running statistics of a batch norm in training mode are written but
+        not returned, so its output ids do not show them."""
+        try:
+            op = self.allow.resolve(call.op)
+        except OpNotAllowed:
+            return []
+        ids = []
+        hidden = _HIDDEN_WRITES.get(call.op)
+        if hidden is not None and hidden[0](call):
+            ids += [call.args[i].tensor.id for i in hidden[1]
+                    if i < len(call.args) and call.args[i].tensor.id]
+        for i, arg in enumerate(op._schema.arguments):
+            info = arg.alias_info
+            if info is None or not info.is_write:
+                continue
+            v = call.args[i] if i < len(call.args) else call.kwargs.get(arg.name)
+            if v is not None and v.WhichOneof("kind") == "tensor" and v.tensor.id:
+                ids.append(v.tensor.id)
+        return ids
 
     def restore(self, token: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Write the copies back in place, so views of those tensors see the old values too."""
-        with torch.no_grad():
+        with torch.inference_mode():
             for t, copy in token:
                 t.copy_(copy)
 
