@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml examples/rrto-example-plugin/pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[dev,torch]"
+	# RRTO_OFFLOAD=1 alone then activates offloading in this venv (rrto-run does not need it).
+	$(BIN)/rrto-run --install-hook
 	touch $@
 
 test: install
