@@ -9,6 +9,10 @@ Dataflow refs name where each tensor input came from:
 - ``("persistent", hash)``: a weight or buffer, by content hash;
 - ``("live", id)``: a tensor already on the host, produced by an earlier call (or uploaded
   earlier). The search resolves it to its producer's position.
+
+The log is bounded (``max_calls``): when full, the older half is dropped and the recent steady
+state kept. Entries are built incrementally (a search after more frames only parses the new
+calls) from snapshots of the lists, so the relay may keep appending meanwhile.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ class LoggedCall:
     refs: tuple[Ref, ...]
     outputs: tuple[int, ...]
     downloads: list[int] = field(default_factory=list)  # output ids the app fetched
+    after_fetch: bool = False  # the first call logged after a fetch: where inferences start
     raw: ops_pb2.OpCall | None = field(default=None, repr=False)  # the recorded frame
 
     @property
@@ -42,6 +47,19 @@ def _meta_key(meta: ops_pb2.TensorMeta) -> tuple[Any, ...]:
     return (meta.dtype, tuple(meta.shape), tuple(meta.stride), meta.storage_offset, meta.device)
 
 
+@dataclass
+class _Built:
+    """Entries built so far for one thread filter, and the state to extend them."""
+
+    generation: int
+    calls: int = 0  # calls of the log consumed
+    fetches: int = 0  # fetches attributed
+    after_fetch: bool = False
+    out: list[LoggedCall] = field(default_factory=list)
+    metas: dict[int, tuple[Any, ...]] = field(default_factory=dict)
+    producer: dict[int, LoggedCall] = field(default_factory=dict)
+
+
 class OpLog:
     """Bounded log of one session. Calls are kept as the frames the relay parsed anyway."""
 
@@ -50,13 +68,19 @@ class OpLog:
         self.calls: list[ops_pb2.OpCall] = []
         self.fetched: list[int] = []  # store ids, in fetch order
         self.fetch_after: list[int] = []  # number of calls logged when each fetch arrived
-        self.truncated = 0
+        self.truncated = 0  # calls dropped from the front since the last clear
+        self.recorded = 0  # calls and fetches logged since the last clear (never decreases)
         # Store id -> content hash of persistent tensors bound by dropped calls (truncation), so
         # that a weight bound long ago is still known as persistent.
         self.persistent_ids: dict[int, bytes] = {}
+        self.generation = 0  # bumped when calls are dropped: built entries are then stale
+        self.cleared = 0  # how many times ``clear`` emptied the log
+        self._built: dict[int | None, _Built] = {}
 
     def record(self, frame: ops_pb2.SessionUp) -> None:
         kind = frame.WhichOneof("msg")
+        if kind in ("call", "fetch"):
+            self.recorded += 1
         if kind == "call":
             if len(self.calls) >= self.max_calls:
                 # Keep the newest half: a sequence search needs the recent steady state.
@@ -65,8 +89,10 @@ class OpLog:
                     self._note_persistent(old)
                 del self.calls[:drop]
                 self.truncated += drop
+                self.generation += 1
+                self._built = {}
                 keep = [(i, n - drop) for i, n in zip(self.fetched, self.fetch_after, strict=True)
-                        if n > drop]
+                        if n >= drop]
                 self.fetched = [i for i, _ in keep]
                 self.fetch_after = [n for _, n in keep]
             self.calls.append(frame.call)
@@ -94,17 +120,37 @@ class OpLog:
         return len(self.calls)
 
     def clear(self) -> None:
+        for call in self.calls:  # weights bound by these calls stay known as persistent
+            self._note_persistent(call)
         self.calls.clear()
         self.fetched.clear()
         self.fetch_after.clear()
+        self.truncated = self.recorded = 0
+        self.generation += 1
+        self.cleared += 1
+        self._built = {}
 
     def entries(self, thread: int | None = None) -> list[LoggedCall]:
         """The log as comparable entries (one thread's calls when ``thread`` is given).
         ``LoggedCall.index`` is the position among those entries; ``raw[i]`` is its frame."""
-        metas: dict[int, tuple[Any, ...]] = {}
-        producer: dict[int, LoggedCall] = {}
-        out: list[LoggedCall] = []
-        for call in self.calls:
+        # Snapshots: the relay may append (or truncate) while a search reads. Fetches first:
+        # each names a call logged before it. A truncation in between: take them again.
+        while True:
+            generation = self.generation
+            fetched, fetch_after = list(self.fetched), list(self.fetch_after)
+            calls = list(self.calls)
+            if generation == self.generation:
+                break
+        b = self._built.get(thread)
+        if b is None or b.generation != generation or b.calls > len(calls):
+            b = self._built[thread] = _Built(generation)
+        n = min(len(fetched), len(fetch_after))
+        starts = set(fetch_after[:n])  # positions of the first call after a fetch
+        metas, producer, out = b.metas, b.producer, b.out
+        after_fetch = b.after_fetch
+        for pos in range(b.calls, len(calls)):
+            call = calls[pos]
+            after_fetch = after_fetch or pos in starts
             if thread is not None and call.thread != thread:
                 continue
             refs: list[Ref] = []
@@ -112,17 +158,20 @@ class OpLog:
                    tuple(_value_sig(v, refs, metas) for v in call.args),
                    tuple((k, _value_sig(call.kwargs[k], refs, metas)) for k in sorted(call.kwargs)))
             entry = LoggedCall(len(out), call.seq, call.op, hash(sig), tuple(refs),
-                               tuple(call.out_ids), raw=call)
+                               tuple(call.out_ids), raw=call, after_fetch=after_fetch)
+            after_fetch = False
             for oid, meta in zip(call.out_ids, call.out_meta, strict=False):
                 metas[oid] = _meta_key(meta)
             for oid in call.out_ids:
                 producer[oid] = entry
             out.append(entry)
-        for oid in self.fetched:
+        b.calls, b.after_fetch = len(calls), after_fetch
+        for oid in fetched[b.fetches:n]:
             entry = producer.get(oid)
             if entry is not None:
                 entry.downloads.append(oid)
-        return out
+        b.fetches = max(b.fetches, n)
+        return list(out)
 
     def threads(self) -> list[int]:
         return sorted({c.thread for c in self.calls})

@@ -17,6 +17,7 @@ import os
 import re
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ import xxhash
 
 from rrto.v1 import ops_pb2
 from rrtod.oplog import LoggedCall, OpLog, iter_tensor_refs
-from rrtod.search import Found, SequenceSearch, best
+from rrtod.search import Found, SequenceSearch, search_log
 
 log = structlog.get_logger("rrtod.recorder")
 SRC = ops_pb2.SeqSource
@@ -103,15 +104,35 @@ def _slug(app: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", os.path.basename(app) or "app")[:64]
 
 
+@dataclass(frozen=True)
+class SearchBudget:
+    """What sequence search may cost the robot. Searches run after every download until failed
+    searches have scanned ``eager_work`` log entries in all (cheap while logs are short: the
+    first inferences of any model); after that each failed search waits for the log to grow
+    by ``growth`` times the frames recorded so far, at most ``max_gap`` frames."""
+
+    max_calls: int = 50_000  # op log cap: when full, the older half is dropped
+    eager_work: int = 100_000  # log entries failed searches may scan with no backoff
+    growth: float = 1.0  # backoff: wait for this many times the frames recorded so far...
+    max_gap: int = 200_000  # ...but never for more frames than this
+    time_s: float = 1.0  # one search gives up (and counts as failed) after this long
+
+
 class Recorder:
     """One per app session."""
 
-    def __init__(self, app: str, session: str, search: SequenceSearch, store_dir: Path):
+    def __init__(self, app: str, session: str, search: SequenceSearch, store_dir: Path,
+                 budget: SearchBudget | None = None):
         self.app = app
         self.session = session
         self.search = search
         self.store_dir = store_dir
-        self.log = OpLog()
+        self.budget = budget or SearchBudget()
+        self.log = OpLog(self.budget.max_calls)
+        # Search budget state: failed searches since the log was last cleared, the log entries
+        # they scanned, and the log position (frames recorded) before which none is due.
+        self.failed = self.failed_work = self.next_search = 0
+        self._cleared = 0
         self.sequences: dict[int, dict[str, Any]] = {}  # id -> summary (and "def" while unsent)
         self.active_threads: set[int] = set()
         self.inferences = 0  # downloads seen while recording, a proxy of inference count
@@ -135,6 +156,8 @@ class Recorder:
             self.log.record(frame)
             if kind == "fetch" and not self.active_threads:
                 self.inferences += 1
+                if not self.search_due():
+                    return False
                 if self.searching:
                     self.rerun = True  # new downloads while searching: look again after
                     return False
@@ -182,18 +205,47 @@ class Recorder:
         return ready
 
     # ----- search -----
+    def search_due(self) -> bool:
+        """Within the search budget: no backoff pending (a cleared log starts afresh)."""
+        if self.log.cleared != self._cleared:
+            self._cleared = self.log.cleared
+            self.failed = self.failed_work = self.next_search = 0
+        return self.log.recorded >= self.next_search
+
+    def _searched(self, position: int, work: int) -> None:
+        """A search of the log as it was at ``position`` (frames recorded) found nothing."""
+        if self.log.cleared != self._cleared:
+            return  # cleared meanwhile: the next search starts afresh
+        self.failed += 1
+        self.failed_work += work
+        b = self.budget
+        if self.failed_work <= b.eager_work:
+            self.next_search = position + 1  # the next download
+            return
+        gap = max(1, min(b.max_gap, int(position * b.growth)))
+        self.next_search = position + gap
+        log.info("no sequence found: search backs off", session=self.session, app=self.app,
+                 failed=self.failed, scanned=self.failed_work, log=len(self.log),
+                 next_after_frames=gap)
+
     def search_now(self) -> ops_pb2.SequenceDef | None:
         """Runs in a worker thread. Searches each thread's log; returns at most one sequence."""
+        if not self.search_due():  # a rerun the last failed search made wait
+            return None
         self.last_search = time.monotonic()
+        position, work = self.log.recorded, 0
         for thread in self.log.threads():
             if thread in self.active_threads:
                 continue
             t0 = time.perf_counter()
             entries = self.log.entries(thread)
-            found, rejected = best(entries, self.search)
+            found, rejected, timed_out = search_log(entries, self.search,
+                                                    budget_s=self.budget.time_s)
             elapsed = time.perf_counter() - t0
+            work += len(entries)
             self.search_stats.append({"log": len(entries), "seconds": elapsed,
-                                      "rejected": rejected, "found": found is not None})
+                                      "rejected": rejected, "found": found is not None,
+                                      "timed_out": timed_out})
             del self.search_stats[:-50]
             if found is None:
                 continue
@@ -209,7 +261,9 @@ class Recorder:
             log.info("sequence found", session=self.session, app=self.app, thread=thread,
                      operators=found.period, start=found.start, found_at=found.found_at,
                      search_ms=round(elapsed * 1e3, 2), rejected=rejected)
+            self.failed = self.failed_work = self.next_search = 0
             return d
+        self._searched(position, work)
         return None
 
     def _adopt(self, d: ops_pb2.SequenceDef, summary: dict[str, Any]) -> None:
@@ -302,4 +356,7 @@ class Recorder:
 
     def describe(self) -> dict[str, Any]:
         return {"log_length": len(self.log), "sequences": list(self.sequences.values()),
-                "searches": self.search_stats[-5:]}
+                "searches": self.search_stats[-5:],
+                "search_budget": {"failed": self.failed, "scanned": self.failed_work,
+                                  "recorded": self.log.recorded,
+                                  "next_search": self.next_search}}

@@ -5,14 +5,23 @@ never trusted. ``verify`` accepts a candidate only when the log shows the block
 ``[start, start+period)`` repeated at least twice with identical operators and an identical,
 closed dataflow: every tensor an op reads is an upload (an input of the inference), a persistent
 tensor, an output of an earlier op of the same block at the same relative position, or one fixed
-tensor produced before the steady state (a constant, such as a grid built on the first call).
-Anything else, such as a value carried from one inference into the next, rejects the candidate.
+tensor that existed before the steady state (a constant, such as a grid built on the first call,
+or a buffer the model updates in place, which keeps its id). Anything else, such as a value
+carried from one inference into the next under a new id, rejects the candidate.
+
+Reads resolve to the latest write before them, in log order: an op that writes a value in place
+(``relu_``, ``+=``) returns the id it read, so an id may be written several times.
+
+``search_log`` runs a plugin's candidates through ``verify`` under a time budget; plugins may
+yield candidates lazily, so a search stops at the first verified one.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from rrtod.oplog import LoggedCall
 
@@ -37,15 +46,26 @@ class Found:
     inputs: list[tuple[int, int]]  # (op, ref) positions that are uploads
     outputs: list[tuple[int, int]]  # (op, output index) values the app downloads
     keys: list[int] = field(default_factory=list)
+    warmup: bool = False  # the calls before the steady state returned values to the app
 
     @property
     def found_at(self) -> int:
-        """Inferences seen when found: the steady-state repetitions plus the prefix's one."""
-        return self.repeats + (1 if self.start else 0)
+        """Inferences seen when found: the steady-state repetitions, plus one for a prefix
+        that downloaded something (a warm-up inference; a prefix that only binds weights or
+        builds constants is part of the first repetition's inference)."""
+        return self.repeats + (1 if self.warmup else 0)
 
 
 class SequenceSearch(Protocol):
-    def candidates(self, log: list[LoggedCall]) -> list[Candidate]: ...
+    def candidates(self, log: list[LoggedCall]) -> Iterable[Candidate]: ...
+
+
+class Outcome(NamedTuple):
+    """What one search of one log gave."""
+
+    found: Found | None
+    rejected: int  # candidates proposed that verification refused
+    timed_out: bool  # the time budget ran out before a candidate verified
 
 
 def verify(log: list[LoggedCall], cand: Candidate, min_repeats: int = 2) -> Found | None:
@@ -55,13 +75,11 @@ def verify(log: list[LoggedCall], cand: Candidate, min_repeats: int = 2) -> Foun
     repeats = (len(log) - s) // period
     if repeats < min_repeats:
         return None
-    where: dict[int, tuple[int, int]] = {}  # output id -> (log position, output index)
-    for e in log[: s + repeats * period]:
-        for k, oid in enumerate(e.outputs):
-            where[oid] = (e.index, k)
-        for k, (kind, value) in enumerate(e.refs):
-            if kind == "upload" and value:  # an upload bound to an id, read again later by id
-                where[value] = (e.index, -(k + 1))  # type: ignore[index]
+    # id -> (log position, output index) of its latest write so far, built in log order.
+    where: dict[int, tuple[int, int]] = {}
+    for e in log[:s]:
+        _written(e, where)
+    before = set(where)  # values that existed before the steady state
     sources: dict[tuple[int, int], Source] = {}
     outputs: set[tuple[int, int]] = set()
     for r in range(repeats):
@@ -75,8 +93,9 @@ def verify(log: list[LoggedCall], cand: Candidate, min_repeats: int = 2) -> Foun
                     pos, out = where.get(value, (-1, -1))  # type: ignore[arg-type]
                     if base <= pos < base + i:
                         src: Source = ("produced", (pos - base, out))
-                    elif pos < s:
-                        src = ("constant", value)  # fixed tensor from before the steady state
+                    elif pos < s or value in before:
+                        # fixed before the steady state, or an older value written in place
+                        src = ("constant", value)
                     else:
                         return None  # carried across inferences, or unknown: not replayable
                 elif kind == "upload":
@@ -89,19 +108,42 @@ def verify(log: list[LoggedCall], cand: Candidate, min_repeats: int = 2) -> Foun
                     return None
             for oid in e.downloads:
                 outputs.add((i, e.outputs.index(oid)))
+            _written(e, where)
     if not outputs:
         return None  # an inference returns something to the app
     inputs = [pos for pos, src in sources.items() if src[0] == "input"]
     return Found(s, period, repeats, sources, sorted(inputs), sorted(outputs),
-                 [e.key for e in log[s : s + period]])
+                 [e.key for e in log[s : s + period]], any(e.downloads for e in log[:s]))
+
+
+def _written(e: LoggedCall, where: dict[int, tuple[int, int]]) -> None:
+    """Note the values ``e`` writes: uploads it binds to an id (read again later by that id),
+    and its outputs (an in-place op returns the id it wrote)."""
+    for k, (kind, value) in enumerate(e.refs):
+        if kind == "upload" and value:
+            where[value] = (e.index, -(k + 1))  # type: ignore[index]
+    for k, oid in enumerate(e.outputs):
+        where[oid] = (e.index, k)
+
+
+def search_log(log: list[LoggedCall], search: SequenceSearch, min_repeats: int = 2,
+               budget_s: float | None = None) -> Outcome:
+    """The first verified candidate. With ``budget_s``, gives up (``timed_out``) when that
+    many seconds have passed and no candidate verified; the budget is checked between
+    candidates, so a plugin that yields them lazily is cut short too."""
+    deadline = None if budget_s is None else time.perf_counter() + budget_s
+    rejected = 0
+    for cand in search.candidates(log):
+        if deadline is not None and time.perf_counter() > deadline:
+            return Outcome(None, rejected, True)
+        found = verify(log, cand, min_repeats)
+        if found is not None:
+            return Outcome(found, rejected, False)
+        rejected += 1
+    return Outcome(None, rejected, False)
 
 
 def best(log: list[LoggedCall], search: SequenceSearch, min_repeats: int = 2) -> tuple[Found | None, int]:
     """The first verified candidate, and how many candidates verification rejected."""
-    rejected = 0
-    for cand in search.candidates(log):
-        found = verify(log, cand, min_repeats)
-        if found is not None:
-            return found, rejected
-        rejected += 1
-    return None, rejected
+    found, rejected, _ = search_log(log, search, min_repeats)
+    return found, rejected

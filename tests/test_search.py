@@ -11,7 +11,7 @@ from rrto.v1 import ops_pb2
 from rrto_plugins.search.dds import DataDependencySearch
 from rrto_plugins.search.period import PeriodSearch, tail_periods, z_function
 from rrtod.oplog import OpLog
-from rrtod.search import Candidate, best, verify
+from rrtod.search import Candidate, best, search_log, verify
 
 META = ops_pb2.TensorMeta(dtype="float32", shape=[1, 8], stride=[8, 1], device="cpu")
 
@@ -28,7 +28,9 @@ class App:
         self.next_id += 1
         return self.next_id
 
-    def call(self, op: str, *inputs: object, outs: int = 1, scalar: float = 0.0) -> list[int]:
+    def call(self, op: str, *inputs: object, outs: int = 1, scalar: float = 0.0,
+             out_ids: list[int] | None = None) -> list[int]:
+        """``out_ids``: the ids an in-place op returns (the ids it wrote)."""
         self.seq += 1
         c = ops_pb2.OpCall(seq=self.seq, op=op, grad_mode=ops_pb2.INFERENCE_MODE)
         for x in inputs:
@@ -41,7 +43,7 @@ class App:
                 v.tensor.upload.meta.CopyFrom(META)
                 v.tensor.upload.data = b"\0" * 32
         c.args.add().f = scalar
-        out = [self._id() for _ in range(outs)]
+        out = out_ids if out_ids is not None else [self._id() for _ in range(outs)]
         c.out_ids.extend(out)
         for _ in out:
             c.out_meta.add().CopyFrom(META)
@@ -96,7 +98,7 @@ def test_initialisation_prefix_with_a_constant_grid():
     found, _ = dds_found(app)
     assert found is not None and found.start == 2 and found.period == 8
     assert found.sources[(4, 1)] == ("constant", grid)
-    assert found.found_at == 4
+    assert found.found_at == 3  # the grid was built by the first inference
 
 
 def test_value_carried_across_inferences_is_not_a_sequence():
@@ -197,3 +199,96 @@ def test_ten_thousand_op_logs(ops_per_inference):
     elapsed = time.perf_counter() - t0
     assert found is not None and found.period == ops_per_inference
     print(f"dds on {len(app.log)} ops: {elapsed * 1e3:.1f} ms")  # reported by the benchmark
+
+
+def gru_step(app: App) -> None:
+    """The shape of nn.GRU's gates: a split, then in-place ``add_``/``sigmoid_`` on a part (the
+    id the op returns is the one it wrote) read again by the next op of the same inference."""
+    (x,) = app.call("aten::linear", "obs", W1)
+    (g,) = app.call("aten::addmm", x, W2)
+    a, b = app.call("aten::unsafe_split", g, outs=2)
+    app.call("aten::add_.Tensor", a, b, out_ids=[a])
+    app.call("aten::sigmoid_", a, out_ids=[a])
+    (y,) = app.call("aten::mul.Tensor", a, x)
+    app.fetch(y)
+
+
+def test_in_place_writes_inside_an_inference_are_replayable():
+    """The GRU bug: reads resolved to an id's last writer in the whole log, so ``sigmoid_``
+    reading what ``add_`` wrote just before looked like a value from the next inference."""
+    app = App()
+    for _ in range(3):
+        gru_step(app)
+    log = app.log.entries()
+    found = verify(log, Candidate(0, 6))
+    assert found is not None and found.repeats == 3
+    assert found.sources[(4, 0)] == ("produced", (3, 0))  # sigmoid_ reads add_'s write
+    assert found.sources[(3, 0)] == ("produced", (2, 0))  # add_ reads the split
+    for search in (DataDependencySearch(), PeriodSearch()):
+        found, _ = best(log, search)
+        assert found is not None and (found.start, found.period) == (0, 6)
+
+
+def test_buffer_updated_in_place_every_inference_is_a_constant():
+    """A buffer that exists before the steady state and is written in place (a counter, a
+    running statistic) keeps its id: the host updates it exactly as forwarding does."""
+    app = App()
+    (count,) = app.call("aten::zeros", "shape")
+    for _ in range(3):
+        (x,) = app.call("aten::linear", "obs", W1)
+        app.call("aten::add_.Tensor", count, scalar=1.0, out_ids=[count])
+        (y,) = app.call("aten::mul.Tensor", x, count)
+        app.fetch(y)
+    found, _ = dds_found(app)
+    assert found is not None and (found.start, found.period) == (1, 3)
+    assert found.sources[(1, 0)] == ("constant", count)
+    assert found.sources[(2, 1)] == ("produced", (1, 0))
+
+
+def test_dds_proposes_starts_after_downloads_first():
+    """A warm-up inference that binds its weights: the periodic tail reaches into it, but the
+    call right after its last download is proposed first, so nothing is rejected."""
+    app = App()
+    app.call("aten::alias", W1)  # weights named once, in the first inference
+    app.call("aten::alias", W2)
+    for _ in range(3):
+        cnn(app)
+    log = app.log.entries()
+    assert [e.index for e in log if e.after_fetch] == [9, 16]
+    found, rejected = best(log, DataDependencySearch())
+    assert found is not None and (found.start, found.period) == (2, 7) and rejected == 0
+
+
+def test_search_gives_up_when_its_time_budget_runs_out():
+    class Slow:
+        def candidates(self, log):
+            for s in range(len(log)):
+                time.sleep(0.02)
+                yield Candidate(s, 1)  # never verifies
+
+    app = App()
+    for _ in range(3):
+        cnn(app)
+    t0 = time.perf_counter()
+    outcome = search_log(app.log.entries(), Slow(), budget_s=0.05)
+    assert outcome.timed_out and outcome.found is None and outcome.rejected >= 1
+    assert time.perf_counter() - t0 < 1.0
+    assert not search_log(app.log.entries(), DataDependencySearch(), budget_s=5).timed_out
+
+
+def test_entries_are_built_incrementally_and_equal_a_full_build():
+    rng = random.Random(5)
+    app = App()
+    app.log.max_calls = 100
+    for step in range(60):
+        cnn(app, grid=None)
+        if rng.random() < 0.4:
+            got = app.log.entries()
+            full = OpLog()
+            full.calls, full.fetched = list(app.log.calls), list(app.log.fetched)
+            full.fetch_after = list(app.log.fetch_after)
+            want = full.entries()
+            assert [(e.index, e.key, e.refs, e.outputs, e.downloads, e.after_fetch)
+                    for e in got] == [(e.index, e.key, e.refs, e.outputs, e.downloads,
+                                       e.after_fetch) for e in want], step
+    assert app.log.truncated > 0

@@ -4,11 +4,15 @@ Downloads cut the search space: an inference ends by handing values to the app, 
 the steady state is a distance between two downloads of the same operator. For each such
 period, shortest first, the periodic tail of the log is found with one vectorised comparison;
 within it, block starts are limited to start candidates, calls whose tensors are all fresh
-uploads, persistent tensors or values fixed before the steady state (never outputs of the
-previous block). ``rrtod.search.verify`` then checks the dataflow of each candidate.
+uploads, persistent tensors or values that existed before the steady state (never values the
+previous block wrote). Starts right after a download (where an app begins its next inference)
+are proposed first. Candidates are yielded lazily: ``rrtod.search.search_log`` stops at the
+first one that ``rrtod.search.verify`` accepts.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -20,28 +24,41 @@ class DataDependencySearch:
     def __init__(self, max_periods: int = 64):
         self.max_periods = max_periods
 
-    def candidates(self, log: list[LoggedCall]) -> list[Candidate]:
+    def candidates(self, log: list[LoggedCall]) -> Iterator[Candidate]:
         n = len(log)
-        downloads = [e.index for e in log if e.downloaded]
+        downloads = [i for i, e in enumerate(log) if e.downloaded]
         if len(downloads) < 2:
-            return []
+            return
         keys = np.fromiter((e.key for e in log), dtype=np.int64, count=n)
         last = downloads[-1]
         periods = sorted({last - d for d in downloads[:-1] if keys[d] == keys[last]})
-        producer = {oid: e.index for e in log for oid in e.outputs}
-        out: list[Candidate] = []
+        reads = _reads(log)
+        boundary = [e.after_fetch for e in log]
         for period in periods[: self.max_periods]:
+            if n < 2 * period:
+                break
             same = keys[: n - period] == keys[period:]
             breaks = np.flatnonzero(~same)
             tail = int(breaks[-1]) + 1 if len(breaks) else 0  # log[tail:] has this period
             if n - tail < 2 * period:
                 continue
-            for s in range(tail, tail + period):
-                if self._is_start(log[s], producer, tail):
-                    out.append(Candidate(s, period))
-        return out
+            starts = [s for s in range(tail, tail + period)
+                      if all(latest < tail or first < tail for first, latest in reads[s])]
+            yield from (Candidate(s, period) for s in starts if boundary[s])
+            yield from (Candidate(s, period) for s in starts if not boundary[s])
 
-    @staticmethod
-    def _is_start(e: LoggedCall, producer: dict[int, int], tail: int) -> bool:
-        """Depends only on uploads, persistent tensors and values from before the steady state."""
-        return all(kind != "live" or producer.get(v, -1) < tail for kind, v in e.refs)  # type: ignore[arg-type]
+
+def _reads(log: list[LoggedCall]) -> list[list[tuple[int, int]]]:
+    """Per call, for each value it reads by id: (position of the value's first write, position
+    of its latest write before this call); -1 when written before the log began. A start reads
+    nothing the previous block wrote, except values older than it written in place."""
+    first: dict[object, int] = {}
+    latest: dict[object, int] = {}
+    out: list[list[tuple[int, int]]] = []
+    for i, e in enumerate(log):
+        out.append([(first.get(v, -1), latest.get(v, -1)) for kind, v in e.refs if kind == "live"])
+        written = [v for kind, v in e.refs if kind == "upload" and v]
+        for v in (*written, *e.outputs):
+            first.setdefault(v, i)
+            latest[v] = i
+    return out

@@ -9,6 +9,8 @@ reject; the comparison counts those as false positives.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from rrtod.oplog import LoggedCall
 from rrtod.search import Candidate
 
@@ -41,10 +43,8 @@ class PeriodSearch:
         self.min_repeats = min_repeats
         self.max_periods = max_periods
 
-    def candidates(self, log: list[LoggedCall]) -> list[Candidate]:
+    def candidates(self, log: list[LoggedCall]) -> Iterator[Candidate]:
         keys = [e.key for e in log]
-        out: list[Candidate] = []
         for period, tail in tail_periods(keys, self.min_repeats)[: self.max_periods]:
             start = len(keys) - tail
-            out += [Candidate(s, period) for s in range(start, start + period)]
-        return out
+            yield from (Candidate(s, period) for s in range(start, start + period))

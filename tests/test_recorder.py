@@ -1,0 +1,134 @@
+"""The recorder's search scheduling and budget, on synthetic frames fed as the relay does:
+every download makes a search due early on, failed searches back off, the log stays bounded,
+a search that overruns its time budget counts as failed."""
+
+from __future__ import annotations
+
+import time
+
+from rrto.v1 import ops_pb2
+from rrto_plugins.search.dds import DataDependencySearch
+from rrtod.recorder import Recorder, SearchBudget
+from tests.test_search import W1, W2, App, cnn
+
+
+class Relay(App):
+    """Frames go to a Recorder; a due search runs at once (as the robot's worker would)."""
+
+    def __init__(self, recorder: Recorder):
+        super().__init__()
+        self.rec = recorder
+        self.log = recorder.log
+        self.searches: list[int] = []  # log position (frames recorded) of each search run
+        self.found: ops_pb2.SequenceDef | None = None
+        self.found_after = 0  # inferences completed when a search found the sequence
+        self.done = 0
+
+    def fetch(self, oid: int) -> None:
+        self.seq += 1
+        if self.rec.observe(ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=self.seq, id=oid))):
+            self.searches.append(self.rec.log.recorded)
+            d = self.rec.search_now()
+            if d is not None and self.found is None:
+                self.found, self.found_after = d, self.done + 1
+
+
+def carried(app: Relay, h: int) -> int:
+    """A recurrent policy that feeds its state to the next inference: never a sequence."""
+    (x,) = app.call("aten::linear", "obs", W1)
+    (h,) = app.call("aten::gru_cell", x, h)
+    (a,) = app.call("aten::linear", h, W2)
+    app.fetch(a)
+    app.done += 1
+    return h
+
+
+def recorder(tmp_path, **budget) -> Recorder:
+    return Recorder("app.py", "s1", DataDependencySearch(), tmp_path / "seq",
+                    SearchBudget(**budget))
+
+
+def test_static_model_is_searched_after_every_download_and_found_early(tmp_path):
+    app = Relay(recorder(tmp_path))
+    # The first inference binds its weights as it goes (as the shim does: ``alias`` of a
+    # persistent tensor on its first use), so it differs from the steady state.
+    (x,) = app.call("aten::conv2d", "img", W1)
+    app.call("aten::alias", W2)
+    (x,) = app.call("aten::relu", x)
+    app.fetch(x)
+    app.done += 1
+    for _ in range(5):
+        cnn(app)
+        app.done += 1
+        if app.found is not None:
+            break
+    # Found on the last download of the second steady-state inference (three in all
+    # counting the warm-up one): the third is replayed.
+    assert app.found is not None and app.found_after == 3
+    # A search after every download, none skipped: the third inference's first download
+    # (all its calls are logged by then) is enough.
+    assert len(app.searches) == 1 + 3 + 1
+    (summary,) = app.rec.sequences.values()
+    assert summary["found_at"] == 3 and summary["operators"] == 7
+    assert app.rec.failed == 0  # reset by the find
+
+
+def test_failed_searches_back_off_and_the_log_stays_bounded(tmp_path):
+    rec = recorder(tmp_path, max_calls=600, eager_work=2_000, growth=1.0, max_gap=3_000)
+    app = Relay(rec)
+    (h,) = app.call("aten::zeros", "shape")
+    for _ in range(4_000):
+        h = carried(app, h)
+        assert len(rec.log) <= 600
+    assert app.found is None
+    recorded = rec.log.recorded  # 16k frames: 3 calls and one download per inference
+    # Eager at first (every download), then the gaps between searches double, up to max_gap.
+    gaps = [b - a for a, b in zip(app.searches, app.searches[1:], strict=False)]
+    eager = [g for g in gaps if g == 4]
+    assert 10 <= len(eager) <= 40
+    backoff = gaps[len(eager):]
+    assert backoff and all(b >= a for a, b in zip(backoff, backoff[1:], strict=False))
+    assert max(backoff) <= 3_000 + 4 and backoff[-1] >= 3_000
+    assert len(app.searches) < len(eager) + 20  # not 4000
+    scanned = sum(s["log"] for s in rec.search_stats)
+    assert scanned < 0.6 * recorded  # searching costs less than relaying, and stays bounded
+    assert rec.describe()["search_budget"]["failed"] == len(app.searches)
+
+
+def test_a_cleared_log_starts_the_budget_afresh(tmp_path):
+    rec = recorder(tmp_path, eager_work=100, growth=4.0)
+    app = Relay(rec)
+    (h,) = app.call("aten::zeros", "shape")
+    for _ in range(20):
+        h = carried(app, h)
+    assert rec.next_search > rec.log.recorded  # backing off
+    rec.log.clear()  # what dropping a sequence or a stale thread does
+    assert rec.search_due() and rec.failed == 0
+    for _ in range(3):
+        cnn(app)
+    assert app.found is not None
+
+
+def test_a_search_over_its_time_budget_counts_as_failed(tmp_path):
+    class Slow:
+        def candidates(self, log):
+            for _ in log:
+                time.sleep(0.01)
+                yield from DataDependencySearch().candidates(log)
+
+    rec = Recorder("app.py", "s1", Slow(), tmp_path / "seq", SearchBudget(time_s=0.0))
+    app = Relay(rec)
+    for _ in range(3):
+        cnn(app)
+    assert app.found is None
+    assert rec.search_stats[-1]["timed_out"] and rec.failed == len(app.searches)
+
+
+def test_a_rerun_within_backoff_does_not_search(tmp_path):
+    rec = recorder(tmp_path, eager_work=0, growth=1.0)
+    app = Relay(rec)
+    (h,) = app.call("aten::zeros", "shape")
+    for _ in range(5):
+        h = carried(app, h)
+    runs = len(rec.search_stats)
+    assert rec.search_now() is None and len(rec.search_stats) == runs  # not due: no search
