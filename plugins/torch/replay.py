@@ -58,6 +58,17 @@ def _strip(x: Any, found: list[Any]) -> Any:
     return x
 
 
+_SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+            torch.memory_format)
+
+
+def _plain(v: Any) -> bool:
+    """A value compared with ``==`` safely: never a tensor (whose ``==`` is an operator)."""
+    if isinstance(v, (list, tuple)):
+        return all(type(x) in _SCALARS for x in v)
+    return type(v) in _SCALARS
+
+
 def _meta_key(m: ops_pb2.TensorMeta) -> tuple[Any, ...]:
     return (codec.dtype_of(m.dtype), tuple(m.shape), tuple(m.stride), m.storage_offset)
 
@@ -86,7 +97,11 @@ class Step:
     slots: list[int]  # indices into the sequence's sources, in argument order
     out_local: list[int | None]  # per output id: local index (None: not local, keep id)
     input_keys: dict[int, tuple[Any, ...]]  # slot -> recorded metadata of an INPUT
-    built: Any = None  # (result template, outputs) once known
+    # per tensor argument: (slot, source kind, local index / weight hash / constant id)
+    checks: list[tuple[int, int, Any]] = field(default_factory=list)
+    # flat positional arguments only: (count, tensor positions, (position, value) of the rest)
+    flat: tuple[int, tuple[int, ...], tuple[tuple[int, Any], ...]] | None = None
+    built: Any = None  # (result template, outputs, output plan, app device) once known
 
 
 @dataclass
@@ -123,8 +138,17 @@ def compile_sequence(d: ops_pb2.SequenceDef) -> Sequence:
         slot += len(refs)
         input_keys = {s: _upload_key(r.upload.meta) for s, r in zip(slots, refs, strict=True)
                       if d.sources[s].kind == SRC.INPUT and r.WhichOneof("ref") == "upload"}
-        steps.append(Step(call.op, call.grad_mode, sargs, skw, slots,
-                          [local.get(r) for r in call.out_ids], input_keys))
+        step = Step(call.op, call.grad_mode, sargs, skw, slots,
+                    [local.get(r) for r in call.out_ids], input_keys)
+        for s in slots:
+            src = d.sources[s]
+            aux = (local[src.id] if src.kind == SRC.PRODUCED else bytes(src.hash)
+                   if src.kind == SRC.PERSISTENT else src.id)
+            step.checks.append((s, src.kind, aux))
+        if not skw and all(a is _T or _plain(a) for a in sargs):
+            step.flat = (len(sargs), tuple(i for i, a in enumerate(sargs) if a is _T),
+                         tuple((i, a) for i, a in enumerate(sargs) if a is not _T))
+        steps.append(step)
     outputs = {local[o] for o in d.outputs}
     last_writer = {i: k for k, st in enumerate(steps) for i in st.out_local if i is not None}
     return Sequence(d, steps, local, last_writer, outputs)
@@ -258,25 +282,41 @@ class ReplayClient:
         step = act.seq.steps[act.position]
         if step.op != info.name or step.grad_mode != grad_mode:
             return None
-        found: list[Any] = []
-        if _strip(list(args), found) != step.args:
-            return None
-        if kwargs or step.kwargs:
-            if {k: _strip(kwargs[k], found) for k in sorted(kwargs)} != step.kwargs:
+        found: list[Any]
+        flat = step.flat
+        if flat is not None and not kwargs:  # the common case, without rebuilding structures
+            count, tensors, rest = flat
+            if len(args) != count:
                 return None
-        if len(found) != len(step.slots):
-            return None
+            for i, v in rest:
+                a = args[i]
+                # Same type too: 1 and 1.0 are equal but make different result dtypes.
+                if ((type(a) is not type(v) and not isinstance(a, type(v)))
+                        or not _plain(a) or a != v):
+                    return None
+            found = [args[i] for i in tensors]
+            if not all(isinstance(t, torch.Tensor) for t in found):
+                return None
+        else:
+            found = []
+            if _strip(list(args), found) != step.args:
+                return None
+            if kwargs or step.kwargs:
+                if {k: _strip(kwargs[k], found) for k in sorted(kwargs)} != step.kwargs:
+                    return None
+            if len(found) != len(step.slots):
+                return None
         frames: list[ops_pb2.SessionUp] = []
         bind: dict[int, Handle] = {}  # committed only if the whole call matches
         sources = act.seq.definition.sources
-        for slot, t in zip(step.slots, found, strict=True):
-            src = sources[slot]
-            remote = isinstance(t, RemoteTensor)
-            h = t._rrto_handle if remote else None
-            if src.kind == SRC.PRODUCED:
-                if h is None or h.id != act.base + act.seq.local[src.id]:
+        for (slot, kind, aux), t in zip(step.checks, found, strict=True):
+            h = t._rrto_handle if isinstance(t, RemoteTensor) else None
+            if kind == SRC.PRODUCED:
+                if h is None or h.id != act.base + aux:
                     return None
-            elif src.kind == SRC.INPUT:
+                continue
+            src = sources[slot]
+            if kind == SRC.INPUT:
                 if h is not None:
                     ref = ops_pb2.TensorRef(id=h.id)
                     if h.session is not self.session or not h.bound:
@@ -286,10 +326,10 @@ class ReplayClient:
                         return None
                     ref = self.session._encode_tensor(t)
                 frames.append(ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=slot, tensor=ref)))
-            elif src.kind == SRC.PERSISTENT:
+            elif kind == SRC.PERSISTENT:
                 # The host waits for each weight slot to be named once per session: the weight
                 # may be used for the first time right here, and must be bound before use.
-                if h is None or h.hash != bytes(src.hash):
+                if h is None or h.hash != aux:
                     return None
                 if act.seq.bindings.get(slot) is not h:
                     bind[slot] = h
@@ -313,23 +353,30 @@ class ReplayClient:
     def _outputs(self, act: Active, step: Step, func: Any, args: tuple, kwargs: dict,
                  info: Any, build: Callable[..., Any]) -> Any:
         if step.built is None:
-            step.built = self.session.output_template(func, args, kwargs)
-            if step.built is None or len(step.built[1]) != len(step.out_local):
-                step.built = None
-                raise _Unreplayable  # shapes depend on data, or not the recorded outputs
-        tmpl, outs = step.built
-        handles: list[Handle | None] = []
+            step.built = self._plan(step, func, args, kwargs, info)
+        tmpl, outs, plan, device = step.built
+        session, base = self.session, act.base
+        handles = [None if i is None else Handle(session, base + i) for i in plan]
+        return build(tmpl, handles, outs, info, args, kwargs, device)
+
+    def _plan(self, step: Step, func: Any, args: tuple, kwargs: dict, info: Any) -> tuple:
+        """Worked out at the step's first replay and kept: the result's template, and per
+        output the local index of its new id (None: the result is the matched argument)."""
+        built = self.session.output_template(func, args, kwargs)
+        if built is None or len(built[1]) != len(step.out_local):
+            raise _Unreplayable  # shapes depend on data, or not the recorded outputs
+        tmpl, outs = built
+        plan: list[int | None] = []
         for k, i in enumerate(step.out_local):
             alias = (info.ret_alias[k] if k < len(info.ret_alias)
                      and len(outs) == len(info.ret_alias) else None)
             if alias is not None:
-                handles.append(None)  # the result is the (matched) argument itself
+                plan.append(None)  # the result is the (matched) argument itself
             elif i is not None:
-                handles.append(Handle(self.session, act.base + i))
+                plan.append(i)
             else:
                 raise _Unreplayable  # an existing value returned as new: forward instead
-        return build(tmpl, handles, outs, info, args, kwargs,
-                     self.session._app_device(args, kwargs))
+        return tmpl, outs, plan, self.session._app_device(args, kwargs)
 
     def _give_up_sequence(self, seq: Sequence) -> None:
         if self._remove(seq.id):
