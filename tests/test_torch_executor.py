@@ -186,8 +186,9 @@ def test_written_ids_snapshot_and_restore_for_replay(tmp_path):
               ops_pb2.Value(f=0.1), ops_pb2.Value(f=1e-5)):
         c.args.add().CopyFrom(v)
     assert ex.written_ids(c) == [4, 5]
-    c.op = "aten::batch_norm.default"
-    assert ex.written_ids(c) == [4, 5]  # training=True
+    for op in ("aten::batch_norm.default", "aten::native_batch_norm.default"):
+        c.op = op
+        assert ex.written_ids(c) == [4, 5]  # training=True, though the schema does not say
     c.args[5].b = False
     assert ex.written_ids(c) == []
     assert ex.written_ids(ops_pb2.OpCall(op="aten::relu_.default", args=[ref(7)])) == [7]

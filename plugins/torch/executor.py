@@ -54,8 +54,9 @@ def _training(call: ops_pb2.OpCall) -> bool:
 # Composite operators that update running statistics in place although their schema does not
 # say so: name -> (when, argument positions written).
 _HIDDEN_WRITES: dict[str, tuple[Any, tuple[int, ...]]] = {
-    "aten::batch_norm.default": (_training, (3, 4)),
-    "aten::instance_norm.default": (_training, (3, 4)),
+    f"aten::{name}.default": (_training, (3, 4))
+    for name in ("batch_norm", "native_batch_norm", "_batch_norm_impl_index", "cudnn_batch_norm",
+                 "miopen_batch_norm", "instance_norm")
 }
 
 
