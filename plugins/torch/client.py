@@ -408,6 +408,8 @@ class RemoteSession:
             result = self.replay.dispatch(func, args, kwargs, info, self._thread(),
                                           self._grad_mode(), self._build)
             if result is not MISS:
+                if info.inplace_view:  # transpose_ and co. change the proxy's own layout
+                    restride(func, args, kwargs)
                 # The shim's own cost per replayed operator (matching, proxies, input frames).
                 self.counters["replay_shim_ns"] += perf_counter_ns() - t0
                 return result

@@ -78,10 +78,10 @@ def _upload_key(m: ops_pb2.TensorMeta) -> tuple[Any, ...]:
     return (codec.dtype_of(m.dtype), tuple(m.shape))
 
 
-def _input_key(t: torch.Tensor) -> tuple[Any, ...] | None:
-    """The live counterpart of ``_upload_key``; None for a non-contiguous tensor, whose
-    strides the recorded outputs' metadata may not follow."""
-    return (t.dtype, tuple(t.shape)) if t.is_contiguous() else None
+def _input_key(t: torch.Tensor) -> tuple[Any, ...]:
+    """The live counterpart of ``_upload_key`` (any strides: it is uploaded C-contiguous, and
+    the outputs' layout is the recorded one, see ``ReplayClient._plan``)."""
+    return (t.dtype, tuple(t.shape))
 
 
 def _tensor_key(t: torch.Tensor) -> tuple[Any, ...]:
@@ -97,6 +97,7 @@ class Step:
     slots: list[int]  # indices into the sequence's sources, in argument order
     out_local: list[int | None]  # per output id: local index (None: not local, keep id)
     input_keys: dict[int, tuple[Any, ...]]  # slot -> recorded metadata of an INPUT
+    out_meta: list[tuple[Any, ...]]  # recorded layout of each output
     # per tensor argument: (slot, source kind, local index / weight hash / constant id)
     checks: list[tuple[int, int, Any]] = field(default_factory=list)
     # flat positional arguments only: (count, tensor positions, (position, value) of the rest)
@@ -139,7 +140,8 @@ def compile_sequence(d: ops_pb2.SequenceDef) -> Sequence:
         input_keys = {s: _upload_key(r.upload.meta) for s, r in zip(slots, refs, strict=True)
                       if d.sources[s].kind == SRC.INPUT and r.WhichOneof("ref") == "upload"}
         step = Step(call.op, call.grad_mode, sargs, skw, slots,
-                    [local.get(r) for r in call.out_ids], input_keys)
+                    [local.get(r) for r in call.out_ids], input_keys,
+                    [_meta_key(m) for m in call.out_meta])
         for s in slots:
             src = d.sources[s]
             aux = (local[src.id] if src.kind == SRC.PRODUCED else bytes(src.hash)
@@ -366,6 +368,10 @@ class ReplayClient:
         if built is None or len(built[1]) != len(step.out_local):
             raise _Unreplayable  # shapes depend on data, or not the recorded outputs
         tmpl, outs = built
+        # The host lays each output out as recorded: the proxies must say the same layout.
+        if step.out_meta and [(o.dtype, tuple(o.shape), tuple(o.stride), o.offset)
+                              for o in outs] != step.out_meta:
+            raise _Unreplayable
         plan: list[int | None] = []
         for k, i in enumerate(step.out_local):
             alias = (info.ret_alias[k] if k < len(info.ret_alias)
