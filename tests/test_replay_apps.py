@@ -157,3 +157,34 @@ def test_in_place_writes_and_running_statistics_survive_mismatches(fresh, tmp_pa
     the host undo what it ran ahead."""
     stats = same_as_local("inplace_state", fresh, tmp=tmp_path)
     assert stats["replays"] > 0 and stats["mismatches"] > 0, stats
+
+
+def test_two_robots_share_one_gpu_host_in_isolation(tmp_path):
+    """Two robot daemons (each with its own state) offload the same app to one GPU daemon at
+    the same time: each robot finds and replays its own sequence, results equal local."""
+    with Launcher(extra_env=DAEMON_ENV) as launcher:
+        gpu = launcher.start("gpu", roles=["gpu"], **{**TEST_DEFAULTS, **HOST})
+        robots = [launcher.start(f"robot{i}", roles=["robot"], **TEST_DEFAULTS,
+                                 hosts=[{"name": "gpu", "address": gpu.listen}])
+                  for i in range(2)]
+        for r in robots:
+            r.wait_for(lambda s: s["hosts"][0]["state"] == "up", what="GPU host up")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RRTO_")}
+        env.pop("PYTHONPATH", None)
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+        cmd = [sys.executable, str(APPS / "small_cnn.py"), "--runs", "8"]
+        local = subprocess.run(cmd, cwd=APPS, capture_output=True, text=True, timeout=120,
+                               env=env, check=True).stdout
+        procs = [subprocess.Popen([str(BIN / "rrto-run"), "--", *cmd], cwd=APPS, text=True,
+                                  env={**env, **r.env, "RRTO_STATS": "1"},
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                 for r in robots]
+        for p in procs:
+            out, err = p.communicate(timeout=180)
+            assert p.returncode == 0, err
+            assert out == local
+            stats = json.loads(err.splitlines()[-1].removeprefix("rrto-stats "))
+            assert stats["replays"] >= 8 - 3, stats
+        for r in robots:
+            (seq,) = r.ctl("sequences")["sequences"]
+            assert seq["app"] == "small_cnn.py"
