@@ -71,7 +71,6 @@ def fresh(daemon):
 def test_replayed_model_equals_local(fresh, name, tmp_path):
     stats = same_as_local(name, fresh, "--runs", str(RUNS), tmp=tmp_path)
     # Replay starts by the third steady-state inference: at most three are forwarded.
-    print("FIG", name, stats["replays"], stats["mismatches"], fresh.ctl("sequences")["sequences"][0].get("found_at"))
     assert stats["replays"] >= RUNS - 3, stats
     assert stats["mismatches"] == 0 and stats["failed"] == 0, stats
     (seq,) = fresh.ctl("sequences")["sequences"]
