@@ -8,7 +8,8 @@ Dataflow refs name where each tensor input came from:
 - ``("upload", id)``: host data sent with this call (fresh every inference: an input);
 - ``("persistent", hash)``: a weight or buffer, by content hash;
 - ``("live", id)``: a tensor already on the host, produced by an earlier call (or uploaded
-  earlier). The search resolves it to its producer's position.
+  earlier). ``LoggedCall.reads`` resolves it to the latest write of that id before the call
+  (an in-place op returns the id it wrote, so an id may be written several times).
 
 The log is bounded (``max_calls``): when full, the older half is dropped and the recent steady
 state kept. Entries are built incrementally (a search after more frames only parses the new
@@ -24,6 +25,10 @@ from typing import Any
 from rrto.v1 import ops_pb2
 
 Ref = tuple[str, Any]
+# For a live ref: (position of the latest write before the call, output index of that write or
+# -(k+1) for an upload bound by its ref k, position of the id's first write); -1: not in the log.
+Read = tuple[int, int, int]
+NO_READ: Read = (-1, -1, -1)
 
 
 @dataclass(slots=True)
@@ -37,14 +42,16 @@ class LoggedCall:
     downloads: list[int] = field(default_factory=list)  # output ids the app fetched
     after_fetch: bool = False  # the first call logged after a fetch: where inferences start
     raw: ops_pb2.OpCall | None = field(default=None, repr=False)  # the recorded frame
+    reads: tuple[Read, ...] = ()  # per ref, where a live one was written (see ``Read``)
 
     @property
     def downloaded(self) -> bool:
         return bool(self.downloads)
 
 
-def _meta_key(meta: ops_pb2.TensorMeta) -> tuple[Any, ...]:
-    return (meta.dtype, tuple(meta.shape), tuple(meta.stride), meta.storage_offset, meta.device)
+def _meta_key(meta: ops_pb2.TensorMeta) -> bytes:
+    # Equal metadata, equal bytes (TensorMeta has no map field); 3x faster than a tuple.
+    return meta.SerializeToString()
 
 
 @dataclass
@@ -56,8 +63,40 @@ class _Built:
     fetches: int = 0  # fetches attributed
     after_fetch: bool = False
     out: list[LoggedCall] = field(default_factory=list)
-    metas: dict[int, tuple[Any, ...]] = field(default_factory=dict)
-    producer: dict[int, LoggedCall] = field(default_factory=dict)
+    metas: dict[int, bytes] = field(default_factory=dict)
+    writes: _Writes = field(default_factory=lambda: _Writes())
+
+
+class _Writes:
+    """Who wrote each id so far, in log order."""
+
+    __slots__ = ("first", "latest", "producer")
+
+    def __init__(self) -> None:
+        self.latest: dict[Any, tuple[int, int]] = {}
+        self.first: dict[Any, int] = {}
+        self.producer: dict[Any, LoggedCall] = {}  # latest call that returned the id
+
+    def add(self, e: LoggedCall) -> None:
+        """Resolve ``e``'s reads, then note what it writes."""
+        e.reads = tuple((*self.latest.get(v, (-1, -1)), self.first.get(v, -1))
+                        if kind == "live" else NO_READ for kind, v in e.refs)
+        for k, (kind, v) in enumerate(e.refs):
+            if kind == "upload" and v:
+                self.latest[v] = (e.index, -(k + 1))
+                self.first.setdefault(v, e.index)
+        for k, oid in enumerate(e.outputs):
+            self.latest[oid] = (e.index, k)
+            self.first.setdefault(oid, e.index)
+            self.producer[oid] = e
+
+
+def resolve_reads(log: list[LoggedCall]) -> None:
+    """Fill ``reads`` of entries made by hand (``OpLog.entries`` fills them as it builds)."""
+    writes = _Writes()
+    for i, e in enumerate(log):
+        e.index = i
+        writes.add(e)
 
 
 class OpLog:
@@ -82,6 +121,12 @@ class OpLog:
         if kind in ("call", "fetch"):
             self.recorded += 1
         if kind == "call":
+            call = frame.call
+            if len(call.args) == 1 and call.args[0].tensor.HasField("persistent"):
+                # Bind-only (a weight's first use in the session gets its id): bookkeeping, not
+                # the app's work. Left out, the first inference looks like the steady state.
+                self._note_persistent(call)
+                return
             if len(self.calls) >= self.max_calls:
                 # Keep the newest half: a sequence search needs the recent steady state.
                 drop = self.max_calls // 2
@@ -146,38 +191,47 @@ class OpLog:
             b = self._built[thread] = _Built(generation)
         n = min(len(fetched), len(fetch_after))
         starts = set(fetch_after[:n])  # positions of the first call after a fetch
-        metas, producer, out = b.metas, b.producer, b.out
-        after_fetch = b.after_fetch
+        metas, writes, out = b.metas, b.writes, b.out
+        after_fetch, f = b.after_fetch, b.fetches
+
+        def attribute(upto: int) -> int:
+            """Downloads: a fetch names the value as the calls logged before it left it."""
+            nonlocal f
+            while f < n and fetch_after[f] <= upto:
+                entry = writes.producer.get(fetched[f])
+                if entry is not None:
+                    entry.downloads.append(fetched[f])
+                f += 1
+            return f
+
         for pos in range(b.calls, len(calls)):
             call = calls[pos]
+            attribute(pos)
             after_fetch = after_fetch or pos in starts
             if thread is not None and call.thread != thread:
                 continue
             refs: list[Ref] = []
-            sig = (call.op, call.grad_mode,
-                   tuple(_value_sig(v, refs, metas) for v in call.args),
-                   tuple((k, _value_sig(call.kwargs[k], refs, metas)) for k in sorted(call.kwargs)))
-            entry = LoggedCall(len(out), call.seq, call.op, hash(sig), tuple(refs),
-                               tuple(call.out_ids), raw=call, after_fetch=after_fetch)
+            kwargs = call.kwargs
+            sig = (call.op, call.grad_mode, tuple([_value_sig(v, refs, metas) for v in call.args]),
+                   tuple([(k, _value_sig(kwargs[k], refs, metas)) for k in sorted(kwargs)])
+                   if kwargs else ())
+            outs = tuple(call.out_ids)
+            entry = LoggedCall(len(out), call.seq, call.op, hash(sig), tuple(refs), outs,
+                               raw=call, after_fetch=after_fetch)
             after_fetch = False
-            for oid, meta in zip(call.out_ids, call.out_meta, strict=False):
-                metas[oid] = _meta_key(meta)
-            for oid in call.out_ids:
-                producer[oid] = entry
+            for oid, meta in zip(outs, call.out_meta, strict=False):
+                metas[oid] = meta.SerializeToString()
+            writes.add(entry)
             out.append(entry)
         b.calls, b.after_fetch = len(calls), after_fetch
-        for oid in fetched[b.fetches:n]:
-            entry = producer.get(oid)
-            if entry is not None:
-                entry.downloads.append(oid)
-        b.fetches = max(b.fetches, n)
+        b.fetches = attribute(len(calls))
         return list(out)
 
     def threads(self) -> list[int]:
         return sorted({c.thread for c in self.calls})
 
 
-def _value_sig(value: ops_pb2.Value, refs: list[Ref], metas: dict[int, tuple[Any, ...]]) -> Any:
+def _value_sig(value: ops_pb2.Value, refs: list[Ref], metas: dict[int, bytes]) -> Any:
     kind = value.WhichOneof("kind")
     if kind == "tensor":
         ref = value.tensor
@@ -187,14 +241,15 @@ def _value_sig(value: ops_pb2.Value, refs: list[Ref], metas: dict[int, tuple[Any
             return ("T", metas.get(ref.id))
         if rkind == "upload":
             refs.append(("upload", ref.bind_id))
+            meta = _meta_key(ref.upload.meta)
             if ref.bind_id:
-                metas[ref.bind_id] = _meta_key(ref.upload.meta)
-            return ("U", _meta_key(ref.upload.meta))
+                metas[ref.bind_id] = meta
+            return ("U", meta)
         refs.append(("persistent", ref.persistent))
         return ("P", ref.persistent)
     if kind in ("list", "tuple"):
         items = getattr(value, kind).items
-        return (kind, tuple(_value_sig(v, refs, metas) for v in items))
+        return (kind, tuple([_value_sig(v, refs, metas) for v in items]))
     if kind == "c":
         return ("c", value.c.real, value.c.imag)
     return (kind, getattr(value, kind)) if kind else None

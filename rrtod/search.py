@@ -9,8 +9,11 @@ tensor that existed before the steady state (a constant, such as a grid built on
 or a buffer the model updates in place, which keeps its id). Anything else, such as a value
 carried from one inference into the next under a new id, rejects the candidate.
 
-Reads resolve to the latest write before them, in log order: an op that writes a value in place
-(``relu_``, ``+=``) returns the id it read, so an id may be written several times.
+Reads resolve to the latest write before them, in log order (``LoggedCall.reads``): an op that
+writes a value in place (``relu_``, ``+=``) returns the id it read, so an id may be written
+several times. ``search_log`` first screens each candidate with a vectorised check of the
+keys and of the reads that cross block boundaries (so a wrong candidate costs microseconds, not
+a pass over the log), then runs the exact check.
 
 ``search_log`` runs a plugin's candidates through ``verify`` under a time budget; plugins may
 yield candidates lazily, so a search stops at the first verified one.
@@ -23,7 +26,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from rrtod.oplog import LoggedCall
+import numpy as np
+
+from rrtod.oplog import LoggedCall, resolve_reads
 
 # (op position in block, ref position in op) -> where the tensor comes from
 Source = tuple[str, object]
@@ -75,11 +80,8 @@ def verify(log: list[LoggedCall], cand: Candidate, min_repeats: int = 2) -> Foun
     repeats = (len(log) - s) // period
     if repeats < min_repeats:
         return None
-    # id -> (log position, output index) of its latest write so far, built in log order.
-    where: dict[int, tuple[int, int]] = {}
-    for e in log[:s]:
-        _written(e, where)
-    before = set(where)  # values that existed before the steady state
+    if len(log[s].reads) != len(log[s].refs):
+        resolve_reads(log)
     sources: dict[tuple[int, int], Source] = {}
     outputs: set[tuple[int, int]] = set()
     for r in range(repeats):
@@ -90,10 +92,10 @@ def verify(log: list[LoggedCall], cand: Candidate, min_repeats: int = 2) -> Foun
                 return None
             for k, (kind, value) in enumerate(e.refs):
                 if kind == "live":
-                    pos, out = where.get(value, (-1, -1))  # type: ignore[arg-type]
+                    pos, out, born = e.reads[k]
                     if base <= pos < base + i:
                         src: Source = ("produced", (pos - base, out))
-                    elif pos < s or value in before:
+                    elif pos < s or born < s:
                         # fixed before the steady state, or an older value written in place
                         src = ("constant", value)
                     else:
@@ -108,7 +110,6 @@ def verify(log: list[LoggedCall], cand: Candidate, min_repeats: int = 2) -> Foun
                     return None
             for oid in e.downloads:
                 outputs.add((i, e.outputs.index(oid)))
-            _written(e, where)
     if not outputs:
         return None  # an inference returns something to the app
     inputs = [pos for pos, src in sources.items() if src[0] == "input"]
@@ -116,14 +117,40 @@ def verify(log: list[LoggedCall], cand: Candidate, min_repeats: int = 2) -> Foun
                  [e.key for e in log[s : s + period]], any(e.downloads for e in log[:s]))
 
 
-def _written(e: LoggedCall, where: dict[int, tuple[int, int]]) -> None:
-    """Note the values ``e`` writes: uploads it binds to an id (read again later by that id),
-    and its outputs (an in-place op returns the id it wrote)."""
-    for k, (kind, value) in enumerate(e.refs):
-        if kind == "upload" and value:
-            where[value] = (e.index, -(k + 1))  # type: ignore[index]
-    for k, oid in enumerate(e.outputs):
-        where[oid] = (e.index, k)
+class Screen:
+    """A log's keys and reads as arrays, to reject most wrong candidates without a Python loop:
+    the blocks' keys must repeat, and no read may cross from one block into a later one
+    (except reads of values older than the steady state). Never accepts: ``verify`` decides."""
+
+    def __init__(self, log: list[LoggedCall]):
+        if log and len(log[0].reads) != len(log[0].refs):
+            resolve_reads(log)
+        self.keys = np.fromiter((e.key for e in log), dtype=np.int64, count=len(log))
+        x, w, born = [], [], []
+        for i, e in enumerate(log):
+            for (kind, _), (pos, _, first) in zip(e.refs, e.reads, strict=True):
+                if kind == "live":
+                    x.append(i)
+                    w.append(pos)
+                    born.append(first)
+        self.x = np.array(x, dtype=np.int64)  # reader positions (ascending)
+        self.w = np.array(w, dtype=np.int64)  # latest writer before each read
+        self.born = np.array(born, dtype=np.int64)  # the value's first write
+
+    def rejects(self, cand: Candidate, min_repeats: int = 2) -> bool:
+        s, p = cand.start, cand.period
+        if p <= 0 or s < 0:
+            return True
+        repeats = (len(self.keys) - s) // p
+        if repeats < min_repeats:
+            return True
+        end = s + repeats * p
+        if not np.array_equal(self.keys[s: end - p], self.keys[s + p: end]):
+            return True
+        lo, hi = np.searchsorted(self.x, [s, end])
+        x, w, born = self.x[lo:hi], self.w[lo:hi], self.born[lo:hi]
+        crossing = (w >= s) & (born >= s) & ((w - s) // p != (x - s) // p)
+        return bool(crossing.any())
 
 
 def search_log(log: list[LoggedCall], search: SequenceSearch, min_repeats: int = 2,
@@ -133,10 +160,12 @@ def search_log(log: list[LoggedCall], search: SequenceSearch, min_repeats: int =
     candidates, so a plugin that yields them lazily is cut short too."""
     deadline = None if budget_s is None else time.perf_counter() + budget_s
     rejected = 0
+    screen: Screen | None = None
     for cand in search.candidates(log):
         if deadline is not None and time.perf_counter() > deadline:
             return Outcome(None, rejected, True)
-        found = verify(log, cand, min_repeats)
+        screen = screen or Screen(log)
+        found = None if screen.rejects(cand, min_repeats) else verify(log, cand, min_repeats)
         if found is not None:
             return Outcome(found, rejected, False)
         rejected += 1

@@ -288,7 +288,7 @@ def test_entries_are_built_incrementally_and_equal_a_full_build():
             full.calls, full.fetched = list(app.log.calls), list(app.log.fetched)
             full.fetch_after = list(app.log.fetch_after)
             want = full.entries()
-            assert [(e.index, e.key, e.refs, e.outputs, e.downloads, e.after_fetch)
-                    for e in got] == [(e.index, e.key, e.refs, e.outputs, e.downloads,
+            assert [(e.index, e.key, e.refs, e.reads, e.outputs, e.downloads, e.after_fetch)
+                    for e in got] == [(e.index, e.key, e.refs, e.reads, e.outputs, e.downloads,
                                        e.after_fetch) for e in want], step
     assert app.log.truncated > 0

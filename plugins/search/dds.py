@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from rrtod.oplog import LoggedCall
+from rrtod.oplog import LoggedCall, resolve_reads
 from rrtod.search import Candidate
 
 
@@ -32,7 +32,8 @@ class DataDependencySearch:
         keys = np.fromiter((e.key for e in log), dtype=np.int64, count=n)
         last = downloads[-1]
         periods = sorted({last - d for d in downloads[:-1] if keys[d] == keys[last]})
-        reads = _reads(log)
+        if any(len(e.reads) != len(e.refs) for e in log[:1]):
+            resolve_reads(log)
         boundary = [e.after_fetch for e in log]
         for period in periods[: self.max_periods]:
             if n < 2 * period:
@@ -42,23 +43,10 @@ class DataDependencySearch:
             tail = int(breaks[-1]) + 1 if len(breaks) else 0  # log[tail:] has this period
             if n - tail < 2 * period:
                 continue
+            # A start reads nothing the previous block wrote, except values older than the
+            # steady state written in place.
             starts = [s for s in range(tail, tail + period)
-                      if all(latest < tail or first < tail for first, latest in reads[s])]
+                      if all(latest < tail or first < tail for latest, _, first in log[s].reads)]
             yield from (Candidate(s, period) for s in starts if boundary[s])
             yield from (Candidate(s, period) for s in starts if not boundary[s])
 
-
-def _reads(log: list[LoggedCall]) -> list[list[tuple[int, int]]]:
-    """Per call, for each value it reads by id: (position of the value's first write, position
-    of its latest write before this call); -1 when written before the log began. A start reads
-    nothing the previous block wrote, except values older than it written in place."""
-    first: dict[object, int] = {}
-    latest: dict[object, int] = {}
-    out: list[list[tuple[int, int]]] = []
-    for i, e in enumerate(log):
-        out.append([(first.get(v, -1), latest.get(v, -1)) for kind, v in e.refs if kind == "live"])
-        written = [v for kind, v in e.refs if kind == "upload" and v]
-        for v in (*written, *e.outputs):
-            first.setdefault(v, i)
-            latest[v] = i
-    return out
