@@ -2,10 +2,11 @@
 
 Every frame the relay forwards is logged (cheap: the frame is kept as parsed). After a download,
 when no sequence is in use for that thread, a sequence search runs in a worker thread, off the
-relay's path. A verified result becomes a ``SequenceDef`` pushed to the GPU host (which will
-replay it) and to the shim (which will match the app's calls against it), and is saved in the
-state directory so that the app, restarted, replays from its first inference: saved sequences
-are offered as soon as the app has shown the persistent tensors (weights) they use.
+relay's path, within a search budget (``SearchBudget``: failed searches back off). A verified
+result becomes a ``SequenceDef`` pushed to the GPU host (which will replay it) and to the shim
+(which will match the app's calls against it), and is saved in the state directory so that the
+app, restarted, replays from its first inference: saved sequences are offered as soon as the
+app has shown the persistent tensors (weights) they use.
 """
 
 from __future__ import annotations
