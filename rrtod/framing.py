@@ -9,13 +9,43 @@ that a corrupt length cannot make the daemon allocate gigabytes.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import json
+import os
 import socket
 import struct
+import time
 
 from google.protobuf.message import DecodeError, Message
 
 HEADER = struct.Struct("<I")
 MAX_FRAME = 1 << 30  # 1 GiB: larger than any single tensor we ship in one frame
+READ_CHUNK = 1 << 18  # what a relay reads at once: a burst of small frames, or a large one's head
+JOIN_BYTES = 64 << 10  # writes up to this size are joined into one buffer, larger ones not
+
+
+# Hop timestamps for bench/plumbing.py: with RRTO_HOP_TRACE=DIR every process that moves frames
+# (shim, robot daemon, GPU daemon) records (event, CLOCK_MONOTONIC ns) at each hop and writes
+# them to DIR/<pid>.json at exit. One clock for all processes on a machine, so a frame's path
+# can be followed across them. Off (the default), a hop costs one global test.
+_HOP_DIR = os.environ.get("RRTO_HOP_TRACE")
+TRACING = bool(_HOP_DIR)
+_hops: list[tuple[str, int]] = []
+
+
+def hop(event: str) -> None:
+    """Record ``event`` now; call sites test ``TRACING`` first."""
+    _hops.append((event, time.monotonic_ns()))
+
+
+def _dump_hops() -> None:
+    if _hops and _HOP_DIR:
+        with open(os.path.join(_HOP_DIR, f"{os.getpid()}.json"), "w") as f:
+            json.dump(_hops, f)
+
+
+if TRACING:
+    atexit.register(_dump_hops)
 
 
 class FrameError(Exception):
@@ -27,7 +57,7 @@ def encode(message: Message) -> bytes:
     return HEADER.pack(len(payload)) + payload
 
 
-def decode(kind: type[Message], payload: bytes) -> Message:
+def decode(kind: type[Message], payload: bytes | memoryview) -> Message:
     message = kind()
     try:
         message.ParseFromString(payload)
@@ -56,6 +86,100 @@ async def read_frame(reader: asyncio.StreamReader, kind: type[Message]) -> Messa
     except asyncio.IncompleteReadError:
         raise FrameError("connection closed inside a frame") from None
     return decode(kind, payload)
+
+
+class FrameReader:
+    """Reads frames in bursts: ``read`` returns the next frame and every complete frame that
+    arrived with it, so a relay can pass on what its peer wrote in one go in one message."""
+
+    def __init__(self, reader: asyncio.StreamReader, kind: type[Message]):
+        self.reader = reader
+        self.kind = kind
+        self.buf = bytearray()
+
+    def _split(self) -> list[Message]:
+        out, pos, buf = [], 0, self.buf
+        with memoryview(buf) as view:  # parsed in place: no copy of a large frame's bytes
+            while len(buf) - pos >= HEADER.size:
+                (length,) = HEADER.unpack_from(buf, pos)
+                end = pos + HEADER.size + length
+                try:
+                    _check_length(length)
+                    if len(buf) < end:
+                        break
+                    out.append(decode(self.kind, view[pos + HEADER.size:end]))
+                except FrameError:
+                    if out:
+                        break  # the frames before it go first; the next read raises
+                    raise
+                pos = end
+        if pos:
+            del buf[:pos]
+        return out
+
+    def _missing(self) -> int:
+        """Bytes still missing from the frame at the head of the buffer (at least 1)."""
+        if len(self.buf) < HEADER.size:
+            return HEADER.size - len(self.buf)
+        (length,) = HEADER.unpack_from(self.buf, 0)
+        return max(HEADER.size + length - len(self.buf), 1)
+
+    async def read(self) -> list[Message] | None:
+        """One or more messages; None at a clean end of stream."""
+        while True:
+            frames = self._split()
+            if frames:
+                return frames
+            missing = self._missing()
+            if missing > READ_CHUNK and len(self.buf) >= HEADER.size:
+                try:  # the rest of a large frame in one wait, not chunk by chunk
+                    self.buf += await self.reader.readexactly(missing)
+                except asyncio.IncompleteReadError:
+                    raise FrameError("connection closed inside a frame") from None
+            else:
+                data = await self.reader.read(READ_CHUNK)
+                if not data:
+                    if self.buf:
+                        raise FrameError("connection closed inside a frame")
+                    return None
+                self.buf += data
+
+
+def session_prefix(length: int) -> bytes:
+    """Header and field tag of a ``LocalRequest``/``LocalReply`` whose ``session`` (field 2 in
+    both) holds ``length`` bytes of a serialized frame: lets the shim and the robot daemon wrap
+    a frame's bytes without copying the message into the envelope first."""
+    tag = b"\x12" + _varint(length)
+    return HEADER.pack(len(tag) + length) + tag
+
+
+def send_parts(sock: socket.socket, parts: list[bytes]) -> None:
+    """``sendall`` of the parts' concatenation; large ones are not copied into one buffer
+    first (a fresh buffer of a few MB costs more than the syscalls)."""
+    if sum(map(len, parts)) <= JOIN_BYTES:
+        sock.sendall(b"".join(parts))
+        return
+    views = [memoryview(p) for p in parts if p]
+    while views:
+        sent = sock.sendmsg(views[:64])
+        while sent:
+            if sent >= len(views[0]):
+                sent -= len(views.pop(0))
+            else:
+                views[0] = views[0][sent:]
+                sent = 0
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
 
 
 class FramedSocket:

@@ -20,6 +20,9 @@ from rrto.v1 import local_pb2, ops_pb2
 from rrtod.framing import FrameError, encode, read_frame
 
 log = structlog.get_logger("rrtod.socket")
+# Bytes a connection buffers before the daemon stops reading it (asyncio's default is 64 KiB):
+# an app's input tensors of a few MB arrive in a few reads instead of stop-and-go 64 KiB steps.
+STREAM_LIMIT = 4 << 20
 
 Cred = tuple[int, int, int]
 CtlHandler = Callable[[local_pb2.CtlRequest, Cred], Awaitable[local_pb2.CtlReply]]
@@ -62,7 +65,8 @@ class LocalServer:
             self.path.unlink()  # stale socket from a crashed daemon
         old_umask = os.umask(0o777 & ~self.mode)  # never world-accessible, even for an instant
         try:
-            self.server = await asyncio.start_unix_server(self._client, path=str(self.path))
+            self.server = await asyncio.start_unix_server(self._client, path=str(self.path),
+                                                          limit=STREAM_LIMIT)
         finally:
             os.umask(old_umask)
         os.chmod(self.path, self.mode)

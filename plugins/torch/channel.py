@@ -13,7 +13,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from rrto.v1 import local_pb2, ops_pb2
-from rrtod.framing import HEADER, FramedSocket
+from rrtod import framing
+from rrtod.framing import FramedSocket, send_parts, session_prefix
 
 OnDown = Callable[[ops_pb2.SessionDown], None]
 OnLost = Callable[[str], None]
@@ -36,18 +37,6 @@ class NoHost(ConnectionError):
     def __init__(self, code: str, message: str):
         super().__init__(f"{code}: {message}")
         self.code = code
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
 
 
 class SocketChannel:
@@ -86,6 +75,8 @@ class SocketChannel:
         try:
             while True:
                 reply = self.sock.recv(local_pb2.LocalReply)
+                if framing.TRACING:
+                    framing.hop("shim.recv")
                 kind = reply.WhichOneof("msg")
                 if kind == "session":
                     self._on_down(reply.session)
@@ -101,16 +92,16 @@ class SocketChannel:
 
     def send(self, frames: list[ops_pb2.SessionUp]) -> None:
         # A LocalRequest holding SessionUp bytes is field 2, length-delimited: wrap the bytes
-        # directly instead of copying each message into a LocalRequest.
+        # directly instead of copying each message into a LocalRequest. One write for all:
+        # the robot daemon relays what arrives together to the host as one message.
+        if framing.TRACING:
+            framing.hop("shim.send")
         parts = []
         for up in frames:
             body = up.SerializeToString()
-            inner = b"\x12" + _varint(len(body))
-            parts.append(HEADER.pack(len(inner) + len(body)))
-            parts.append(inner)
-            parts.append(body)
+            parts += (session_prefix(len(body)), body)
         with self._wlock:
-            self.sock.sock.sendall(b"".join(parts))
+            send_parts(self.sock.sock, parts)
 
     def mark(self, index: int, start_ns: int, end_ns: int) -> None:
         msg = local_pb2.LocalRequest(mark=local_pb2.InferenceMark(

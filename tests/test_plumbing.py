@@ -1,0 +1,210 @@
+"""The replay plumbing's pieces in isolation: frames read in bursts, frames relayed to the host
+in one message, replies coalesced by the GPU host. No daemons, no torch."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import types
+
+import pytest
+
+from rrto.v1 import local_pb2, ops_pb2
+from rrtod import framing
+from rrtod.framing import FrameError, FrameReader, encode, session_prefix
+from rrtod.gpu import HostSession, Outbox
+from rrtod.grpc_options import BATCH_BYTES
+from rrtod.robot import RobotRole
+
+
+def fetch(seq: int) -> local_pb2.LocalRequest:
+    return local_pb2.LocalRequest(session=ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=seq, id=seq)))
+
+
+def reader_of(*chunks: bytes, eof: bool = True) -> asyncio.StreamReader:
+    reader = asyncio.StreamReader(limit=1 << 16)
+    for chunk in chunks:
+        reader.feed_data(chunk)
+    if eof:
+        reader.feed_eof()
+    return reader
+
+
+def test_session_prefix_is_the_envelope() -> None:
+    for up in (ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=1)),
+               ops_pb2.SessionUp(blob=ops_pb2.BlobPut(hash=b"x" * 70000))):
+        body = up.SerializeToString()
+        assert session_prefix(len(body)) + body == encode(local_pb2.LocalRequest(session=up))
+
+
+def test_frame_reader_returns_what_arrived_together() -> None:
+    async def main() -> None:
+        data = b"".join(encode(fetch(i)) for i in range(1, 4))
+        r = FrameReader(reader_of(data, encode(fetch(4))[:3], eof=False), local_pb2.LocalRequest)
+        assert [f.session.fetch.seq for f in await r.read()] == [1, 2, 3]
+        r.reader.feed_data(encode(fetch(4))[3:])  # the rest of a frame split across writes
+        r.reader.feed_eof()
+        assert [f.session.fetch.seq for f in await r.read()] == [4]
+        assert await r.read() is None
+
+    asyncio.run(main())
+
+
+def test_frame_reader_large_frame_and_errors() -> None:
+    async def main() -> None:
+        big = local_pb2.LocalRequest(session=ops_pb2.SessionUp(
+            blob=ops_pb2.BlobPut(hash=b"w" * (3 * framing.READ_CHUNK))))
+        r = FrameReader(reader_of(encode(big), encode(fetch(7))), local_pb2.LocalRequest)
+        got = []
+        while (frames := await r.read()) is not None:
+            got += frames
+        assert got == [big, fetch(7)]
+        # Good frames before a malformed one are returned first; the next read raises.
+        bad = framing.HEADER.pack(3) + b"\xff\xff\xff"
+        r = FrameReader(reader_of(encode(fetch(1)) + bad), local_pb2.LocalRequest)
+        assert [f.session.fetch.seq for f in await r.read()] == [1]
+        with pytest.raises(FrameError):
+            await r.read()
+        r = FrameReader(reader_of(encode(fetch(1))[:-1]), local_pb2.LocalRequest)
+        with pytest.raises(FrameError, match="inside a frame"):
+            await r.read()
+        r = FrameReader(reader_of(framing.HEADER.pack(framing.MAX_FRAME + 1)),
+                        local_pb2.LocalRequest)
+        with pytest.raises(FrameError, match="exceeds"):
+            await r.read()
+
+    asyncio.run(main())
+
+
+class FakeCall:
+    def __init__(self) -> None:
+        self.written: list[ops_pb2.SessionUp] = []
+
+    async def write(self, message: ops_pb2.SessionUp) -> None:
+        self.written.append(message)
+
+
+def relay(requests: list[local_pb2.LocalRequest]) -> tuple[list[ops_pb2.SessionUp], object]:
+    role = object.__new__(RobotRole)
+    role.energy = None
+    session = types.SimpleNamespace(id="s1", frames_up=0, bytes_up=0, calls=0, inferences=0,
+                                    recorder=None, write_lock=asyncio.Lock())
+    call = FakeCall()
+    asyncio.run(role._relay(session, requests, call, None))
+    return call.written, session
+
+
+def test_relay_sends_a_burst_as_one_message() -> None:
+    mark = local_pb2.LocalRequest(mark=local_pb2.InferenceMark(index=1, start_ns=1, end_ns=2))
+    written, session = relay([fetch(1), fetch(2), mark, fetch(3)])
+    assert len(written) == 1 and written[0].WhichOneof("msg") == "batch"
+    assert [f.fetch.seq for f in written[0].batch.frames] == [1, 2, 3]
+    assert session.frames_up == 3 and session.inferences == 1
+    written, _ = relay([fetch(1)])
+    assert written == [fetch(1).session]  # a single frame travels as itself
+
+
+def test_relay_splits_at_large_frames_and_queries() -> None:
+    big = local_pb2.LocalRequest(session=ops_pb2.SessionUp(
+        blob=ops_pb2.BlobPut(hash=b"w" * BATCH_BYTES)))
+    query = local_pb2.LocalRequest(session=ops_pb2.SessionUp(query=ops_pb2.BlobQuery()))
+    written, _ = relay([fetch(1), big, fetch(2), query, fetch(3)])
+    kinds = [w.WhichOneof("msg") for w in written]
+    assert kinds == ["fetch", "blob", "batch", "fetch"]
+    assert [f.WhichOneof("msg") for f in written[2].batch.frames] == ["fetch", "query"]
+
+
+def test_relay_passes_frames_before_a_bad_one() -> None:
+    bad = local_pb2.LocalRequest(ctl=local_pb2.CtlRequest(command="status"))
+    role = object.__new__(RobotRole)
+    role.energy = None
+    session = types.SimpleNamespace(id="s1", frames_up=0, bytes_up=0, calls=0, inferences=0,
+                                    recorder=None, write_lock=asyncio.Lock())
+    call = FakeCall()
+    with pytest.raises(FrameError, match="unexpected ctl"):
+        asyncio.run(role._relay(session, [fetch(1), bad, fetch(2)], call, None))
+    assert [w.fetch.seq for w in call.written] == [1]
+
+
+def test_outbox_coalesces_until_flush_and_ends() -> None:
+    async def main() -> None:
+        box = Outbox(asyncio.get_running_loop())
+        box.HOLD_S = 60.0
+
+        def worker() -> None:
+            box.put(ops_pb2.SessionDown(fetched=ops_pb2.Fetched(id=1)))
+            box.put(ops_pb2.SessionDown(fetched=ops_pb2.Fetched(id=2)))
+            box.flush()  # the end of a frame batch
+            box.put(None)
+
+        threading.Thread(target=worker).start()
+        got: list = []
+        while not got or got[-1] is not None:
+            got += await asyncio.wait_for(box.get(), 10)
+        assert [g.fetched.id for g in got[:-1]] == [1, 2]
+
+    asyncio.run(main())
+
+
+def test_outbox_sends_a_reply_held_too_long() -> None:
+    async def main() -> None:
+        box = Outbox(asyncio.get_running_loop())
+        box.HOLD_S = 0.0  # every reply goes at once
+        threading.Thread(target=box.put, args=(ops_pb2.SessionDown(
+            fetched=ops_pb2.Fetched(id=5)),)).start()
+        got = await asyncio.wait_for(box.get(), 10)
+        assert [g.fetched.id for g in got] == [5]
+
+    asyncio.run(main())
+
+
+class EchoExecutor:
+    """Answers every fetch with its id; counts the calls it sees."""
+
+    def __init__(self) -> None:
+        self.handled: list[str] = []
+
+    def handle(self, frame: ops_pb2.SessionUp):
+        self.handled.append(frame.WhichOneof("msg"))
+        if frame.WhichOneof("msg") == "fetch":
+            yield ops_pb2.SessionDown(fetched=ops_pb2.Fetched(seq=frame.fetch.seq))
+
+    def close(self) -> None:
+        pass
+
+
+def test_host_session_processes_a_batch_in_order() -> None:
+    async def main() -> None:
+        ex = EchoExecutor()
+        session = HostSession("h1", ops_pb2.SessionOpen(), "peer", ex)
+        session.outbox.HOLD_S = 60.0
+        frames = [fetch(i).session for i in (1, 2, 3)]
+        session.queue(session.process, frames)
+        got = await asyncio.wait_for(session.outbox.get(), 10)
+        assert [g.fetched.seq for g in got] == [1, 2, 3]  # one wake-up for the batch
+        assert ex.handled == ["fetch"] * 3
+        await session.close()
+
+    asyncio.run(main())
+
+
+def test_send_parts_large_and_small() -> None:
+    import socket
+
+    def receive(sock: socket.socket, n: int, out: bytearray) -> None:
+        while len(out) < n:
+            out += sock.recv(1 << 20)
+
+    a, b = socket.socketpair()
+    try:
+        for parts in ([b"ab", b"cd"], [b"x" * 100, b"", b"y" * (3 << 20), b"z"]):
+            want = b"".join(parts)
+            got = bytearray()
+            reader = threading.Thread(target=receive, args=(b, len(want), got))
+            reader.start()
+            framing.send_parts(a, parts)
+            reader.join(10)
+            assert bytes(got) == want
+    finally:
+        a.close()
+        b.close()
