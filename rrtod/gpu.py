@@ -114,12 +114,18 @@ class _Executor:
         return getattr(self._executor, name)
 
     def handle(self, frame: ops_pb2.SessionUp) -> Any:
+        return self._run(self._executor.handle, frame)
+
+    def run_prepared(self, *args: Any) -> Any:
+        return self._run(self._executor.run_prepared, *args)
+
+    def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         self._outbox.tick()
         if not framing.TRACING:
-            return self._executor.handle(frame)
+            return fn(*args)
         framing.hop("gpu.exec.begin")
         try:
-            return list(self._executor.handle(frame))
+            return list(fn(*args))
         finally:
             framing.hop("gpu.exec.end")
 
@@ -295,6 +301,8 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
                         batch = batch[:end]
                     if batch:
                         session.frames += len(batch)
+                        for f in batch:  # releases the replay in progress may act on early
+                            session.replayer.read(f)
                         session.queue(session.process, batch)
                     if end is not None:
                         break

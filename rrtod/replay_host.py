@@ -13,7 +13,8 @@ rest are released; the session goes on forwarding.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,8 +35,14 @@ class Compiled:
     pushes: list[list[int]]  # per call: outputs whose final value it writes (pushed after it)
     writes: list[list[int]]  # per call: positions of outputs that overwrite existing values
     mutates: list[bool]  # per call: writes arguments in place without returning them
+    # per call, per tensor argument: (slot, recorded ref, its kind, local index of the upload's
+    # bind id, local index of the producing call's output) - precomputed for ``_bind``
+    binding: list[list[tuple[int, ops_pb2.TensorRef, str, int | None, int | None]]]
+    last_use: dict[int, int]  # local index -> the last call that reads or writes it
+    free_after: list[list[int]]  # per call: local indices it is the last to read or write
     written: Callable[[ops_pb2.OpCall], list[int]] | None = None
     sticky: dict[int, ops_pb2.TensorRef] = field(default_factory=dict)  # bound weights, constants
+    prepared: list[Any] = field(default_factory=list)  # per call: the executor's, or None
 
 
 def compile_sequence(d: ops_pb2.SequenceDef,
@@ -53,12 +60,19 @@ def compile_sequence(d: ops_pb2.SequenceDef,
             raise ValueError(f"sequence {d.id}: produced source {src.id} is not a local id")
     if any(o not in local for o in d.outputs):
         raise ValueError(f"sequence {d.id}: an output is not a local id")
-    slots, inputs, writes, mutates, n = [], [], [], [], 0
+    slots, inputs, writes, mutates, binding, n = [], [], [], [], [], 0
     produced: set[int] = set()
     for call, count in zip(d.calls, counts, strict=True):
         own = list(range(n, n + count))
         n += count
         slots.append(own)
+        plan = []
+        for s, ref in zip(own, iter_tensor_refs(call), strict=True):
+            kind = ref.WhichOneof("ref")
+            src = d.sources[s]
+            plan.append((s, ref, kind, local.get(ref.bind_id) if kind == "upload" else None,
+                         local[src.id] if src.kind == SRC.PRODUCED else None))
+        binding.append(plan)
         # A weight's id is only known to be bound once the shim names it (its first use in this
         # session may be this very replay), so until then it is waited for like an input.
         inputs.append([s for s in own if d.sources[s].kind in (SRC.INPUT, SRC.PERSISTENT)])
@@ -70,7 +84,17 @@ def compile_sequence(d: ops_pb2.SequenceDef,
     pushes: list[list[int]] = [[] for _ in d.calls]
     for i in sorted(outputs):
         pushes[last_writer[i]].append(i)
-    return Compiled(d, local, slots, inputs, outputs, pushes, writes, mutates, written=written)
+    last_use = dict(last_writer)
+    for k, plan in enumerate(binding):
+        for _slot, _ref, _kind, bind, produced in plan:
+            for i in (bind, produced):
+                if i is not None:
+                    last_use[i] = max(last_use.get(i, k), k)
+    free_after: list[list[int]] = [[] for _ in d.calls]
+    for i, k in last_use.items():
+        free_after[k].append(i)
+    return Compiled(d, local, slots, inputs, outputs, pushes, writes, mutates, binding,
+                    last_use, free_after, written=written)
 
 
 @dataclass
@@ -81,13 +105,19 @@ class Active:
     args: dict[int, ops_pb2.TensorRef] = field(default_factory=dict)
     failed: bool = False
     snapshots: list[tuple[int, Any]] = field(default_factory=list)  # (call, executor token)
+    dropped: set[int] = field(default_factory=set)  # local indices the app let go of
 
 
 class HostReplayer:
     """Drives one session's executor through replays. Calls run ahead of the app, so a call
     that overwrites an existing value in place (``relu_`` on an earlier output, a running
     statistic) is preceded by an executor snapshot of that value: an abort before it restores
-    what forwarding would have left."""
+    what forwarding would have left.
+
+    Values the app lets go of while the host still computes are freed right after their last
+    use in the sequence, ahead of the release frame itself (``read``): the next calls then
+    reuse memory that is still in the cache, as the app's own forward would, instead of
+    touching a whole inference's worth of fresh buffers."""
 
     def __init__(self, executor: Any):
         self.executor = executor
@@ -100,6 +130,31 @@ class HostReplayer:
         self.replays = 0
         self.aborts = 0
         self.refused = False  # the last start named an unknown sequence
+        # Early releases, from the transport's thread: (inference base, ids).
+        self._released: deque[tuple[int, Iterable[int]]] = deque()
+        self._read_base: int | None = None  # the transport's view, in stream order
+        self._pinned: set[int] = set()
+
+    def read(self, frame: ops_pb2.SessionUp) -> None:
+        """Called by the transport for every frame as it is read, before the frame waits in
+        the session's queue. A release may be acted on early only if nothing queued before it
+        can still read those ids: so only ids of the inference whose start was read last,
+        while nothing but its arguments followed that start (a forwarded call, a download or
+        an abort may read them), and never an id an argument names."""
+        kind = frame.WhichOneof("msg")
+        if kind == "release":
+            base = self._read_base
+            if base is not None and self.active is not None:
+                self._released.append((base, [i for i in frame.release.ids
+                                              if i not in self._pinned]))
+        elif kind == "arg":
+            if frame.arg.tensor.WhichOneof("ref") == "id":
+                self._pinned.add(frame.arg.tensor.id)
+        elif kind == "start":
+            self._read_base = frame.start.base_id
+            self._pinned = set()
+        else:
+            self._read_base = None
 
     def process(self, frame: ops_pb2.SessionUp, emit: Emit) -> None:
         kind = frame.WhichOneof("msg")
@@ -164,8 +219,21 @@ class HostReplayer:
         except (ValueError, KeyError) as exc:
             emit(ops_pb2.SessionDown(defined=ops_pb2.SequenceAck(id=d.id, reason=str(exc))))
             return
+        compiled.prepared = [self._prepare(call) for call in d.calls]
         self.sequences[d.id] = compiled
         emit(ops_pb2.SessionDown(defined=ops_pb2.SequenceAck(id=d.id, accepted=True)))
+
+    def _prepare(self, call: ops_pb2.OpCall) -> Any:
+        """The executor's decoded form of ``call`` (``prepare``/``run_prepared``, optional):
+        a replayed call then costs the operator and little else. None keeps the generic path,
+        which also reports whatever made preparing fail when the call is replayed."""
+        prepare = getattr(self.executor, "prepare", None)
+        if prepare is None:
+            return None
+        try:
+            return prepare(call)
+        except Exception:  # noqa: BLE001 - reported by the generic path at replay time
+            return None
 
     def _finish(self, emit: Emit) -> None:
         act = self.active
@@ -180,6 +248,7 @@ class HostReplayer:
     def _close(self, act: Active, complete: bool = False) -> None:
         if self.active is act:
             self.active = None
+            self._released.clear()  # the frames themselves free these
         self.last = act if complete else None
         if not complete:
             act.snapshots.clear()
@@ -194,13 +263,21 @@ class HostReplayer:
             k = act.position
             if any(s not in act.args and s not in act.seq.sticky for s in act.seq.inputs[k]):
                 return  # waits for the app to produce this input
-            call = self._rebind(act, k)
+            refs, out_ids = self._bind(act, k)
+            prepared = act.seq.prepared[k] if act.seq.prepared else None
+            call = None
             if act.seq.writes[k] or act.seq.mutates[k]:
-                ids = [call.out_ids[j] for j in act.seq.writes[k]]
+                ids = [out_ids[j] for j in act.seq.writes[k]]
                 if act.seq.mutates[k] and act.seq.written is not None:
+                    call = self._rebind(act, k, refs, out_ids)
                     ids += act.seq.written(call)  # ids as rebound for this inference
                 act.snapshots.append((k, self.executor.snapshot(ids)))
-            for down in self.handle(ops_pb2.SessionUp(call=call)):
+            if prepared is not None:
+                downs = self.executor.run_prepared(prepared, refs, out_ids)
+            else:
+                call = call or self._rebind(act, k, refs, out_ids)
+                downs = self.handle(ops_pb2.SessionUp(call=call))
+            for down in downs:
                 if down.WhichOneof("msg") == "error":
                     act.failed = True
                     down.error.sequence = act.seq.definition.id
@@ -211,8 +288,36 @@ class HostReplayer:
             act.position += 1
             for i in act.seq.pushes[k]:
                 self._push(act.base + i, emit)
+            if self._released:
+                self._take_released(act)
+            free = [act.base + i for i in act.seq.free_after[k] if i in act.dropped]
+            if free:
+                self._free(free)
         if act.position == len(calls) and limit is None:
             self._close(act, complete=True)
+
+    def _take_released(self, act: Active) -> None:
+        """Values of this inference the app released: free those past their last use in the
+        sequence now, the rest right after it."""
+        free = []
+        n = len(act.seq.local)
+        while self._released:
+            base, ids = self._released.popleft()
+            if base != act.base:
+                continue  # another inference's: its release frame frees them in order
+            for oid in ids:
+                i = oid - base
+                if 0 <= i < n:
+                    if act.position > act.seq.last_use.get(i, -1):
+                        free.append(oid)
+                    else:
+                        act.dropped.add(i)
+        if free:
+            self._free(free)
+
+    def _free(self, ids: list[int]) -> None:
+        for _ in self.handle(ops_pb2.SessionUp(release=ops_pb2.Release(ids=ids))):
+            pass
 
     def _push(self, oid: int, emit: Emit) -> None:
         for down in self.handle(ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=0, id=oid))):
@@ -220,41 +325,55 @@ class HostReplayer:
                 down.fetched.id = oid
             emit(down)
 
-    def _rebind(self, act: Active, k: int) -> ops_pb2.OpCall:
-        seq = act.seq
-        call = ops_pb2.OpCall()
-        call.CopyFrom(seq.definition.calls[k])
-        call.seq = 0
-        call.sync = False
-        call.want_meta = False
-        for j, rid in enumerate(call.out_ids):
-            i = seq.local.get(rid)
-            if i is not None:
-                call.out_ids[j] = act.base + i
+    def _bind(self, act: Active, k: int) -> tuple[list[int | ops_pb2.TensorRef], list[int]]:
+        """Call ``k`` of this inference: per tensor argument a live id or a ref to resolve
+        (an upload, a persistent tensor), and its output ids. Arguments the app sent for this
+        inference come first, then weights and constants it rebound, then what was recorded."""
+        seq, base = act.seq, act.base
+        refs: list[int | ops_pb2.TensorRef] = []
         renamed: dict[int, int] = {}  # a rebound weight/constant: recorded id -> its id now
-        for slot, ref in zip(seq.slots[k], iter_tensor_refs(call), strict=True):
+        for slot, rec, kind, bind, produced in seq.binding[k]:
             given = act.args.get(slot)
             if given is not None:
-                bind = ref.bind_id if ref.WhichOneof("ref") == "upload" else 0
-                ref.CopyFrom(given)
-                if bind in seq.local and given.WhichOneof("ref") == "upload":
-                    ref.bind_id = act.base + seq.local[bind]  # read again later by id
+                if bind is not None and given.WhichOneof("ref") == "upload":
+                    given = _with_bind(given, base + bind)  # read again later by id
+                refs.append(given)
                 continue
             sticky = seq.sticky.get(slot)
             if sticky is not None:
-                if ref.WhichOneof("ref") == "id" and sticky.WhichOneof("ref") == "id":
-                    renamed[ref.id] = sticky.id
-                ref.CopyFrom(sticky)
-                continue
-            src = seq.definition.sources[slot]
-            if src.kind == SRC.PRODUCED:
-                ref.Clear()
-                ref.id = act.base + seq.local[src.id]
-            elif ref.WhichOneof("ref") == "upload" and ref.bind_id in seq.local:
-                ref.bind_id = act.base + seq.local[ref.bind_id]
+                if sticky.WhichOneof("ref") == "id":
+                    if kind == "id":
+                        renamed[rec.id] = sticky.id
+                    refs.append(sticky.id)
+                else:
+                    refs.append(sticky)
+            elif produced is not None:
+                refs.append(base + produced)
+            elif bind is not None:
+                refs.append(_with_bind(rec, base + bind))
+            else:
+                refs.append(rec.id if kind == "id" else rec)
+        out_ids = [base + seq.local[r] if r in seq.local else r
+                   for r in seq.definition.calls[k].out_ids]
         if renamed:  # written in place and returned: the result is the rebound tensor too
-            for j, rid in enumerate(call.out_ids):
-                call.out_ids[j] = renamed.get(rid, rid)
+            out_ids = [renamed.get(r, r) for r in out_ids]
+        return refs, out_ids
+
+    def _rebind(self, act: Active, k: int, refs: list[int | ops_pb2.TensorRef],
+                out_ids: list[int]) -> ops_pb2.OpCall:
+        """The recorded call as forwarding would send it for this inference (``_bind``)."""
+        call = ops_pb2.OpCall()
+        call.CopyFrom(act.seq.definition.calls[k])
+        call.seq = 0
+        call.sync = False
+        call.want_meta = False
+        call.out_ids[:] = out_ids
+        for ref, value in zip(iter_tensor_refs(call), refs, strict=True):
+            if isinstance(value, int):
+                ref.Clear()
+                ref.id = value
+            else:
+                ref.CopyFrom(value)
         return call
 
     def _abort(self, position: int, emit: Emit) -> None:
@@ -277,6 +396,13 @@ class HostReplayer:
         if drop:
             list(self.handle(ops_pb2.SessionUp(release=ops_pb2.Release(ids=drop))))
         self._close(act)
+
+
+def _with_bind(ref: ops_pb2.TensorRef, bind_id: int) -> ops_pb2.TensorRef:
+    out = ops_pb2.TensorRef()
+    out.CopyFrom(ref)
+    out.bind_id = bind_id
+    return out
 
 
 def _error(code: str, message: str, sequence: int = 0) -> ops_pb2.SessionDown:

@@ -258,3 +258,67 @@ def test_state_written_but_not_returned_is_restored_on_abort():
     assert value(out[0]) == (1001, 13.0) and ex.store[100] == 11.0
     run(r, ops_pb2.SessionUp(abort=ops_pb2.ReplayAbort(position=1)))
     assert ex.store[100] == 10.0 and ex.store[1000] == 3.0 and 1001 not in ex.store
+
+
+def waiting_sequence() -> ops_pb2.SequenceDef:
+    """a = in0 + c;  b = a * a;  d = b + in1, where in1 comes later.   Recorded ids 1, 2, 3."""
+    d = ops_pb2.SequenceDef(id=8, local_ids=[1, 2, 3], outputs=[3])
+    d.calls.extend([call("add", 1, upload(0.0), ref(100)), call("mul", 2, ref(1), ref(1)),
+                    call("add", 3, ref(2), upload(0.0))])
+    for kind, i in [(SRC.INPUT, 0), (SRC.CONSTANT, 100), (SRC.PRODUCED, 1), (SRC.PRODUCED, 1),
+                    (SRC.PRODUCED, 2), (SRC.INPUT, 0)]:
+        d.sources.add(kind=kind, id=i)
+    return d
+
+
+def daemon(r: HostReplayer, *frames: ops_pb2.SessionUp) -> list[ops_pb2.SessionDown]:
+    """As the GPU daemon: every frame is read (``HostReplayer.read``), then processed."""
+    for f in frames:
+        r.read(f)
+    return run(r, *frames)
+
+
+def release(*ids: int) -> ops_pb2.SessionUp:
+    return ops_pb2.SessionUp(release=ops_pb2.Release(ids=ids))
+
+
+def test_values_the_app_released_are_freed_after_their_last_use():
+    """The app drops a and b while the host waits for in1: a is freed as soon as the host runs
+    on, b only after d read it, before their release frame is processed."""
+    ex = NumberExecutor()
+    ex.store[5] = 1.0  # not this inference's: left to the release frame itself
+    r = HostReplayer(ex)
+    daemon(r, ops_pb2.SessionUp(define=waiting_sequence()),
+           ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=8, base_id=1000)),
+           ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(2.0))))
+    assert ex.store[1000] == 12.0 and ex.store[1001] == 144.0  # waits for in1
+    r.read(release(1000, 1001, 5))  # read; it waits in the queue behind the next argument
+    out = run(r, ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=5, tensor=upload(5.0))))
+    assert [value(x) for x in out] == [(1002, 149.0)]  # b was still there for d
+    assert 1000 not in ex.store and 1001 not in ex.store and ex.store[5] == 1.0
+    run(r, release(1000, 1001, 5))
+    assert 5 not in ex.store
+
+
+def test_release_behind_a_frame_that_may_read_the_value_waits_for_its_turn():
+    """The daemon reads frames ahead of the worker. A forwarded call read before the release
+    may still read the value (the app mismatched and went on forwarding), and so may an
+    argument that names it: the value must outlive both, although the replay's own last use
+    of it has passed when the worker sees the release."""
+    for reader in (ops_pb2.SessionUp(call=call("add", 2000, ref(1000), ref(1000))),
+                   ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=5, tensor=ref(1000)))):
+        ex = NumberExecutor()
+        r = HostReplayer(ex)
+        # a = 12 is computed; the replay waits for in1 while the next frames are read.
+        out = daemon(r, ops_pb2.SessionUp(define=waiting_sequence()),
+                     ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=8, base_id=1000)))
+        frames = [ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(2.0)))]
+        if reader.WhichOneof("msg") == "call":
+            frames.append(ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=5, tensor=upload(5.0))))
+        frames += [reader, release(1000)]
+        for f in frames:
+            r.read(f)
+        out += run(r, *frames)
+        assert [x.WhichOneof("msg") for x in out] == ["defined", "fetched"]
+        assert value(out[1]) == (1002, 149.0 if reader.WhichOneof("msg") == "call" else 156.0)
+        assert ex.store.get(2000, 24.0) == 24.0 and 1000 not in ex.store

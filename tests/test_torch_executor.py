@@ -200,3 +200,29 @@ def test_written_ids_snapshot_and_restore_for_replay(tmp_path):
     assert codec.from_tensor_data(fetch(ex, 7).fetched.tensor).tolist() == [1.0, 1.0, 1.0]
     ex.restore(token)
     assert codec.from_tensor_data(fetch(ex, 7, seq=100).fetched.tensor).tolist() == [0.0] * 3
+
+
+def test_prepared_call_computes_what_forwarding_computes(tmp_path):
+    """Replay's fast path (``prepare`` once, ``run_prepared`` per inference) fills tensors into
+    positional, nested (a tensor list) and keyword arguments in ``iter_tensor_refs`` order."""
+    ex = make(tmp_path)
+    a, b, c = torch.randn(2, 3), torch.randn(2, 3), torch.randn(2, 3)
+    for i, t in enumerate((a, b, c), start=1):
+        call(ex, "aten::clone.default", [up(t)], out_ids=[i], seq=i)
+    cat = ops_pb2.OpCall(op="aten::cat.default", out_ids=[10], args=[
+        ops_pb2.Value(list=ops_pb2.ValueList(items=[ref(100), ref(101)])), ops_pb2.Value(i=1)])
+    add = ops_pb2.OpCall(op="aten::add.Tensor", out_ids=[11], args=[ref(100), ref(101)],
+                         kwargs={"alpha": ops_pb2.Value(f=0.5)})
+    p_cat, p_add = ex.prepare(cat), ex.prepare(add)
+    assert list(ex.run_prepared(p_cat, [3, 1], [20])) == []
+    assert list(ex.run_prepared(p_add, [2, ops_pb2.TensorRef(upload=codec.tensor_data(a))],
+                                [21])) == []
+    assert torch.equal(codec.from_tensor_data(fetch(ex, 20).fetched.tensor), torch.cat([c, a], 1))
+    assert torch.equal(codec.from_tensor_data(fetch(ex, 21).fetched.tensor), b + 0.5 * a)
+    # an unknown argument fails like a forwarded call: an error, and the output is poisoned
+    (down,) = ex.run_prepared(p_add, [2, 77], [22])
+    assert down.error.code == "UNKNOWN_TENSOR"
+    assert fetch(ex, 22).error.code == "POISONED"
+    assert ex.stats()["ops"] == 5
+    with pytest.raises(Exception, match="not allowed|from_file"):
+        ex.prepare(ops_pb2.OpCall(op="aten::from_file.default"))

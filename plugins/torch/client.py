@@ -298,12 +298,21 @@ class RemoteSession:
             if self.released:
                 ids, self.released = self.released, []
                 frames = [ops_pb2.SessionUp(release=ops_pb2.Release(ids=ids)), *frames]
+            if not frames:
+                return
             try:
                 self.channel.send(frames)
             except OSError as exc:
                 self._on_lost(f"connection to rrtod lost: {exc}")
                 raise HostLost(self.lost or str(exc)) from None
             self.counters["frames"] += len(frames)
+
+    def release_now(self, at_least: int) -> None:
+        """Send pending releases now, if there are ``at_least``: while the app waits for a
+        replayed output, the host can free what the app dropped before it computes on (see
+        rrtod/replay_host.py); a few releases are not worth a message of their own."""
+        if len(self.released) >= at_least:
+            self.send_frames([])
 
     def raise_async_errors(self) -> None:
         """Raise the first error the host reported for a streamed call, if any."""

@@ -86,24 +86,29 @@ def _has_non_tensor(value: Any) -> bool:
     return True
 
 
-def _same_layout(t: torch.Tensor, meta: ops_pb2.TensorMeta) -> bool:
-    return all(size == 1 or st == ps
-               for size, st, ps in zip(t.shape, t.stride(), meta.stride, strict=True))
+Layout = tuple[tuple[int, ...], tuple[int, ...]]  # (shape, stride) the app's proxy describes
 
 
-def _conform(t: torch.Tensor, meta: ops_pb2.TensorMeta, what: str) -> torch.Tensor:
+def _layout(meta: ops_pb2.TensorMeta) -> Layout:
+    return tuple(meta.shape), tuple(meta.stride)
+
+
+def _conform(t: torch.Tensor, layout: Layout) -> torch.Tensor:
     """The output as the app's proxy describes it. The client infers metadata by meta
     execution, and for some composite operators the meta decomposition lays out its result
     differently from the device kernel; the app's view of the tensor is what later calls
     (``view``, ``as_strided``) rely on, so the host copies the value into that layout."""
-    if tuple(t.shape) != tuple(meta.shape):
-        # Auxiliary outputs such as native_batch_norm's saved statistics in eval are empty on
-        # CPU but sized by the meta kernel; nothing reads them, so keep what the kernel made.
+    shape, stride = layout
+    strides = t.stride()
+    if strides == stride or t.shape != shape:
+        # A different shape: auxiliary outputs such as native_batch_norm's saved statistics in
+        # eval are empty on CPU but sized by the meta kernel; nothing reads them, so keep what
+        # the kernel made.
         return t
-    if t.numel() <= 1 or len(meta.stride) != t.dim() or _same_layout(t, meta):
+    if len(stride) != len(strides) or t.numel() <= 1 or all(
+            size == 1 or st == ps for size, st, ps in zip(shape, strides, stride, strict=True)):
         return t
-    return torch.empty_strided(t.shape, tuple(meta.stride), dtype=t.dtype,
-                               device=t.device).copy_(t)
+    return torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device).copy_(t)
 
 
 def _rebuild(value: Any, swap: dict[int, torch.Tensor]) -> Any:
@@ -112,6 +117,58 @@ def _rebuild(value: Any, swap: dict[int, torch.Tensor]) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(_rebuild(v, swap) for v in value)
     return value
+
+
+class _Hole:
+    """Where a tensor argument goes in a prepared call's arguments."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+
+def _fill(value: Any, tensors: list[torch.Tensor]) -> Any:
+    if type(value) is _Hole:
+        return tensors[value.index]
+    if isinstance(value, (list, tuple)):
+        return type(value)(_fill(v, tensors) for v in value)
+    return value
+
+
+class PreparedCall:
+    """A recorded call decoded once: its operator, its non-tensor arguments, and a hole per
+    tensor argument, numbered in ``iter_tensor_refs`` order (positional, then keyword
+    arguments by name)."""
+
+    __slots__ = ("op", "what", "args", "kwargs", "top", "layouts", "predicted", "counts")
+
+    def __init__(self, op: Any, call: ops_pb2.OpCall, device: Any):
+        holes = itertools.count()
+
+        def hole(_ref: ops_pb2.TensorRef) -> _Hole:
+            return _Hole(next(holes))
+
+        self.op = op
+        self.what = f"{call.op} (replayed)"
+        self.args = [codec.decode_value(v, hole, device) for v in call.args]
+        self.kwargs = {k: codec.decode_value(call.kwargs[k], hole, device)
+                       for k in sorted(call.kwargs)}
+        self.layouts = [_layout(m) for m in call.out_meta]
+        self.predicted = sum(codec.nbytes_of(m) for m in call.out_meta)
+        self.counts = not (call.op == BIND_OP and call.args[0].tensor.HasField("persistent"))
+        top = [(i, v.index) for i, v in enumerate(self.args) if type(v) is _Hole]
+        # The common case: every tensor is a positional argument of its own.
+        self.top = top if not self.kwargs and len(top) == next(holes) else None
+
+    def fill(self, tensors: list[torch.Tensor]) -> tuple[list[Any], dict[str, Any]]:
+        if self.top is not None:
+            args = list(self.args)
+            for i, j in self.top:
+                args[i] = tensors[j]
+            return args, {}
+        return ([_fill(v, tensors) for v in self.args],
+                {k: _fill(v, tensors) for k, v in self.kwargs.items()})
 
 
 class TorchExecutor:
@@ -225,15 +282,18 @@ class TorchExecutor:
         # on this host's device.
         return self.device
 
+    def _live(self, tid: int, what: str) -> torch.Tensor:
+        t = self.store.get(tid)
+        if t is not None:
+            return t
+        if tid in self.poisoned:
+            raise _Poisoned(self.poisoned[tid])
+        raise CallFailed("UNKNOWN_TENSOR", f"{what}: tensor {tid} is not live in this session")
+
     def _tensor_from_ref(self, ref: ops_pb2.TensorRef, what: str) -> torch.Tensor:
         kind = ref.WhichOneof("ref")
         if kind == "id":
-            t = self.store.get(ref.id)
-            if t is not None:
-                return t
-            if ref.id in self.poisoned:
-                raise _Poisoned(self.poisoned[ref.id])
-            raise CallFailed("UNKNOWN_TENSOR", f"{what}: tensor {ref.id} is not live in this session")
+            return self._live(ref.id, what)
         if kind == "upload":
             need = codec.nbytes_of(ref.upload.meta)
             self.store.check(need, f"{what}: an upload of {ref.upload.meta.dtype}"
@@ -266,73 +326,110 @@ class TorchExecutor:
     # -- frames ------------------------------------------------------------------------------
     def _call(self, call: ops_pb2.OpCall) -> Iterator[ops_pb2.SessionDown]:
         what = f"{call.op} (call {call.seq})"
-        try:
+
+        def decode() -> tuple[Any, list[Any], dict[str, Any]]:
             op = self.allow.resolve(call.op)
             args = [codec.decode_value(v, lambda r: self._tensor_from_ref(r, what),
                                        self._map_device) for v in call.args]
             kwargs = {k: codec.decode_value(v, lambda r: self._tensor_from_ref(r, what),
                                             self._map_device) for k, v in call.kwargs.items()}
-            predicted = sum(codec.nbytes_of(m) for m in call.out_meta)
+            return op, args, kwargs
+
+        counts = not (call.op == BIND_OP and call.args[0].tensor.HasField("persistent"))
+        return self._execute(decode, what, [_layout(m) for m in call.out_meta],
+                             sum(codec.nbytes_of(m) for m in call.out_meta), list(call.out_ids),
+                             call.seq, call.sync, call.want_meta, counts)
+
+    # -- replay fast path (rrtod/replay_host.py) ----------------------------------------------
+    def prepare(self, call: ops_pb2.OpCall) -> PreparedCall:
+        """``call`` decoded once for replay: a replayed inference then only fills in its
+        tensors (``run_prepared``) instead of decoding a protobuf call per operator. Raises
+        OpNotAllowed / CodecError like forwarding would; the replayer then keeps the slow path,
+        which reports the error at replay time."""
+        return PreparedCall(self.allow.resolve(call.op), call, self._map_device)
+
+    def run_prepared(self, p: PreparedCall, refs: list[int | ops_pb2.TensorRef],
+                     out_ids: list[int]) -> Iterator[ops_pb2.SessionDown]:
+        """Run a prepared call with this inference's tensors: ``refs`` per tensor argument
+        (in ``iter_tensor_refs`` order), a live id or a ref to resolve; ``out_ids`` as
+        rebound. Same semantics as forwarding the rebound call (errors, poison, quota)."""
+        what = p.what
+
+        def decode() -> tuple[Any, list[Any], dict[str, Any]]:
+            tensors = [self._live(r, what) if type(r) is int else self._tensor_from_ref(r, what)
+                       for r in refs]
+            return p.op, *p.fill(tensors)
+
+        return self._execute(decode, what, p.layouts, p.predicted, out_ids, 0, False, False,
+                             p.counts)
+
+    def _execute(self, decode: Any, what: str, layouts: list[Layout], predicted: int,
+                 ids: list[int], seq: int, sync: bool, want_meta: bool,
+                 counts: bool) -> Iterator[ops_pb2.SessionDown]:
+        """Run one operator call: ``decode()`` gives (operator, args, kwargs); outputs are kept
+        under ``ids`` in the recorded ``layouts``, after a quota check for the ``predicted``
+        bytes. Errors poison the outputs and become a SessionDown(error)."""
+        try:
+            op, args, kwargs = decode()
             if predicted:
                 self.store.check(predicted, what)
             with torch.inference_mode():
                 result = op(*args, **kwargs)
             outs: list[torch.Tensor] = []
             _flatten(result, outs)
-            if call.out_meta and len(call.out_meta) == len(outs):
-                conformed = [_conform(t, m, what) for t, m in zip(outs, call.out_meta,
-                                                                   strict=True)]
+            if layouts and len(layouts) == len(outs):
+                conformed = [_conform(t, lay) for t, lay in zip(outs, layouts, strict=True)]
                 if any(a is not b for a, b in zip(conformed, outs, strict=True)):
                     result = _rebuild(result, dict(zip(map(id, outs), conformed, strict=True)))
                     outs = conformed
-            ids = list(call.out_ids)
             if len(ids) < len(outs):
-                if not call.want_meta:
+                if not want_meta:
                     raise CallFailed("BAD_FRAME", f"{what}: {len(outs)} tensor outputs but "
                                                   f"{len(ids)} output ids")
-                ids += [next(self._host_ids) for _ in range(len(outs) - len(ids))]
+                ids = ids + [next(self._host_ids) for _ in range(len(outs) - len(ids))]
             self.store.put_many(list(zip(ids, outs, strict=False)), what)
         except OpNotAllowed as exc:
-            return self._fail(call, "OP_NOT_ALLOWED", str(exc))
+            return self._fail(ids, seq, "OP_NOT_ALLOWED", str(exc))
         except QuotaExceeded as exc:
-            return self._fail(call, "QUOTA_EXCEEDED", str(exc))
+            return self._fail(ids, seq, "QUOTA_EXCEEDED", str(exc))
         except CallFailed as exc:
-            return self._fail(call, exc.code, str(exc))
+            return self._fail(ids, seq, exc.code, str(exc))
         except codec.CodecError as exc:
-            return self._fail(call, "BAD_FRAME", f"{what}: {exc}")
+            return self._fail(ids, seq, "BAD_FRAME", f"{what}: {exc}")
         except _Poisoned as exc:
-            for i in call.out_ids:
+            for i in ids:
                 self.poisoned[i] = exc.cause
-            if call.sync or call.want_meta:
-                return self._error("POISONED", exc.cause, call.seq)
+            if sync or want_meta:
+                return self._error("POISONED", exc.cause, seq)
             return iter(())
         except Exception as exc:  # the operator itself raised (bad shapes, dtype, OOM)
             if self.device.type == "cuda" and isinstance(exc, torch.OutOfMemoryError):
-                return self._fail(call, "QUOTA_EXCEEDED", f"{what}: device out of memory")
-            return self._fail(call, "OP_FAILED", f"{what}: {type(exc).__name__}: {exc}")
-        if not (call.op == BIND_OP and call.args[0].tensor.HasField("persistent")):
+                return self._fail(ids, seq, "QUOTA_EXCEEDED", f"{what}: device out of memory")
+            return self._fail(ids, seq, "OP_FAILED", f"{what}: {type(exc).__name__}: {exc}")
+        if counts:
             self.counters["ops"] += 1  # a weight's bind is bookkeeping, not an operator
-        if not (call.sync or call.want_meta or _has_non_tensor(result)):
+        if not (sync or want_meta or _has_non_tensor(result)):
             return iter(())
-        reply = ops_pb2.OpResult(seq=call.seq)
-        if call.want_meta:
+        reply = ops_pb2.OpResult(seq=seq)
+        if want_meta:
             for t in outs:
                 reply.outs.append(codec.meta_of(t))
-        if call.want_meta or _has_non_tensor(result):
+        if want_meta or _has_non_tensor(result):
             id_of = {id(t): i for i, t in zip(ids, outs, strict=False)}
             codec.encode_value(result, reply.value,
                                lambda t: ops_pb2.TensorRef(id=id_of[id(t)]))
         return iter((ops_pb2.SessionDown(result=reply),))
 
-    def _fail(self, call: ops_pb2.OpCall, code: str, message: str) -> Iterator[ops_pb2.SessionDown]:
+    def _fail(self, out_ids: list[int], seq: int, code: str,
+              message: str) -> Iterator[ops_pb2.SessionDown]:
         cause = f"{code}: {message}"
-        for i in call.out_ids:
+        for i in out_ids:
             self.store.pop(i)
             self.poisoned[i] = cause
         if len(self.poisoned) > 100_000:  # bound the memory a failing client can make us hold
             for k in list(itertools.islice(self.poisoned, 50_000)):
                 del self.poisoned[k]
-        return self._error(code, message, call.seq)
+        return self._error(code, message, seq)
 
     def _fetch(self, fetch: ops_pb2.Fetch) -> Iterator[ops_pb2.SessionDown]:
         t = self.store.get(fetch.id)

@@ -35,6 +35,7 @@ _T = object()  # a tensor's place in an argument structure
 REPLAY_BASE = 1 << 52
 SPAN = 1 << 20
 GIVE_UP_AFTER = 3  # consecutive mismatches before a sequence is dropped
+RELEASE_EARLY_AT = 32  # released values worth a frame of their own while waiting for a push
 
 
 class _Unreplayable(Exception):
@@ -427,6 +428,7 @@ class ReplayClient:
             if not self._expects(oid):
                 return None
             event = self._waiting.setdefault(oid, threading.Event())
+        self.session.release_now(RELEASE_EARLY_AT)  # the host is still computing: help it
         while not event.wait(0.5):
             if self.session.lost is not None:
                 return None

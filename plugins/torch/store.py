@@ -38,16 +38,18 @@ class TensorStore:
     def get(self, key: Hashable) -> torch.Tensor | None:
         return self._tensors.get(key)
 
-    def new_bytes(self, tensors: list[torch.Tensor]) -> int:
-        """Bytes that storing ``tensors`` would add (storages not yet charged)."""
+    def put_many(self, items: list[tuple[Hashable, torch.Tensor]], what: str) -> None:
+        """Store all of ``items`` or none (QuotaExceeded)."""
+        keyed = [(key, t, _storage_key(t)) for key, t in items]
         seen: set[tuple[int, int]] = set()
-        total = 0
-        for t in tensors:
-            k = _storage_key(t)
+        extra = 0  # bytes of storages not yet charged
+        for _, _, k in keyed:
             if k not in self._refs and k not in seen:
                 seen.add(k)
-                total += k[1]
-        return total
+                extra += k[1]
+        self.check(extra, what)
+        for key, t, k in keyed:
+            self._put(key, t, k)
 
     def check(self, extra: int, what: str) -> None:
         if self.bytes_live + extra > self.quota:
@@ -56,16 +58,12 @@ class TensorStore:
                 f"{self.quota}-byte memory quota"
             )
 
-    def put_many(self, items: list[tuple[Hashable, torch.Tensor]], what: str) -> None:
-        """Store all of ``items`` or none (QuotaExceeded)."""
-        self.check(self.new_bytes([t for _, t in items]), what)
-        for key, t in items:
-            self.put(key, t)
-
     def put(self, key: Hashable, t: torch.Tensor) -> None:
+        self._put(key, t, _storage_key(t))
+
+    def _put(self, key: Hashable, t: torch.Tensor, k: tuple[int, int]) -> None:
         if key in self._tensors:
             self.pop(key)
-        k = _storage_key(t)
         n = self._refs.get(k, 0)
         if n == 0:
             self.bytes_live += k[1]
