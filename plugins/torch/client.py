@@ -270,7 +270,7 @@ class RemoteSession:
             frames = []
             if self.released:
                 ids, self.released = self.released, []
-                frames.append(ops_pb2.SessionUp(release=ops_pb2.Release(ids=ids)))
+                frames.append(ops_pb2.SessionUp(release=codec.release_of(ids)))
             if numbered:  # a call or fetch: number it in send order
                 self._seq += 1
                 getattr(up, up.WhichOneof("msg")).seq = self._seq
@@ -297,7 +297,7 @@ class RemoteSession:
                 raise HostLost(self.lost)
             if self.released:
                 ids, self.released = self.released, []
-                frames = [ops_pb2.SessionUp(release=ops_pb2.Release(ids=ids)), *frames]
+                frames = [ops_pb2.SessionUp(release=codec.release_of(ids)), *frames]
             try:
                 self.channel.send(frames)
             except OSError as exc:

@@ -147,7 +147,7 @@ class TorchExecutor:
             if kind == "fetch":
                 return self._fetch(frame.fetch)
             if kind == "release":
-                self._release(frame.release.ids)
+                self._release(codec.released_ids(frame.release))
                 return iter(())
             if kind == "blob":
                 return self._blob_put(frame.blob)

@@ -158,10 +158,12 @@ class Fetched(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., tensor: _Optional[_Union[TensorData, _Mapping]] = ..., id: _Optional[int] = ...) -> None: ...
 
 class Release(_message.Message):
-    __slots__ = ("ids",)
+    __slots__ = ("ids", "gaps")
     IDS_FIELD_NUMBER: _ClassVar[int]
+    GAPS_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    gaps: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., gaps: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BlobPut(_message.Message):
     __slots__ = ("hash", "tensor")
