@@ -468,11 +468,15 @@ class RemoteSession:
             if not h.bound:
                 self._bind(h)
             return ops_pb2.TensorRef(id=h.id)
-        if t.requires_grad or type(t) is not torch.Tensor:
-            t = t.detach()
-        data = codec.tensor_data(t, device=device)
+        data = self._upload_data(t, device)
         self.counters["bytes_up"] += len(data.data)
         return ops_pb2.TensorRef(upload=data)
+
+    def _upload_data(self, t: torch.Tensor, device: str | None = None) -> ops_pb2.TensorData:
+        """A local tensor's value as uploaded (not counted: the caller counts what it sends)."""
+        if t.requires_grad or type(t) is not torch.Tensor:
+            t = t.detach()
+        return codec.tensor_data(t, device=device)
 
     def _bind(self, h: Handle) -> None:
         """First use of a persistent tensor: have the host bind the cached blob to its id.

@@ -346,12 +346,14 @@ class ReplayStart(_message.Message):
     def __init__(self, sequence: _Optional[int] = ..., base_id: _Optional[int] = ..., inference: _Optional[int] = ...) -> None: ...
 
 class ReplayArg(_message.Message):
-    __slots__ = ("slot", "tensor")
+    __slots__ = ("slot", "tensor", "same_as")
     SLOT_FIELD_NUMBER: _ClassVar[int]
     TENSOR_FIELD_NUMBER: _ClassVar[int]
+    SAME_AS_FIELD_NUMBER: _ClassVar[int]
     slot: int
     tensor: TensorRef
-    def __init__(self, slot: _Optional[int] = ..., tensor: _Optional[_Union[TensorRef, _Mapping]] = ...) -> None: ...
+    same_as: int
+    def __init__(self, slot: _Optional[int] = ..., tensor: _Optional[_Union[TensorRef, _Mapping]] = ..., same_as: _Optional[int] = ...) -> None: ...
 
 class ReplayAbort(_message.Message):
     __slots__ = ("position",)
