@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 from rrto.v1 import ops_pb2
@@ -253,6 +254,11 @@ def _value_sig(value: ops_pb2.Value, refs: list[Ref], metas: dict[int, bytes]) -
     if kind == "c":
         return ("c", value.c.real, value.c.imag)
     return (kind, getattr(value, kind)) if kind else None
+
+
+def released_ids(msg: ops_pb2.Release) -> list[int]:
+    """The ids a ``Release`` names, in either encoding (plain, or gaps between sorted ids)."""
+    return [*msg.ids, *accumulate(msg.gaps)]
 
 
 def iter_tensor_refs(call: ops_pb2.OpCall) -> Iterator[ops_pb2.TensorRef]:

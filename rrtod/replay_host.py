@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rrto.v1 import ops_pb2
-from rrtod.oplog import iter_tensor_refs
+from rrtod.oplog import iter_tensor_refs, released_ids
 
 Emit = Callable[[ops_pb2.SessionDown], None]
 SRC = ops_pb2.SeqSource
@@ -43,6 +43,7 @@ class Compiled:
     written: Callable[[ops_pb2.OpCall], list[int]] | None = None
     sticky: dict[int, ops_pb2.TensorRef] = field(default_factory=dict)  # bound weights, constants
     prepared: list[Any] = field(default_factory=list)  # per call: the executor's, or None
+    latest: dict[int, ops_pb2.TensorRef] = field(default_factory=dict)  # INPUT slot -> last upload
 
 
 def compile_sequence(d: ops_pb2.SequenceDef,
@@ -145,7 +146,7 @@ class HostReplayer:
         if kind == "release":
             base = self._read_base
             if base is not None and self.active is not None:
-                self._released.append((base, [i for i in frame.release.ids
+                self._released.append((base, [i for i in released_ids(frame.release)
                                               if i not in self._pinned]))
         elif kind == "arg":
             if frame.arg.tensor.WhichOneof("ref") == "id":
@@ -178,20 +179,7 @@ class HostReplayer:
                 if not self.refused:
                     emit(_error("NO_REPLAY", "replay argument outside a replay"))
                 return
-            if act.failed:
-                return  # already reported; the rest of this inference is not run
-            slot = frame.arg.slot
-            sources = act.seq.definition.sources
-            if slot >= len(sources):
-                act.failed = True
-                emit(_error("BAD_ARG", f"sequence {act.seq.definition.id} has no slot {slot}",
-                            act.seq.definition.id))
-                return
-            if sources[slot].kind == SRC.INPUT:
-                act.args[slot] = frame.arg.tensor
-            else:  # a weight or constant (re)bound: it holds for later inferences too
-                act.seq.sticky[slot] = frame.arg.tensor
-            self._advance(emit)
+            self._arg(act, frame.arg, emit)
         elif kind == "abort":
             self._abort(frame.abort.position, emit)
 
@@ -207,6 +195,40 @@ class HostReplayer:
             emit(down)
 
     # ----- internals -----
+    def _arg(self, act: Active, arg: ops_pb2.ReplayArg, emit: Emit) -> None:
+        """Take one argument. What it says about the slot is kept even when this inference
+        failed: the shim's next one may repeat it by ``same_as``, or rely on a rebind."""
+        seq, slot = act.seq, arg.slot
+        sources = seq.definition.sources
+        which = arg.WhichOneof("value")
+        tensor, bad = None, None
+        if slot >= len(sources):
+            bad = f"sequence {seq.definition.id} has no slot {slot}"
+        elif which == "tensor":
+            tensor = arg.tensor
+        elif which == "same_as":
+            tensor = seq.latest.get(arg.same_as)
+            if tensor is None or sources[slot].kind != SRC.INPUT:
+                tensor = None
+                seq.latest.pop(slot, None)  # a later repeat of it must fail, not read older data
+                bad = (f"sequence {seq.definition.id}: slot {slot} repeats slot {arg.same_as}, "
+                       "which holds no input data")
+        else:
+            bad = f"sequence {seq.definition.id}: no tensor for slot {slot}"
+        if tensor is None:
+            if not act.failed:
+                act.failed = True
+                emit(_error("BAD_ARG", bad or "", seq.definition.id))
+            return
+        if sources[slot].kind == SRC.INPUT:
+            if tensor.WhichOneof("ref") == "upload":
+                seq.latest[slot] = tensor
+            act.args[slot] = tensor
+        else:  # a weight or constant (re)bound: it holds for later inferences too
+            seq.sticky[slot] = tensor
+        if not act.failed:  # else already reported; the rest of this inference is not run
+            self._advance(emit)
+
     def _define(self, d: ops_pb2.SequenceDef, emit: Emit) -> None:
         if not d.calls:
             self.sequences.pop(d.id, None)  # an empty definition drops the sequence

@@ -322,3 +322,72 @@ def test_release_behind_a_frame_that_may_read_the_value_waits_for_its_turn():
         assert [x.WhichOneof("msg") for x in out] == ["defined", "fetched"]
         assert value(out[1]) == (1002, 149.0 if reader.WhichOneof("msg") == "call" else 156.0)
         assert ex.store.get(2000, 24.0) == 24.0 and 1000 not in ex.store
+
+
+def two_inputs() -> ops_pb2.SequenceDef:
+    """y = a + b;  out: y.   Two inputs, no constant."""
+    d = ops_pb2.SequenceDef(id=9, local_ids=[1], outputs=[1])
+    d.calls.append(call("add", 1, upload(0.0), upload(0.0)))
+    d.sources.add(kind=SRC.INPUT)
+    d.sources.add(kind=SRC.INPUT)
+    return d
+
+
+def arg(slot: int, **value) -> ops_pb2.SessionUp:
+    return ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=slot, **value))
+
+
+def start(base: int, seq: int = 9) -> ops_pb2.SessionUp:
+    return ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=seq, base_id=base))
+
+
+def test_repeated_input_is_named_not_sent():
+    """``same_as``: the latest data uploaded for a slot, from this inference (one tensor read
+    twice) or an earlier one (an input that did not change)."""
+    r = HostReplayer(NumberExecutor())
+    run(r, ops_pb2.SessionUp(define=two_inputs()))
+    out = run(r, start(1000), arg(0, tensor=upload(3.0)), arg(1, same_as=0))
+    assert [value(d) for d in out] == [(1000, 6.0)]
+    out = run(r, start(2000), arg(0, same_as=0), arg(1, tensor=upload(5.0)))
+    assert [value(d) for d in out] == [(2000, 8.0)]
+    out = run(r, start(3000), arg(0, tensor=upload(1.0)), arg(1, same_as=1))
+    assert [value(d) for d in out] == [(3000, 6.0)]  # slot 1's latest: 5 (sent at 2000)
+    out = run(r, start(4000), arg(0, same_as=1), arg(1, same_as=0))
+    assert [value(d) for d in out] == [(4000, 10.0)]  # 5, then slot 0's latest (now 5)
+
+
+def test_repeat_of_a_slot_without_data_fails_and_is_forgotten():
+    ex = NumberExecutor()
+    r = HostReplayer(ex)
+    run(r, ops_pb2.SessionUp(define=two_inputs()), ops_pb2.SessionUp(define=sequence()))
+    out = run(r, start(1000), arg(0, tensor=upload(3.0)), arg(1, same_as=1))
+    assert [(x.error.code, x.error.sequence) for x in out] == [("BAD_ARG", 9)]
+    assert ex.calls == []
+    # Only an INPUT slot takes a repeat.
+    out = run(r, start(1500, seq=7), arg(0, tensor=upload(2.0)))
+    assert [value(d) for d in out] == [(1501, 144.0), (1500, 156.0)]
+    out = run(r, start(2000, seq=7), arg(1, same_as=0))
+    assert [(x.error.code, x.error.sequence) for x in out] == [("BAD_ARG", 7)]
+    # The failed slot's older data is forgotten: repeating it fails instead of reading it.
+    run(r, start(3000), arg(0, tensor=upload(1.0)), arg(1, tensor=upload(2.0)))
+    out = run(r, start(4000), arg(0, tensor=upload(1.0)), arg(1, same_as=0))
+    assert [value(d) for d in out] == [(4000, 2.0)]
+    out = run(r, start(5000), arg(1, same_as=5))
+    assert out[-1].error.code == "BAD_ARG"
+    out = run(r, start(6000), arg(0, tensor=upload(1.0)), arg(1, same_as=1))
+    assert out[-1].error.code == "BAD_ARG" and 6000 not in ex.store
+
+
+def test_inputs_of_a_failed_inference_are_still_kept_for_repeats():
+    """The shim keeps sending (and remembering) inputs until it learns of a failure: the host
+    must remember them too, or the next inference would repeat older data."""
+    ex = NumberExecutor()
+    d = two_inputs()
+    r = HostReplayer(ex)
+    run(r, ops_pb2.SessionUp(define=d), start(1000), arg(0, tensor=upload(1.0)),
+        arg(1, tensor=upload(1.0)))
+    out = run(r, start(2000), arg(5, tensor=upload(9.0)), arg(0, tensor=upload(4.0)),
+              arg(1, tensor=upload(4.0)))
+    assert [x.error.code for x in out] == ["BAD_ARG"] and 2000 not in ex.store
+    out = run(r, start(3000), arg(0, same_as=0), arg(1, same_as=1))
+    assert [value(d) for d in out] == [(3000, 8.0)]

@@ -8,6 +8,7 @@ import torch
 from rrto.v1 import ops_pb2
 from rrto_plugins.torch import codec
 from rrto_plugins.torch.allowlist import Allowlist, builtin_names
+from rrtod.oplog import released_ids
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64,
@@ -68,3 +69,18 @@ def test_allowlist_refuses_files_storages_and_foreign_namespaces():
     assert Allowlist(deny=("aten::relu",)).allows("aten::relu.default") is False
     names = builtin_names()
     assert "aten::addmm.default" in names and not any("from_file" in n for n in names)
+
+
+def test_release_is_gap_encoded_and_reads_both_encodings():
+    base = 1 << 52  # a replayed inference's ids
+    ids = [base + 7, base + 3, base + 4, 12, base + 200]
+    msg = codec.release_of(ids)
+    assert not msg.ids and sorted(released_ids(msg)) == sorted(ids)
+    wire = ops_pb2.Release.FromString(msg.SerializeToString())
+    assert sorted(released_ids(wire)) == sorted(ids)
+    # One byte per id close to the one before, against eight each as plain ids.
+    many = [base + 2 * i for i in range(100)]
+    assert len(codec.release_of(many).SerializeToString()) < 120
+    assert len(ops_pb2.Release(ids=many).SerializeToString()) > 700
+    assert released_ids(ops_pb2.Release(ids=[5, 9])) == [5, 9]  # the plain list too
+    assert released_ids(codec.release_of([])) == []

@@ -270,7 +270,7 @@ class RemoteSession:
             frames = []
             if self.released:
                 ids, self.released = self.released, []
-                frames.append(ops_pb2.SessionUp(release=ops_pb2.Release(ids=ids)))
+                frames.append(ops_pb2.SessionUp(release=codec.release_of(ids)))
             if numbered:  # a call or fetch: number it in send order
                 self._seq += 1
                 getattr(up, up.WhichOneof("msg")).seq = self._seq
@@ -297,7 +297,7 @@ class RemoteSession:
                 raise HostLost(self.lost)
             if self.released:
                 ids, self.released = self.released, []
-                frames = [ops_pb2.SessionUp(release=ops_pb2.Release(ids=ids)), *frames]
+                frames = [ops_pb2.SessionUp(release=codec.release_of(ids)), *frames]
             if not frames:
                 return
             try:
@@ -477,11 +477,15 @@ class RemoteSession:
             if not h.bound:
                 self._bind(h)
             return ops_pb2.TensorRef(id=h.id)
-        if t.requires_grad or type(t) is not torch.Tensor:
-            t = t.detach()
-        data = codec.tensor_data(t, device=device)
+        data = self._upload_data(t, device)
         self.counters["bytes_up"] += len(data.data)
         return ops_pb2.TensorRef(upload=data)
+
+    def _upload_data(self, t: torch.Tensor, device: str | None = None) -> ops_pb2.TensorData:
+        """A local tensor's value as uploaded (not counted: the caller counts what it sends)."""
+        if t.requires_grad or type(t) is not torch.Tensor:
+            t = t.detach()
+        return codec.tensor_data(t, device=device)
 
     def _bind(self, h: Handle) -> None:
         """First use of a persistent tensor: have the host bind the cached blob to its id.

@@ -8,7 +8,7 @@ into uploads, and the host can turn refs back into its own tensors.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -89,6 +89,16 @@ def tensor_data(t: torch.Tensor, device: str | None = None) -> ops_pb2.TensorDat
     meta.ClearField("stride")  # the bytes are C-contiguous whatever the source strides were
     meta.storage_offset = 0
     return ops_pb2.TensorData(meta=meta, data=bytes(raw_bytes(cpu)))
+
+
+def release_of(ids: Iterable[int]) -> ops_pb2.Release:
+    """A ``Release`` of ``ids``, as gaps between the sorted ids: a replayed inference drops
+    hundreds of ids near 2^52, which cost a byte each this way instead of eight."""
+    gaps, last = [], 0
+    for i in sorted(ids):
+        gaps.append(i - last)
+        last = i
+    return ops_pb2.Release(gaps=gaps)  # read back by rrtod.oplog.released_ids
 
 
 def from_tensor_data(msg: ops_pb2.TensorData, device: str | torch.device = "cpu") -> torch.Tensor:

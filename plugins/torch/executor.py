@@ -20,6 +20,7 @@ import torch
 from rrto.v1 import ops_pb2
 from rrtod.blobstore import BlobError, hash_of
 from rrtod.executor import ExecutorContext
+from rrtod.oplog import released_ids
 
 from . import codec
 from .allowlist import Allowlist, OpNotAllowed
@@ -204,7 +205,7 @@ class TorchExecutor:
             if kind == "fetch":
                 return self._fetch(frame.fetch)
             if kind == "release":
-                self._release(frame.release.ids)
+                self._release(released_ids(frame.release))
                 return iter(())
             if kind == "blob":
                 return self._blob_put(frame.blob)

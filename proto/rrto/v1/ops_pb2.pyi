@@ -158,10 +158,12 @@ class Fetched(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., tensor: _Optional[_Union[TensorData, _Mapping]] = ..., id: _Optional[int] = ...) -> None: ...
 
 class Release(_message.Message):
-    __slots__ = ("ids",)
+    __slots__ = ("ids", "gaps")
     IDS_FIELD_NUMBER: _ClassVar[int]
+    GAPS_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    gaps: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., gaps: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BlobPut(_message.Message):
     __slots__ = ("hash", "tensor")
@@ -344,12 +346,14 @@ class ReplayStart(_message.Message):
     def __init__(self, sequence: _Optional[int] = ..., base_id: _Optional[int] = ..., inference: _Optional[int] = ...) -> None: ...
 
 class ReplayArg(_message.Message):
-    __slots__ = ("slot", "tensor")
+    __slots__ = ("slot", "tensor", "same_as")
     SLOT_FIELD_NUMBER: _ClassVar[int]
     TENSOR_FIELD_NUMBER: _ClassVar[int]
+    SAME_AS_FIELD_NUMBER: _ClassVar[int]
     slot: int
     tensor: TensorRef
-    def __init__(self, slot: _Optional[int] = ..., tensor: _Optional[_Union[TensorRef, _Mapping]] = ...) -> None: ...
+    same_as: int
+    def __init__(self, slot: _Optional[int] = ..., tensor: _Optional[_Union[TensorRef, _Mapping]] = ..., same_as: _Optional[int] = ...) -> None: ...
 
 class ReplayAbort(_message.Message):
     __slots__ = ("position",)
