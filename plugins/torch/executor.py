@@ -178,6 +178,11 @@ class TorchExecutor:
     def __init__(self, ctx: ExecutorContext):
         self.ctx = ctx
         self.device = resolve_device(ctx.device)
+        if self.device.type == "cuda":
+            # The app computes float32 in float32 on its own device; so does its host (cuDNN
+            # would otherwise run convolutions in TF32, with ~1e-3 relative error).
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = False
         self.allow = Allowlist(ctx.allow_extra, ctx.deny)
         self.store = TensorStore(ctx.memory_quota)
         self.blobs = ctx.blobs
