@@ -25,9 +25,11 @@ from rrto.v1 import ops_pb2
 from rrtod.oplog import iter_tensor_refs
 
 from . import codec
-from .proxy import Handle, RemoteTensor
+from .proxy import Handle, RemoteTensor, new_proxy
 
 SRC = ops_pb2.SeqSource
+# Source kinds as plain ints: ``SRC.PRODUCED`` is a Python-level enum lookup on every use.
+_PRODUCED, _INPUT, _PERSISTENT = SRC.PRODUCED, SRC.INPUT, SRC.PERSISTENT
 MISS = object()  # dispatch: not answered by replay, forward it
 _T = object()  # a tensor's place in an argument structure
 
@@ -69,6 +71,12 @@ def _plain(v: Any) -> bool:
     return type(v) in _SCALARS
 
 
+def _same_plain(a: Any, v: Any) -> bool:
+    """``a`` is the recorded plain value ``v``: equal, and of its type (1 and 1.0 are equal
+    but make different result dtypes) or a subclass of it (an IntEnum where an int was)."""
+    return ((type(a) is type(v) or isinstance(a, type(v))) and _plain(a) and a == v)
+
+
 def _meta_key(m: ops_pb2.TensorMeta) -> tuple[Any, ...]:
     return (codec.dtype_of(m.dtype), tuple(m.shape), tuple(m.stride), m.storage_offset)
 
@@ -100,9 +108,13 @@ class Step:
     out_meta: list[tuple[Any, ...]]  # recorded layout of each output
     # per tensor argument: (slot, source kind, local index / weight hash / constant id)
     checks: list[tuple[int, int, Any]] = field(default_factory=list)
-    # flat positional arguments only: (count, tensor positions, (position, value) of the rest)
-    flat: tuple[int, tuple[int, ...], tuple[tuple[int, Any], ...]] | None = None
-    built: Any = None  # (result template, outputs, output plan, app device) once known
+    # flat positional arguments only: (count, tensor positions, per other argument: position,
+    # recorded value, its type, and for a list or tuple its items' types)
+    flat: tuple[int, tuple[int, ...], tuple[tuple[int, Any, type, tuple[type, ...] | None],
+                                            ...]] | None = None
+    # (result template, outputs, output plan, app device, single proxy output as (local
+    # index, shape, stride, offset, dtype) or None) once known
+    built: Any = None
 
 
 @dataclass
@@ -138,18 +150,20 @@ def compile_sequence(d: ops_pb2.SequenceDef) -> Sequence:
         slots = list(range(slot, slot + len(refs)))
         slot += len(refs)
         input_keys = {s: _upload_key(r.upload.meta) for s, r in zip(slots, refs, strict=True)
-                      if d.sources[s].kind == SRC.INPUT and r.WhichOneof("ref") == "upload"}
+                      if d.sources[s].kind == _INPUT and r.WhichOneof("ref") == "upload"}
         step = Step(call.op, call.grad_mode, sargs, skw, slots,
                     [local.get(r) for r in call.out_ids], input_keys,
                     [_meta_key(m) for m in call.out_meta])
         for s in slots:
             src = d.sources[s]
-            aux = (local[src.id] if src.kind == SRC.PRODUCED else bytes(src.hash)
-                   if src.kind == SRC.PERSISTENT else src.id)
+            aux = (local[src.id] if src.kind == _PRODUCED else bytes(src.hash)
+                   if src.kind == _PERSISTENT else src.id)
             step.checks.append((s, src.kind, aux))
         if not skw and all(a is _T or _plain(a) for a in sargs):
             step.flat = (len(sargs), tuple(i for i, a in enumerate(sargs) if a is _T),
-                         tuple((i, a) for i, a in enumerate(sargs) if a is not _T))
+                         tuple((i, a, type(a), tuple(map(type, a))
+                                if isinstance(a, (list, tuple)) else None)
+                               for i, a in enumerate(sargs) if a is not _T))
         steps.append(step)
     outputs = {local[o] for o in d.outputs}
     last_writer = {i: k for k, st in enumerate(steps) for i in st.out_local if i is not None}
@@ -235,7 +249,7 @@ class ReplayClient:
                  thread: int, grad_mode: int, build: Callable[..., Any]) -> Any:
         if self._give_up:
             self._tell_given_up()
-        act = self.active
+        act = getattr(self._tls, "active", None)
         if act is not None and act.seq.failed:
             self._tls.active = act = None  # failed on the host: forward from here on
         if info.value_op:  # its value is a download: replay cannot answer it locally
@@ -247,7 +261,7 @@ class ReplayClient:
                 if seq.steps[0].op != info.name:
                     continue
                 act = Active(seq, REPLAY_BASE + next(self._inference) * SPAN)
-                frames = self._match(act, func, args, kwargs, info, grad_mode)
+                frames = self._match(act, args, kwargs, info, grad_mode)
                 if frames is not None:
                     break
             else:
@@ -259,18 +273,27 @@ class ReplayClient:
             self._tls.active = act
             self.counters["replays"] += 1
         else:
-            frames = self._match(act, func, args, kwargs, info, grad_mode)
+            frames = self._match(act, args, kwargs, info, grad_mode)
             if frames is None:
                 self._mismatch(act)
                 return MISS
             if frames:
                 self.session.send_frames(frames)
         step = act.seq.steps[act.position]
-        try:
-            result = self._outputs(act, step, func, args, kwargs, info, build)
-        except _Unreplayable:
-            self._mismatch(act)
-            return MISS
+        built = step.built
+        if built is None:
+            try:
+                built = step.built = self._plan(step, func, args, kwargs, info)
+            except _Unreplayable:
+                self._mismatch(act)
+                return MISS
+        single = built[4]
+        if single is not None:  # the common case: one new tensor
+            i, shape, stride, offset, dtype = single
+            result = new_proxy(Handle(self.session, act.base + i), shape, stride, offset,
+                               dtype, built[3])
+        else:
+            result = self._outputs(act, built, args, kwargs, info, build)
         act.position += 1
         self.counters["replayed_ops"] += 1
         if act.position == len(act.seq.steps):
@@ -278,8 +301,8 @@ class ReplayClient:
             act.seq.mismatches = 0
         return result
 
-    def _match(self, act: Active, func: Any, args: tuple, kwargs: dict, info: Any,
-               grad_mode: int) -> list[ops_pb2.SessionUp] | None:
+    def _match(self, act: Active, args: tuple, kwargs: dict, info: Any,
+               grad_mode: int) -> list[ops_pb2.SessionUp] | tuple[()] | None:
         """The frames this call needs (inputs, rebinds), or None when it does not match."""
         step = act.seq.steps[act.position]
         if step.op != info.name or step.grad_mode != grad_mode:
@@ -290,15 +313,16 @@ class ReplayClient:
             count, tensors, rest = flat
             if len(args) != count:
                 return None
-            for i, v in rest:
+            for i, v, vt, item_types in rest:
                 a = args[i]
-                # Same type too: 1 and 1.0 are equal but make different result dtypes.
-                if ((type(a) is not type(v) and not isinstance(a, type(v)))
-                        or not _plain(a) or a != v):
+                # Exactly the recorded types (items too: a tensor in a list must never meet
+                # ``==``, whose result would be an operator) make ``!=`` safe and exact.
+                if type(a) is vt and (item_types is None or tuple(map(type, a)) == item_types):
+                    if a != v:
+                        return None
+                elif not _same_plain(a, v):
                     return None
             found = [args[i] for i in tensors]
-            if not all(isinstance(t, torch.Tensor) for t in found):
-                return None
         else:
             found = []
             if _strip(list(args), found) != step.args:
@@ -308,17 +332,35 @@ class ReplayClient:
                     return None
             if len(found) != len(step.slots):
                 return None
-        frames: list[ops_pb2.SessionUp] = []
-        bind: dict[int, Handle] = {}  # committed only if the whole call matches
-        sources = act.seq.definition.sources
+        frames: list[ops_pb2.SessionUp] | None = None
+        bind: dict[int, Handle] | None = None  # committed only if the whole call matches
+        bindings = act.seq.bindings
         for (slot, kind, aux), t in zip(step.checks, found, strict=True):
-            h = t._rrto_handle if isinstance(t, RemoteTensor) else None
-            if kind == SRC.PRODUCED:
+            if isinstance(t, RemoteTensor):
+                h = t._rrto_handle
+            elif isinstance(t, torch.Tensor):
+                h = None
+            else:
+                return None
+            if kind == _PRODUCED:
                 if h is None or h.id != act.base + aux:
                     return None
                 continue
-            src = sources[slot]
-            if kind == SRC.INPUT:
+            if kind == _PERSISTENT:
+                # The host waits for each weight slot to be named once per session: the weight
+                # may be used for the first time right here, and must be bound before use.
+                if h is None:
+                    return None
+                if bindings.get(slot) is h:
+                    continue  # its hash was checked when it was bound
+                if h.hash != aux:
+                    return None
+                if bind is None:
+                    bind = {}
+                bind[slot] = h
+                continue
+            src = act.seq.definition.sources[slot]
+            if kind == _INPUT:
                 if h is not None:
                     ref = ops_pb2.TensorRef(id=h.id)
                     if h.session is not self.session or not h.bound:
@@ -327,36 +369,35 @@ class ReplayClient:
                     if _input_key(t) != step.input_keys.get(slot):
                         return None
                     ref = self.session._encode_tensor(t)
+                if frames is None:
+                    frames = []
                 frames.append(ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=slot, tensor=ref)))
-            elif kind == SRC.PERSISTENT:
-                # The host waits for each weight slot to be named once per session: the weight
-                # may be used for the first time right here, and must be bound before use.
-                if h is None or h.hash != aux:
-                    return None
-                if act.seq.bindings.get(slot) is not h:
-                    bind[slot] = h
             else:  # CONSTANT
                 if h is None or h.session is not self.session:
                     return None
-                now = act.seq.bindings.get(slot)
+                now = bindings.get(slot)
                 if (now.id if now is not None else src.id) == h.id:
                     continue
                 if not src.HasField("meta") or _tensor_key(t) != _meta_key(src.meta):
                     return None
+                if bind is None:
+                    bind = {}
                 bind[slot] = h
-        for slot, h in bind.items():
-            if not h.bound:  # a weight's first use since the app (re)started
-                self.session._bind(h)
-            act.seq.bindings[slot] = h
-            frames.append(ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(
-                slot=slot, tensor=ops_pb2.TensorRef(id=h.id))))
-        return frames
+        if bind is not None:
+            if frames is None:
+                frames = []
+            for slot, h in bind.items():
+                if not h.bound:  # a weight's first use since the app (re)started
+                    self.session._bind(h)
+                bindings[slot] = h
+                frames.append(ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(
+                    slot=slot, tensor=ops_pb2.TensorRef(id=h.id))))
+        return frames if frames is not None else ()
 
-    def _outputs(self, act: Active, step: Step, func: Any, args: tuple, kwargs: dict,
-                 info: Any, build: Callable[..., Any]) -> Any:
-        if step.built is None:
-            step.built = self._plan(step, func, args, kwargs, info)
-        tmpl, outs, plan, device = step.built
+    def _outputs(self, act: Active, built: tuple, args: tuple, kwargs: dict, info: Any,
+                 build: Callable[..., Any]) -> Any:
+        """The result of a step whose outputs are not one new tensor (tuples, in-place)."""
+        tmpl, outs, plan, device, _ = built
         session, base = self.session, act.base
         handles = [None if i is None else Handle(session, base + i) for i in plan]
         return build(tmpl, handles, outs, info, args, kwargs, device)
@@ -382,7 +423,11 @@ class ReplayClient:
                 plan.append(i)
             else:
                 raise _Unreplayable  # an existing value returned as new: forward instead
-        return tmpl, outs, plan, self.session._app_device(args, kwargs)
+        single = None
+        if len(outs) == 1 and tmpl is outs[0] and plan[0] is not None:
+            o = outs[0]
+            single = (plan[0], o.shape, o.stride, o.offset, o.dtype)
+        return tmpl, outs, plan, self.session._app_device(args, kwargs), single
 
     def _give_up_sequence(self, seq: Sequence) -> None:
         if self._remove(seq.id):
