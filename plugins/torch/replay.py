@@ -112,8 +112,9 @@ class Step:
     # recorded value, its type, and for a list or tuple its items' types)
     flat: tuple[int, tuple[int, ...], tuple[tuple[int, Any, type, tuple[type, ...] | None],
                                             ...]] | None = None
-    # (result template, outputs, output plan, app device, single proxy output as (local
-    # index, shape, stride, offset, dtype) or None) once known
+    # (result template, outputs, output plan, app device, and when the result is one new
+    # tensor or a tuple of new tensors, (local index, shape, stride, offset, dtype) of it or
+    # of each, else None) once known
     built: Any = None
 
 
@@ -192,6 +193,7 @@ class ReplayClient:
         self._waiting: dict[int, threading.Event] = {}
         self._give_up: list[int] = []  # sequences the host failed: the robot records again
         self._lock = threading.Lock()
+        self._upload_meta: dict[Any, bytes] = {}  # codec.replay_upload's metadata cache
         self.counters = {"replays": 0, "mismatches": 0, "replayed_ops": 0, "dropped": 0,
                          "failed": 0}
 
@@ -292,6 +294,11 @@ class ReplayClient:
             i, shape, stride, offset, dtype = single
             result = new_proxy(Handle(self.session, act.base + i), shape, stride, offset,
                                dtype, built[3])
+        elif built[5] is not None:  # a tuple of new tensors (native_batch_norm and co.)
+            session, base, device = self.session, act.base, built[3]
+            result = tuple([new_proxy(Handle(session, base + i), shape, stride, offset, dtype,
+                                      device)
+                            for i, shape, stride, offset, dtype in built[5]])
         else:
             result = self._outputs(act, built, args, kwargs, info, build)
         act.position += 1
@@ -302,7 +309,7 @@ class ReplayClient:
         return result
 
     def _match(self, act: Active, args: tuple, kwargs: dict, info: Any,
-               grad_mode: int) -> list[ops_pb2.SessionUp] | tuple[()] | None:
+               grad_mode: int) -> list[Any] | tuple[()] | None:
         """The frames this call needs (inputs, rebinds), or None when it does not match."""
         step = act.seq.steps[act.position]
         if step.op != info.name or step.grad_mode != grad_mode:
@@ -332,7 +339,7 @@ class ReplayClient:
                     return None
             if len(found) != len(step.slots):
                 return None
-        frames: list[ops_pb2.SessionUp] | None = None
+        frames: list[Any] | None = None  # messages, or codec.EncodedFrame for uploads
         bind: dict[int, Handle] | None = None  # committed only if the whole call matches
         bindings = act.seq.bindings
         for (slot, kind, aux), t in zip(step.checks, found, strict=True):
@@ -365,13 +372,15 @@ class ReplayClient:
                     ref = ops_pb2.TensorRef(id=h.id)
                     if h.session is not self.session or not h.bound:
                         return None
+                    frame: Any = ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=slot, tensor=ref))
                 else:
                     if _input_key(t) != step.input_keys.get(slot):
                         return None
-                    ref = self.session._encode_tensor(t)
+                    frame = codec.replay_upload(slot, t, self._upload_meta)
+                    self.session.counters["bytes_up"] += t.nelement() * t.element_size()
                 if frames is None:
                     frames = []
-                frames.append(ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=slot, tensor=ref)))
+                frames.append(frame)
             else:  # CONSTANT
                 if h is None or h.session is not self.session:
                     return None
@@ -397,7 +406,7 @@ class ReplayClient:
     def _outputs(self, act: Active, built: tuple, args: tuple, kwargs: dict, info: Any,
                  build: Callable[..., Any]) -> Any:
         """The result of a step whose outputs are not one new tensor (tuples, in-place)."""
-        tmpl, outs, plan, device, _ = built
+        tmpl, outs, plan, device = built[:4]
         session, base = self.session, act.base
         handles = [None if i is None else Handle(session, base + i) for i in plan]
         return build(tmpl, handles, outs, info, args, kwargs, device)
@@ -423,11 +432,16 @@ class ReplayClient:
                 plan.append(i)
             else:
                 raise _Unreplayable  # an existing value returned as new: forward instead
-        single = None
-        if len(outs) == 1 and tmpl is outs[0] and plan[0] is not None:
-            o = outs[0]
-            single = (plan[0], o.shape, o.stride, o.offset, o.dtype)
-        return tmpl, outs, plan, self.session._app_device(args, kwargs), single
+        single = multi = None
+        if None not in plan:
+            made = tuple((i, o.shape, o.stride, o.offset, o.dtype)
+                         for i, o in zip(plan, outs, strict=True))
+            if len(outs) == 1 and tmpl is outs[0]:
+                single = made[0]
+            elif type(tmpl) is tuple and len(tmpl) == len(outs) and all(
+                    a is b for a, b in zip(tmpl, outs, strict=True)):
+                multi = made
+        return tmpl, outs, plan, self.session._app_device(args, kwargs), single, multi
 
     def _give_up_sequence(self, seq: Sequence) -> None:
         if self._remove(seq.id):
