@@ -84,3 +84,55 @@ def test_release_is_gap_encoded_and_reads_both_encodings():
     assert len(ops_pb2.Release(ids=many).SerializeToString()) > 700
     assert released_ids(ops_pb2.Release(ids=[5, 9])) == [5, 9]  # the plain list too
     assert released_ids(codec.release_of([])) == []
+
+
+@pytest.mark.parametrize("t", [
+    torch.randn(1, 3, 64, 64),  # 48 KiB: beyond one join, sent from the tensor's memory
+    torch.arange(12.0).reshape(3, 4).t(),  # non-contiguous: uploaded C-contiguous
+    torch.empty(0, 3), torch.tensor(7), torch.randn(2, 300).requires_grad_(),
+    (torch.randn(4) * 10).to(torch.bfloat16),
+], ids=["large", "transposed", "empty", "scalar", "requires_grad", "bfloat16"])
+@pytest.mark.parametrize("slot", [0, 1, 300])
+def test_encoded_replay_upload_is_the_message_it_stands_for(t, slot):
+    """An input frame encoded without copying the tensor parses as exactly the SessionUp the
+    message-building path makes, and channels that take messages can serialize it."""
+    want = ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(
+        slot=slot, tensor=ops_pb2.TensorRef(upload=codec.tensor_data(t))))
+    cache: dict = {}
+    for _ in range(2):  # the second time with the metadata from the cache
+        frame = codec.replay_upload(slot, t, cache)
+        wire = frame.SerializeToString()
+        assert frame.size == len(wire) and frame.WhichOneof("msg") == "arg"
+        assert ops_pb2.SessionUp.FromString(wire) == want
+    assert len(cache) == 1
+
+
+def _framed(sock):
+    """A ``FramedSocket`` around a connected socket (no path to connect to here)."""
+    from rrtod.framing import FramedSocket
+
+    framed = FramedSocket.__new__(FramedSocket)
+    framed.path, framed.sock, framed._buf = "", sock, bytearray()
+    return framed
+
+
+def test_socket_channel_writes_encoded_frames_in_order():
+    import socket
+    import threading
+
+    from rrto.v1 import local_pb2
+    from rrto_plugins.torch.channel import SocketChannel
+
+    a, b = socket.socketpair()
+    channel = SocketChannel.__new__(SocketChannel)  # the hello is not what is tested here
+    channel.sock, channel._wlock = _framed(a), threading.Lock()
+    t = torch.randn(1, 3, 64, 64)
+    start = ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=5, base_id=7, inference=7))
+    channel.send([start, codec.replay_upload(2, t, {}), start])
+    reader = _framed(b)
+    got = [reader.recv(local_pb2.LocalRequest).session for _ in range(3)]
+    assert got[0] == start and got[2] == start
+    assert got[1].arg.slot == 2
+    assert torch.equal(codec.from_tensor_data(got[1].arg.tensor.upload), t)
+    a.close()
+    b.close()

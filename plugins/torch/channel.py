@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from rrto.v1 import local_pb2, ops_pb2
 from rrtod import framing
 from rrtod.framing import FramedSocket, send_parts, session_prefix
+
+from .codec import EncodedFrame
 
 OnDown = Callable[[ops_pb2.SessionDown], None]
 OnLost = Callable[[str], None]
@@ -26,6 +28,8 @@ class Channel(Protocol):
     device: str
 
     def start(self, on_down: OnDown, on_lost: OnLost) -> None: ...
+    # frames: messages, or codec.EncodedFrame (a message in wire form, which also answers
+    # SerializeToString and WhichOneof)
     def send(self, frames: list[ops_pb2.SessionUp]) -> None: ...
     def mark(self, index: int, start_ns: int, end_ns: int) -> None: ...
     def close(self) -> None: ...
@@ -96,8 +100,11 @@ class SocketChannel:
         # the robot daemon relays what arrives together to the host as one message.
         if framing.TRACING:
             framing.hop("shim.send")
-        parts = []
+        parts: list[Any] = []
         for up in frames:
+            if type(up) is EncodedFrame:  # an upload's bytes straight from the tensor
+                parts += (session_prefix(up.size), *up.parts)
+                continue
             body = up.SerializeToString()
             parts += (session_prefix(len(body)), body)
         with self._wlock:

@@ -16,7 +16,7 @@ import itertools
 import os
 import threading
 import weakref
-from time import perf_counter_ns
+from time import thread_time_ns
 from typing import Any
 
 import torch
@@ -29,7 +29,7 @@ from rrtod.blobstore import content_hash
 from . import codec
 from .channel import Channel
 from .errors import HostLost, OffloadError, RemoteOpError
-from .proxy import Handle, RemoteTensor
+from .proxy import Handle, RemoteTensor, new_proxy
 
 try:  # record/replay builds on this client (plugins/torch/replay.py)
     from .replay import MISS, ReplayClient
@@ -73,9 +73,11 @@ class _OpInfo:
     """What the client needs to know about an operator, computed once per overload."""
 
     __slots__ = ("name", "value_op", "ret_alias", "writes", "probed", "local", "namespace",
-                 "inplace_view")
+                 "inplace_view", "alias_only", "func")
 
     def __init__(self, func: torch._ops.OpOverload):
+        self.func = func  # held: the client's table is keyed by its id
+        self.alias_only = func in _LOCAL_ALIAS
         schema = func._schema
         self.namespace = func.namespace
         self.name = f"{func.namespace}::{schema.name.split('::')[-1]}.{func._overloadname}"
@@ -171,7 +173,7 @@ def _materialize(x: Any, handles: list, info: _OpInfo, args: tuple, kwargs: dict
         h = handles[x.k]
         if h is None:
             return _arg(args, kwargs, *info.ret_alias[x.k])
-        return RemoteTensor(h, x.shape, x.stride, x.offset, x.dtype, device)
+        return new_proxy(h, x.shape, x.stride, x.offset, x.dtype, device)
     if isinstance(x, (list, tuple)):
         return type(x)(_materialize(v, handles, info, args, kwargs, device) for v in x)
     return x
@@ -205,7 +207,7 @@ class RemoteSession:
         self._waiters: dict[int, _Waiter] = {}
         self._query_waiters: collections.deque[_Waiter] = collections.deque()
         self._async_errors: collections.deque[ops_pb2.Error] = collections.deque()
-        self._ops: dict[Any, _OpInfo] = {}
+        self._ops: dict[int, _OpInfo] = {}  # id(OpOverload) -> its info
         self._meta_cache: dict[Any, Any] = {}
         self._tls = threading.local()
         self._threads = itertools.count(0)
@@ -395,36 +397,49 @@ class RemoteSession:
         return idx
 
     def _info(self, func: Any) -> _OpInfo:
-        info = self._ops.get(func)
+        # Keyed by id: an OpOverload hashes in Python, an int in C; the info holds the
+        # OpOverload, so its id is never reused while the entry exists.
+        info = self._ops.get(id(func))
         if info is None:
-            info = self._ops[func] = _OpInfo(func)
+            info = self._ops[id(func)] = _OpInfo(func)
         return info
 
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        if func in _LOCAL_ALIAS:
+        info = self._ops.get(id(func)) or self._info(func)
+        if info.alias_only:
             src = args[0]
-            return RemoteTensor(src._rrto_handle, src.shape, src.stride(), src.storage_offset(),
-                                src.dtype, src.device)
-        info = self._info(func)
+            return new_proxy(src._rrto_handle, src.shape, src.stride(), src.storage_offset(),
+                             src.dtype, src.device)
         if self.lost is not None:
             return self._run_lost(func, args, kwargs)
-        if info.local or any(not isinstance(_arg(args, kwargs, i, n), RemoteTensor)
-                             and isinstance(_arg(args, kwargs, i, n), torch.Tensor)
-                             for i, n in info.writes):
+        if info.local or (info.writes and self._writes_local(args, kwargs, info)):
             return self._run_local(func, args, kwargs, info)
-        if self.replay is not None and self.replay.sequences:
-            t0 = perf_counter_ns()
-            result = self.replay.dispatch(func, args, kwargs, info, self._thread(),
-                                          self._grad_mode(), self._build)
+        replay = self.replay
+        if replay is not None and replay.sequences:
+            # The shim's own cost per replayed operator (matching, proxies, input frames), as
+            # this thread's CPU time: wall time would add what is not the shim's, the time this
+            # thread is off the CPU (the daemons replaying on the same cores, the daemon woken
+            # by the start frame taking the CPU of its writer).
+            t0 = thread_time_ns()
+            result = replay.dispatch(func, args, kwargs, info, self._thread(),
+                                     self._grad_mode(), self._build)
             if result is not MISS:
                 if info.inplace_view:  # transpose_ and co. change the proxy's own layout
                     restride(func, args, kwargs)
-                # The shim's own cost per replayed operator (matching, proxies, input frames).
-                self.counters["replay_shim_ns"] += perf_counter_ns() - t0
+                self.counters["replay_shim_ns"] += thread_time_ns() - t0
                 return result
         if info.value_op:
             return self._forward(func, args, kwargs, info, None)
         return self._forward(func, args, kwargs, info, self.output_template(func, args, kwargs))
+
+    @staticmethod
+    def _writes_local(args: tuple, kwargs: dict, info: _OpInfo) -> bool:
+        """Whether the operator writes into a plain local tensor (then it runs locally)."""
+        for i, n in info.writes:
+            target = _arg(args, kwargs, i, n)
+            if isinstance(target, torch.Tensor) and not isinstance(target, RemoteTensor):
+                return True
+        return False
 
     def output_template(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """(result template, output metadata) for this call, cached per operator and argument

@@ -101,6 +101,75 @@ def release_of(ids: Iterable[int]) -> ops_pb2.Release:
     return ops_pb2.Release(gaps=gaps)  # read back by rrtod.oplog.released_ids
 
 
+class EncodedFrame:
+    """A ``SessionUp`` already in wire form, as parts: the bytes of a large upload stay in the
+    tensor's own memory until the socket copies them (building the message instead copies
+    them once per nesting level, then to serialize: ~47 us for a 48 KiB input here, ~9 us
+    this way). Channels that take messages get it back through ``SerializeToString``."""
+
+    __slots__ = ("parts", "size", "kind")
+
+    def __init__(self, parts: list[Any], kind: str):
+        self.parts = parts
+        self.size = sum(len(p) for p in parts)
+        self.kind = kind
+
+    def SerializeToString(self) -> bytes:  # noqa: N802 - the protobuf message method
+        return b"".join(self.parts)
+
+    def WhichOneof(self, name: str) -> str:  # noqa: N802
+        return self.kind
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _len_key(message: Any, field: str) -> bytes:
+    """The key of a length-delimited field (wire type 2), by its number in the schema."""
+    return _varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | 2)
+
+
+_ARG_KEY = _len_key(ops_pb2.SessionUp, "arg")
+_SLOT_KEY = _varint(ops_pb2.ReplayArg.DESCRIPTOR.fields_by_name["slot"].number << 3)
+_TENSOR_KEY = _len_key(ops_pb2.ReplayArg, "tensor")
+_UPLOAD_KEY = _len_key(ops_pb2.TensorRef, "upload")
+_META_KEY = _len_key(ops_pb2.TensorData, "meta")
+_DATA_KEY = _len_key(ops_pb2.TensorData, "data")
+
+
+def replay_upload(slot: int, t: torch.Tensor, meta_cache: dict[Any, bytes]) -> EncodedFrame:
+    """``SessionUp(arg=ReplayArg(slot, tensor=TensorRef(upload=tensor_data(t))))``, encoded
+    without copying ``t``'s bytes. ``meta_cache`` keeps the serialized metadata per (dtype,
+    shape, device): an app's inputs have the same few, inference after inference (replay
+    only uploads inputs with the metadata its sequences recorded, so the cache stays small)."""
+    cpu = t.detach()
+    if cpu.device.type != "cpu":
+        cpu = cpu.cpu()
+    key = (cpu.dtype, tuple(cpu.shape), str(t.device))
+    meta = meta_cache.get(key)
+    if meta is None:
+        m = meta_of(cpu, device=key[2])
+        m.ClearField("stride")  # the bytes are C-contiguous whatever the source strides were
+        m.storage_offset = 0
+        m.requires_grad = False
+        meta = meta_cache[key] = m.SerializeToString()
+    data = raw_bytes(cpu)
+    tensor_data = _META_KEY + _varint(len(meta)) + meta + _DATA_KEY + _varint(len(data))
+    size = len(tensor_data) + len(data)
+    ref = _UPLOAD_KEY + _varint(size)
+    size += len(ref)
+    arg = _SLOT_KEY + _varint(slot) + _TENSOR_KEY + _varint(size)
+    size += len(arg)
+    head = _ARG_KEY + _varint(size) + arg + ref + tensor_data
+    return EncodedFrame([head, data] if len(data) else [head], "arg")
+
+
 def from_tensor_data(msg: ops_pb2.TensorData, device: str | torch.device = "cpu") -> torch.Tensor:
     """A fresh, writable tensor holding ``msg``'s value, on ``device``."""
     meta = msg.meta

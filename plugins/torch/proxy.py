@@ -52,18 +52,14 @@ def _data_read(name: str):
 
 class RemoteTensor(torch.Tensor):
     _rrto_handle: Handle
-    _rrto_keep: torch.Tensor | None  # download kept alive for data_ptr()/storage users
+    # Download kept alive for data_ptr()/storage users; a class default, so that a new proxy
+    # (one per replayed output) sets one attribute, not two.
+    _rrto_keep: torch.Tensor | None = None
 
     @staticmethod
     def __new__(cls, handle: Handle, shape: Any, stride: Any, offset: int, dtype: torch.dtype,
                 device: torch.device | str, requires_grad: bool = False) -> RemoteTensor:
-        r = torch.Tensor._make_wrapper_subclass(
-            cls, shape, strides=stride, storage_offset=offset, dtype=dtype, device=device,
-            requires_grad=requires_grad,
-        )
-        r._rrto_handle = handle
-        r._rrto_keep = None
-        return r
+        return new_proxy(handle, shape, stride, offset, dtype, device, requires_grad, cls)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
@@ -82,28 +78,13 @@ class RemoteTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: Any = None):
-        session = None
-        for a in args:
-            if isinstance(a, RemoteTensor):
-                session = a._rrto_handle.session
-                break
-            if isinstance(a, (list, tuple)):
-                for b in a:
-                    if isinstance(b, RemoteTensor):
-                        session = b._rrto_handle.session
-                        break
-                if session is not None:
-                    break
-        if session is None:
-            for v in (kwargs or {}).values():
-                if isinstance(v, RemoteTensor):
-                    session = v._rrto_handle.session
-                    break
-        if session is None:  # e.g. only an out= argument is a proxy
-            found: list[RemoteTensor] = []
-            tree_map(lambda x: found.append(x) if isinstance(x, RemoteTensor) else None,
-                     (args, kwargs))
-            session = found[0]._rrto_handle.session
+        # Nearly every operator has a proxy as its first argument: find its session without
+        # a loop (this runs for every operator on a proxy, before the client's dispatch).
+        first = args[0] if args else None
+        if isinstance(first, RemoteTensor):
+            session = first._rrto_handle.session
+        else:
+            session = _session_of(args, kwargs)
         t0 = perf_counter_ns()
         try:
             return session.dispatch(func, args, kwargs or {})
@@ -123,6 +104,37 @@ class RemoteTensor(torch.Tensor):
         if func is _TO and isinstance(out, RemoteTensor) and _names_cpu(args[1:], kwargs):
             return out._rrto_handle.session.download(out)
         return out
+
+
+def new_proxy(handle: Handle, shape: Any, stride: Any, offset: int, dtype: torch.dtype,
+              device: torch.device | str, requires_grad: bool = False,
+              cls: type[RemoteTensor] = RemoteTensor) -> RemoteTensor:
+    """A proxy on ``handle`` with the given metadata. Cheaper than ``RemoteTensor(...)``,
+    which also runs ``__init__`` through the class call: replay makes one per output."""
+    r = torch.Tensor._make_wrapper_subclass(
+        cls, shape, strides=stride, storage_offset=offset, dtype=dtype, device=device,
+        requires_grad=requires_grad,
+    )
+    r._rrto_handle = handle
+    return r
+
+
+def _session_of(args: tuple, kwargs: dict | None) -> RemoteSession:
+    """The session of the first proxy among the arguments (the slow path of dispatch)."""
+    for a in args:
+        if isinstance(a, RemoteTensor):
+            return a._rrto_handle.session
+        if isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, RemoteTensor):
+                    return b._rrto_handle.session
+    for v in (kwargs or {}).values():
+        if isinstance(v, RemoteTensor):
+            return v._rrto_handle.session
+    # e.g. only an out= argument, or a proxy nested deeper, is a proxy
+    found: list[RemoteTensor] = []
+    tree_map(lambda x: found.append(x) if isinstance(x, RemoteTensor) else None, (args, kwargs))
+    return found[0]._rrto_handle.session
 
 
 def _names_cpu(args: tuple, kwargs: dict) -> bool:

@@ -25,9 +25,11 @@ from rrto.v1 import ops_pb2
 from rrtod.oplog import iter_tensor_refs
 
 from . import codec
-from .proxy import Handle, RemoteTensor
+from .proxy import Handle, RemoteTensor, new_proxy
 
 SRC = ops_pb2.SeqSource
+# Source kinds as plain ints: ``SRC.PRODUCED`` is a Python-level enum lookup on every use.
+_PRODUCED, _INPUT, _PERSISTENT = SRC.PRODUCED, SRC.INPUT, SRC.PERSISTENT
 MISS = object()  # dispatch: not answered by replay, forward it
 _T = object()  # a tensor's place in an argument structure
 
@@ -70,6 +72,12 @@ def _plain(v: Any) -> bool:
     return type(v) in _SCALARS
 
 
+def _same_plain(a: Any, v: Any) -> bool:
+    """``a`` is the recorded plain value ``v``: equal, and of its type (1 and 1.0 are equal
+    but make different result dtypes) or a subclass of it (an IntEnum where an int was)."""
+    return ((type(a) is type(v) or isinstance(a, type(v))) and _plain(a) and a == v)
+
+
 def _meta_key(m: ops_pb2.TensorMeta) -> tuple[Any, ...]:
     return (codec.dtype_of(m.dtype), tuple(m.shape), tuple(m.stride), m.storage_offset)
 
@@ -101,9 +109,14 @@ class Step:
     out_meta: list[tuple[Any, ...]]  # recorded layout of each output
     # per tensor argument: (slot, source kind, local index / weight hash / constant id)
     checks: list[tuple[int, int, Any]] = field(default_factory=list)
-    # flat positional arguments only: (count, tensor positions, (position, value) of the rest)
-    flat: tuple[int, tuple[int, ...], tuple[tuple[int, Any], ...]] | None = None
-    built: Any = None  # (result template, outputs, output plan, app device) once known
+    # flat positional arguments only: (count, tensor positions, per other argument: position,
+    # recorded value, its type, and for a list or tuple its items' types)
+    flat: tuple[int, tuple[int, ...], tuple[tuple[int, Any, type, tuple[type, ...] | None],
+                                            ...]] | None = None
+    # (result template, outputs, output plan, app device, and when the result is one new
+    # tensor or a tuple of new tensors, (local index, shape, stride, offset, dtype) of it or
+    # of each, else None) once known
+    built: Any = None
 
 
 @dataclass
@@ -117,7 +130,7 @@ class Sequence:
     bindings: dict[int, Handle] = field(default_factory=dict)
     # INPUT slot -> the data last uploaded for it, as the host keeps it (``ReplayArg.same_as``),
     # and per input metadata the slot uploaded with it last
-    sent: dict[int, ops_pb2.TensorData] = field(default_factory=dict)
+    sent: dict[int, tuple[tuple[Any, ...], bytes]] = field(default_factory=dict)  # slot -> latest
     recent: dict[tuple[Any, ...], int] = field(default_factory=dict)
     mismatches: int = 0
     failed: bool = False  # the host could not replay it
@@ -126,13 +139,13 @@ class Sequence:
     def id(self) -> int:
         return self.definition.id
 
-    def repeat_of(self, slot: int, key: tuple[Any, ...], data: ops_pb2.TensorData) -> int | None:
-        """An INPUT slot whose latest data is exactly ``data``: ``slot`` itself (an input that
-        did not change since the last inference), else the slot last sent with the same
-        metadata (one tensor read by two calls). None: ``data`` must be sent."""
+    def repeat_of(self, slot: int, key: tuple[Any, ...], raw: memoryview) -> int | None:
+        """An INPUT slot whose latest data is exactly ``raw`` (with metadata ``key``): ``slot``
+        itself (an input that did not change since the last inference), else the slot last
+        sent with the same metadata (one tensor read by two calls). None: it must be sent."""
         for s in (slot, self.recent.get(key)):
             prev = self.sent.get(s) if s is not None else None
-            if prev is not None and prev.data == data.data and prev.meta == data.meta:
+            if prev is not None and prev[0] == key and prev[1] == raw:
                 return s
         return None
 
@@ -153,18 +166,20 @@ def compile_sequence(d: ops_pb2.SequenceDef) -> Sequence:
         slots = list(range(slot, slot + len(refs)))
         slot += len(refs)
         input_keys = {s: _upload_key(r.upload.meta) for s, r in zip(slots, refs, strict=True)
-                      if d.sources[s].kind == SRC.INPUT and r.WhichOneof("ref") == "upload"}
+                      if d.sources[s].kind == _INPUT and r.WhichOneof("ref") == "upload"}
         step = Step(call.op, call.grad_mode, sargs, skw, slots,
                     [local.get(r) for r in call.out_ids], input_keys,
                     [_meta_key(m) for m in call.out_meta])
         for s in slots:
             src = d.sources[s]
-            aux = (local[src.id] if src.kind == SRC.PRODUCED else bytes(src.hash)
-                   if src.kind == SRC.PERSISTENT else src.id)
+            aux = (local[src.id] if src.kind == _PRODUCED else bytes(src.hash)
+                   if src.kind == _PERSISTENT else src.id)
             step.checks.append((s, src.kind, aux))
         if not skw and all(a is _T or _plain(a) for a in sargs):
             step.flat = (len(sargs), tuple(i for i, a in enumerate(sargs) if a is _T),
-                         tuple((i, a) for i, a in enumerate(sargs) if a is not _T))
+                         tuple((i, a, type(a), tuple(map(type, a))
+                                if isinstance(a, (list, tuple)) else None)
+                               for i, a in enumerate(sargs) if a is not _T))
         steps.append(step)
     outputs = {local[o] for o in d.outputs}
     last_writer = {i: k for k, st in enumerate(steps) for i in st.out_local if i is not None}
@@ -193,6 +208,7 @@ class ReplayClient:
         self._waiting: dict[int, threading.Event] = {}
         self._give_up: list[int] = []  # sequences the host failed: the robot records again
         self._lock = threading.Lock()
+        self._upload_meta: dict[Any, bytes] = {}  # codec.replay_upload's metadata cache
         self.counters = {"replays": 0, "mismatches": 0, "replayed_ops": 0, "dropped": 0,
                          "failed": 0}
 
@@ -250,7 +266,7 @@ class ReplayClient:
                  thread: int, grad_mode: int, build: Callable[..., Any]) -> Any:
         if self._give_up:
             self._tell_given_up()
-        act = self.active
+        act = getattr(self._tls, "active", None)
         if act is not None and act.seq.failed:
             self._tls.active = act = None  # failed on the host: forward from here on
         if info.value_op:  # its value is a download: replay cannot answer it locally
@@ -262,7 +278,7 @@ class ReplayClient:
                 if seq.steps[0].op != info.name:
                     continue
                 act = Active(seq, REPLAY_BASE + next(self._inference) * SPAN)
-                frames = self._match(act, func, args, kwargs, info, grad_mode)
+                frames = self._match(act, args, kwargs, info, grad_mode)
                 if frames is not None:
                     break
             else:
@@ -274,18 +290,32 @@ class ReplayClient:
             self._tls.active = act
             self.counters["replays"] += 1
         else:
-            frames = self._match(act, func, args, kwargs, info, grad_mode)
+            frames = self._match(act, args, kwargs, info, grad_mode)
             if frames is None:
                 self._mismatch(act)
                 return MISS
             if frames:
                 self.session.send_frames(frames)
         step = act.seq.steps[act.position]
-        try:
-            result = self._outputs(act, step, func, args, kwargs, info, build)
-        except _Unreplayable:
-            self._mismatch(act)
-            return MISS
+        built = step.built
+        if built is None:
+            try:
+                built = step.built = self._plan(step, func, args, kwargs, info)
+            except _Unreplayable:
+                self._mismatch(act)
+                return MISS
+        single = built[4]
+        if single is not None:  # the common case: one new tensor
+            i, shape, stride, offset, dtype = single
+            result = new_proxy(Handle(self.session, act.base + i), shape, stride, offset,
+                               dtype, built[3])
+        elif built[5] is not None:  # a tuple of new tensors (native_batch_norm and co.)
+            session, base, device = self.session, act.base, built[3]
+            result = tuple([new_proxy(Handle(session, base + i), shape, stride, offset, dtype,
+                                      device)
+                            for i, shape, stride, offset, dtype in built[5]])
+        else:
+            result = self._outputs(act, built, args, kwargs, info, build)
         act.position += 1
         self.counters["replayed_ops"] += 1
         if act.position == len(act.seq.steps):
@@ -293,8 +323,8 @@ class ReplayClient:
             act.seq.mismatches = 0
         return result
 
-    def _match(self, act: Active, func: Any, args: tuple, kwargs: dict, info: Any,
-               grad_mode: int) -> list[ops_pb2.SessionUp] | None:
+    def _match(self, act: Active, args: tuple, kwargs: dict, info: Any,
+               grad_mode: int) -> list[Any] | tuple[()] | None:
         """The frames this call needs (inputs, rebinds), or None when it does not match."""
         step = act.seq.steps[act.position]
         if step.op != info.name or step.grad_mode != grad_mode:
@@ -305,15 +335,16 @@ class ReplayClient:
             count, tensors, rest = flat
             if len(args) != count:
                 return None
-            for i, v in rest:
+            for i, v, vt, item_types in rest:
                 a = args[i]
-                # Same type too: 1 and 1.0 are equal but make different result dtypes.
-                if ((type(a) is not type(v) and not isinstance(a, type(v)))
-                        or not _plain(a) or a != v):
+                # Exactly the recorded types (items too: a tensor in a list must never meet
+                # ``==``, whose result would be an operator) make ``!=`` safe and exact.
+                if type(a) is vt and (item_types is None or tuple(map(type, a)) == item_types):
+                    if a != v:
+                        return None
+                elif not _same_plain(a, v):
                     return None
             found = [args[i] for i in tensors]
-            if not all(isinstance(t, torch.Tensor) for t in found):
-                return None
         else:
             found = []
             if _strip(list(args), found) != step.args:
@@ -323,68 +354,88 @@ class ReplayClient:
                     return None
             if len(found) != len(step.slots):
                 return None
-        frames: list[ops_pb2.SessionUp] = []
-        bind: dict[int, Handle] = {}  # committed only if the whole call matches
-        sent: list[tuple[int, tuple[Any, ...], ops_pb2.TensorData]] = []  # likewise
-        sources = act.seq.definition.sources
+        frames: list[Any] | None = None  # messages, or codec.EncodedFrame for uploads
+        bind: dict[int, Handle] | None = None  # committed only if the whole call matches
+        sent: list[tuple[int, tuple[Any, ...], memoryview]] | None = None  # likewise
+        bindings = act.seq.bindings
         for (slot, kind, aux), t in zip(step.checks, found, strict=True):
-            h = t._rrto_handle if isinstance(t, RemoteTensor) else None
-            if kind == SRC.PRODUCED:
+            if isinstance(t, RemoteTensor):
+                h = t._rrto_handle
+            elif isinstance(t, torch.Tensor):
+                h = None
+            else:
+                return None
+            if kind == _PRODUCED:
                 if h is None or h.id != act.base + aux:
                     return None
                 continue
-            src = sources[slot]
-            if kind == SRC.INPUT:
+            if kind == _PERSISTENT:
+                # The host waits for each weight slot to be named once per session: the weight
+                # may be used for the first time right here, and must be bound before use.
+                if h is None:
+                    return None
+                if bindings.get(slot) is h:
+                    continue  # its hash was checked when it was bound
+                if h.hash != aux:
+                    return None
+                if bind is None:
+                    bind = {}
+                bind[slot] = h
+                continue
+            src = act.seq.definition.sources[slot]
+            if kind == _INPUT:
                 if h is not None:
                     ref = ops_pb2.TensorRef(id=h.id)
                     if h.session is not self.session or not h.bound:
                         return None
+                    frame: Any = ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=slot, tensor=ref))
                 else:
                     key = _input_key(t)
                     if key != step.input_keys.get(slot):
                         return None
-                    data = self.session._upload_data(t)
-                    sent.append((slot, key, data))
-                    same = act.seq.repeat_of(slot, key, data)
+                    raw = codec.raw_bytes(t if t.device.type == "cpu" else t.cpu())
+                    if sent is None:
+                        sent = []
+                    sent.append((slot, key, raw))
+                    same = act.seq.repeat_of(slot, key, raw)
                     if same is not None:
-                        frames.append(ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(
-                            slot=slot, same_as=same)))
-                        continue
-                    self.session.counters["bytes_up"] += len(data.data)
-                    ref = ops_pb2.TensorRef(upload=data)
-                frames.append(ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=slot, tensor=ref)))
-            elif kind == SRC.PERSISTENT:
-                # The host waits for each weight slot to be named once per session: the weight
-                # may be used for the first time right here, and must be bound before use.
-                if h is None or h.hash != aux:
-                    return None
-                if act.seq.bindings.get(slot) is not h:
-                    bind[slot] = h
+                        frame = ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=slot, same_as=same))
+                    else:
+                        frame = codec.replay_upload(slot, t, self._upload_meta)
+                        self.session.counters["bytes_up"] += len(raw)
+                if frames is None:
+                    frames = []
+                frames.append(frame)
             else:  # CONSTANT
                 if h is None or h.session is not self.session:
                     return None
-                now = act.seq.bindings.get(slot)
+                now = bindings.get(slot)
                 if (now.id if now is not None else src.id) == h.id:
                     continue
                 if not src.HasField("meta") or _tensor_key(t) != _meta_key(src.meta):
                     return None
+                if bind is None:
+                    bind = {}
                 bind[slot] = h
-        for slot, key, data in sent:  # the host keeps each as the slot's latest data too
-            act.seq.sent[slot] = data
-            act.seq.recent[key] = slot
-        for slot, h in bind.items():
-            if not h.bound:  # a weight's first use since the app (re)started
-                self.session._bind(h)
-            act.seq.bindings[slot] = h
-            frames.append(ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(
-                slot=slot, tensor=ops_pb2.TensorRef(id=h.id))))
-        return frames
+        if sent is not None:  # the host keeps each as the slot's latest data too
+            for slot, key, raw in sent:
+                act.seq.sent[slot] = (key, bytes(raw))
+                act.seq.recent[key] = slot
+        if bind is not None:
+            if frames is None:
+                frames = []
+            for slot, h in bind.items():
+                if not h.bound:  # a weight's first use since the app (re)started
+                    self.session._bind(h)
+                bindings[slot] = h
+                frames.append(ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(
+                    slot=slot, tensor=ops_pb2.TensorRef(id=h.id))))
+        return frames if frames is not None else ()
 
-    def _outputs(self, act: Active, step: Step, func: Any, args: tuple, kwargs: dict,
-                 info: Any, build: Callable[..., Any]) -> Any:
-        if step.built is None:
-            step.built = self._plan(step, func, args, kwargs, info)
-        tmpl, outs, plan, device = step.built
+    def _outputs(self, act: Active, built: tuple, args: tuple, kwargs: dict, info: Any,
+                 build: Callable[..., Any]) -> Any:
+        """The result of a step whose outputs are not one new tensor (tuples, in-place)."""
+        tmpl, outs, plan, device = built[:4]
         session, base = self.session, act.base
         handles = [None if i is None else Handle(session, base + i) for i in plan]
         return build(tmpl, handles, outs, info, args, kwargs, device)
@@ -410,7 +461,16 @@ class ReplayClient:
                 plan.append(i)
             else:
                 raise _Unreplayable  # an existing value returned as new: forward instead
-        return tmpl, outs, plan, self.session._app_device(args, kwargs)
+        single = multi = None
+        if None not in plan:
+            made = tuple((i, o.shape, o.stride, o.offset, o.dtype)
+                         for i, o in zip(plan, outs, strict=True))
+            if len(outs) == 1 and tmpl is outs[0]:
+                single = made[0]
+            elif type(tmpl) is tuple and len(tmpl) == len(outs) and all(
+                    a is b for a, b in zip(tmpl, outs, strict=True)):
+                multi = made
+        return tmpl, outs, plan, self.session._app_device(args, kwargs), single, multi
 
     def _give_up_sequence(self, seq: Sequence) -> None:
         if self._remove(seq.id):
