@@ -26,6 +26,7 @@ from rrtod import __version__
 from rrtod import config as config_mod
 from rrtod import log as log_setup
 from rrtod.config import Config, ConfigError, LoadedConfig
+from rrtod.grpc_options import prefer_polling_engine
 from rrtod.local_server import Cred, LocalServer
 from rrtod.plugins import PluginError, Registry, discover
 from rrtod.sdnotify import Notifier
@@ -301,6 +302,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    prefer_polling_engine()  # before plugin discovery imports grpc
     try:
         loaded = config_mod.load(args.config)
         log_setup.setup(loaded.config.log.format, loaded.config.log.level)
