@@ -26,6 +26,7 @@ from rrtod import __version__
 from rrtod import config as config_mod
 from rrtod import log as log_setup
 from rrtod.config import Config, ConfigError, LoadedConfig
+from rrtod.grpc_options import prefer_polling_engine
 from rrtod.local_server import Cred, LocalServer
 from rrtod.plugins import PluginError, Registry, discover
 from rrtod.sdnotify import Notifier
@@ -269,6 +270,26 @@ class Daemon:
         return local_pb2.CtlReply(ok=True, json=json.dumps(result, default=str))
 
 
+def _run_loop(main: Any) -> int:
+    """Run the daemon on uvloop where it is installed, else on asyncio's own loop.
+
+    Every frame of a replayed inference wakes each daemon's loop a few times (the app's socket,
+    gRPC's completion-queue thread, the session's worker thread); uvloop's wake-ups and socket
+    transports cost less Python per wake-up. Measured with ``python -m bench.plumbing`` on the
+    2-core test machine: a replayed mlp inference 1.93 -> 1.75 ms, and about 0.05 ms less
+    robot and GPU daemon CPU per inference. ``RRTO_EVENT_LOOP=asyncio`` forces the stdlib loop.
+    """
+    if os.environ.get("RRTO_EVENT_LOOP", "uvloop") != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                return runner.run(main)
+    return asyncio.run(main)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rrtod", description="rrtod: transparent ML offloading daemon")
     p.add_argument("--config", help=f"main config file (default ${config_mod.ENV_PATH} or "
@@ -281,6 +302,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    prefer_polling_engine()  # before plugin discovery imports grpc
     try:
         loaded = config_mod.load(args.config)
         log_setup.setup(loaded.config.log.format, loaded.config.log.level)
@@ -293,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rrtod: configuration ok ({', '.join(str(f) for f in loaded.files)})")
         return 0
     try:
-        return asyncio.run(Daemon(loaded, registry).run())
+        return _run_loop(Daemon(loaded, registry).run())
     except OSError as exc:
         print(f"rrtod: {exc}", file=sys.stderr)
         return 1

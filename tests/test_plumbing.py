@@ -208,3 +208,18 @@ def test_send_parts_large_and_small() -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_prefer_polling_engine_respects_the_operator_and_import_order(monkeypatch) -> None:
+    import sys
+
+    from rrtod.grpc_options import POLLING_EXPERIMENTS, prefer_polling_engine
+
+    monkeypatch.delitem(sys.modules, "grpc", raising=False)
+    env: dict[str, str] = {}
+    assert prefer_polling_engine(env) and env == {"GRPC_EXPERIMENTS": POLLING_EXPERIMENTS}
+    env = {"GRPC_EXPERIMENTS": ""}  # the operator's choice, even empty, wins
+    assert not prefer_polling_engine(env) and env == {"GRPC_EXPERIMENTS": ""}
+    monkeypatch.setitem(sys.modules, "grpc", types.ModuleType("grpc"))
+    env = {}
+    assert not prefer_polling_engine(env) and env == {}  # too late: gRPC read it at import

@@ -374,6 +374,21 @@ def test_process_cpu_counts_only_tracked_processes() -> None:
     assert cpu() == 0.0
 
 
+def test_process_cpu_drops_a_process_that_exited() -> None:
+    import subprocess
+    import sys
+
+    clock = Clock()
+    cpu = ProcessCpu(clock, cores=2)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    cpu.add(child.pid)
+    child.wait()  # reaped: its pid may now be reused, the open stat file must not follow it
+    clock.advance(1.0)
+    assert cpu() == 0.0
+    assert child.pid not in cpu._procs
+    cpu.remove(child.pid)  # the daemon still untracks it at session end: no error
+
+
 # ---- records ------------------------------------------------------------------------------------
 
 
