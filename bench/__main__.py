@@ -16,7 +16,9 @@ from typing import NoReturn
 from bench.harness import SYSTEMS, Plan, run
 from bench.link import LINKS
 from bench.models import MODELS, QUICK_MODELS
-from bench.report import write
+from bench.report import update_readme, write
+
+REPO = Path(__file__).resolve().parent.parent
 
 QUICK_LINKS = ("loopback", "wifi6-edge")
 
@@ -70,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + ("-quick" if plan.quick else "")
     paths = write(doc, plan.out_dir, stamp)
+    full = (not plan.quick and args.out is None and plan.models == list(MODELS)
+            and plan.links == list(LINKS) and plan.systems == list(SYSTEMS))
+    if full and update_readme(REPO / "README.md", doc):  # the README shows the latest full run
+        paths["readme"] = REPO / "README.md"
     for kind, path in paths.items():
         print(f"bench: wrote {kind} {path}")
     ok = sum(c["status"] == "ok" for c in doc["cells"])

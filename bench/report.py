@@ -149,6 +149,45 @@ def plot(doc: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
+README_BEGIN = "<!-- bench:begin (bench/report.py writes this block after a full run) -->"
+README_END = "<!-- bench:end -->"
+
+
+def summary(doc: dict[str, Any]) -> str:
+    """The README's block: the plot and, per link and model, each system's median latency and
+    the two ratios the project is judged on (the whole table: ``bench/results/latest.md``)."""
+    median = {(c["link"], c["model"], c["system"]): c["latency"]["median"]
+              for c in doc["cells"] if c["status"] == "ok"}
+    m = doc["machine"]
+    out = [f"Full run of {doc['started']} (commit {str(m.get('git_commit'))[:10]}, "
+           f"{m['cpu_count']} CPUs, torch {m['versions']['torch']}; the GPU host computes on the "
+           "same CPU): median ms per inference, batch 1. Every cell, p90/p99, bytes, energy and "
+           "the targets: [bench/results/latest.md](bench/results/latest.md).", "",
+           "![median latency per system and link](bench/results/latest.png)", "",
+           "| link | model | local | per-op | nto | rrto | rrto/nto | penalty removed |",
+           "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for comp in doc["comparisons"]:
+        link, model = comp["link"], comp["model"]
+        if not any((link, model, s) in median for s in ("per-op", "nto", "rrto")):
+            continue
+        row = [_f(median.get((None, model, "local")))]
+        row += [_f(median.get((link, model, s))) for s in ("per-op", "nto", "rrto")]
+        out.append(f"| {link} | {model} | {' | '.join(row)} | {_f(comp['rrto_over_nto'])} | "
+                   f"{_f(comp['penalty_removed'])} |")
+    return "\n".join(out)
+
+
+def update_readme(readme: Path, doc: dict[str, Any]) -> bool:
+    """Replace the README's benchmark block (between its markers) with ``summary(doc)``."""
+    text = readme.read_text()
+    begin, end = text.find(README_BEGIN), text.find(README_END)
+    if begin < 0 or end < begin:
+        return False
+    readme.write_text(text[:begin + len(README_BEGIN)] + "\n" + summary(doc) + "\n"
+                      + text[end:])
+    return True
+
+
 def write(doc: dict[str, Any], out_dir: Path, stamp: str) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / f"{stamp}.json"

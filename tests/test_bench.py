@@ -21,7 +21,7 @@ from bench.harness import parse_shim_stats
 from bench.link import LINKS, LinkProcess, LinkSpec, MeasureServer, Trace, check, measure
 from bench.models import MODELS, outputs_of
 from bench.nto import Server, run_client
-from bench.report import markdown
+from bench.report import README_BEGIN, README_END, markdown, update_readme
 from bench.traces import generate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -166,6 +166,14 @@ def test_quick_bench_end_to_end(tmp_path: Path) -> None:
     assert "| loopback | mlp | nto |" in (tmp_path / "latest.md").read_text()
     if importlib.util.find_spec("matplotlib"):
         assert (tmp_path / "latest.png").exists()
+    # The README's block shows a full run's medians and ratios; text around it is kept.
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{README_BEGIN}\nold\n{README_END}\noutro\n")
+    assert update_readme(readme, doc)
+    text = readme.read_text()
+    assert text.startswith(f"intro\n{README_BEGIN}\n") and text.endswith(f"{README_END}\noutro\n")
+    assert "old" not in text and "latest.png" in text
+    assert not update_readme(tmp_path / "latest.md", doc)  # no markers: left alone
 
 
 def test_a_hung_app_is_killed_and_reported() -> None:
