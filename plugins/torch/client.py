@@ -420,13 +420,15 @@ class RemoteSession:
             # this thread's CPU time: wall time would add what is not the shim's, the time this
             # thread is off the CPU (the daemons replaying on the same cores, the daemon woken
             # by the start frame taking the CPU of its writer).
-            t0 = thread_time_ns()
+            t0, planned = thread_time_ns(), replay.planning_ns
             result = replay.dispatch(func, args, kwargs, info, self._thread(),
                                      self._grad_mode(), self._build)
             if result is not MISS:
                 if info.inplace_view:  # transpose_ and co. change the proxy's own layout
                     restride(func, args, kwargs)
-                self.counters["replay_shim_ns"] += thread_time_ns() - t0
+                plan = replay.planning_ns - planned  # a step's first replay only
+                self.counters["replay_shim_ns"] += thread_time_ns() - t0 - plan
+                self.counters["replay_plan_ns"] += plan
                 return result
         if info.value_op:
             return self._forward(func, args, kwargs, info, None)

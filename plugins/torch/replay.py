@@ -17,6 +17,7 @@ import itertools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from time import thread_time_ns
 from typing import Any
 
 import torch
@@ -209,6 +210,9 @@ class ReplayClient:
         self._give_up: list[int] = []  # sequences the host failed: the robot records again
         self._lock = threading.Lock()
         self._upload_meta: dict[Any, bytes] = {}  # codec.replay_upload's metadata cache
+        # CPU time spent working out a step's outputs at its first replay (meta execution):
+        # once per step, so not part of the per-operator cost (``replay_shim_ns``).
+        self.planning_ns = 0
         self.counters = {"replays": 0, "mismatches": 0, "replayed_ops": 0, "dropped": 0,
                          "failed": 0}
 
@@ -299,11 +303,14 @@ class ReplayClient:
         step = act.seq.steps[act.position]
         built = step.built
         if built is None:
+            t0 = thread_time_ns()
             try:
                 built = step.built = self._plan(step, func, args, kwargs, info)
             except _Unreplayable:
                 self._mismatch(act)
                 return MISS
+            finally:
+                self.planning_ns += thread_time_ns() - t0
         single = built[4]
         if single is not None:  # the common case: one new tensor
             i, shape, stride, offset, dtype = single
