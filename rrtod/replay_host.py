@@ -29,7 +29,6 @@ SRC = ops_pb2.SeqSource
 class Compiled:
     definition: ops_pb2.SequenceDef
     local: dict[int, int]  # recorded local id -> index
-    slots: list[list[int]]  # per call: its slots (indices into sources), in ref order
     inputs: list[list[int]]  # per call: slots it waits for (inputs; weights until first bound)
     outputs: set[int]  # local indices the app downloads
     pushes: list[list[int]]  # per call: outputs whose final value it writes (pushed after it)
@@ -61,12 +60,11 @@ def compile_sequence(d: ops_pb2.SequenceDef,
             raise ValueError(f"sequence {d.id}: produced source {src.id} is not a local id")
     if any(o not in local for o in d.outputs):
         raise ValueError(f"sequence {d.id}: an output is not a local id")
-    slots, inputs, writes, mutates, binding, n = [], [], [], [], [], 0
+    inputs, writes, mutates, binding, n = [], [], [], [], 0
     produced: set[int] = set()
     for call, count in zip(d.calls, counts, strict=True):
         own = list(range(n, n + count))
         n += count
-        slots.append(own)
         plan = []
         for s, ref in zip(own, iter_tensor_refs(call), strict=True):
             kind = ref.WhichOneof("ref")
@@ -94,7 +92,7 @@ def compile_sequence(d: ops_pb2.SequenceDef,
     free_after: list[list[int]] = [[] for _ in d.calls]
     for i, k in last_use.items():
         free_after[k].append(i)
-    return Compiled(d, local, slots, inputs, outputs, pushes, writes, mutates, binding,
+    return Compiled(d, local, inputs, outputs, pushes, writes, mutates, binding,
                     last_use, free_after, written=written)
 
 

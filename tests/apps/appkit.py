@@ -7,7 +7,8 @@ its offloading session) alive until a line arrives on stdin, so a test can ask t
 the session's operator count; ``--thread`` runs the inferences in a thread the app starts;
 ``--hold-mid`` waits for a line after the first half of the inferences (a test stops the GPU
 host there); ``--dump FILE`` writes every output's values as JSON (for the transformer's tolerance check);
-``--runs N`` runs N inferences instead of the app's default.
+``--runs N`` runs N inferences instead of the app's default; ``--pace MS`` sleeps MS after each
+inference, as a sensor-paced robot loop does.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import hashlib
 import json
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -73,6 +75,8 @@ def main(build: Callable[[], torch.nn.Module], make_input: Callable[[int], Any],
                 if post is not None:
                     out = post(out)
             lines.extend(describe(i, out))
+            if "--pace" in argv:  # a sensor-paced loop: ms between inferences
+                time.sleep(float(argv[argv.index("--pace") + 1]) / 1000)
             if "--dump" in argv:
                 for k, t in enumerate(flat(out)):
                     dumped[f"{i}:{k}"] = t.detach().double().flatten().tolist()
