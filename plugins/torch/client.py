@@ -428,7 +428,8 @@ class RemoteSession:
                     restride(func, args, kwargs)
                 plan = replay.planning_ns - planned  # a step's first replay only
                 self.counters["replay_shim_ns"] += thread_time_ns() - t0 - plan
-                self.counters["replay_plan_ns"] += plan
+                if plan:
+                    self.counters["replay_plan_ns"] += plan
                 return result
         if info.value_op:
             return self._forward(func, args, kwargs, info, None)
