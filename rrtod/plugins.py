@@ -9,7 +9,6 @@ Rules, because a daemon must start on a robot whatever third-party code is insta
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from functools import partial
 from importlib.metadata import EntryPoint, entry_points
@@ -20,6 +19,7 @@ import structlog
 
 from rrtod import hookspecs
 from rrtod.hookspecs import FAMILIES, InterceptionBackend, PluginRecord, PowerMeterRecord
+from rrtod.switches import disabled_plugins
 
 log = structlog.get_logger("rrtod.plugins")
 
@@ -91,7 +91,7 @@ class Registry:
 
 
 def _disabled() -> set[str]:
-    return {n.strip() for n in os.environ.get(DISABLE_ENV, "").split(",") if n.strip()}
+    return set(disabled_plugins())
 
 
 def _dist_of(ep: EntryPoint) -> tuple[str, str]:

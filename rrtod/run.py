@@ -16,6 +16,7 @@ import os
 import sys
 
 from rrtod.shim import site
+from rrtod.switches import SwitchError, flag
 
 
 def build_env(env: dict[str, str], args: argparse.Namespace) -> dict[str, str]:
@@ -61,9 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser().error("no command given")
-    if os.environ.get("RRTO_OFFLOAD", "").strip() == "0":
-        print("rrto: warning: RRTO_OFFLOAD=0: offloading disabled, running locally",
-              file=sys.stderr, flush=True)
+    try:
+        offload = flag("RRTO_OFFLOAD", True)
+    except SwitchError as exc:
+        print(f"rrto-run: {exc}", file=sys.stderr)
+        return 2
+    if not offload:
+        print(f"rrto: warning: RRTO_OFFLOAD={os.environ['RRTO_OFFLOAD']}: offloading disabled, "
+              "running locally", file=sys.stderr, flush=True)
         env = dict(os.environ)
     else:
         env = build_env(dict(os.environ), args)

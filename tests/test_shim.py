@@ -9,7 +9,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from rrtod.shim import site
+from rrtod.switches import SWITCHES
 
 BIN = Path(sys.executable).parent
 APP = textwrap.dedent("""
@@ -63,6 +66,36 @@ def test_offload_zero_disables_with_one_warning(tmp_path):
         "rrto: warning: RRTO_OFFLOAD=0: offloading disabled, running locally"]
 
 
+@pytest.mark.parametrize("value", ["false", "no", "OFF", " 0 "])
+def test_every_false_spelling_disables_rrto_run(tmp_path, value):
+    (tmp_path / "app.py").write_text(APP)
+    out = run([str(BIN / "rrto-run"), sys.executable, "app.py"],
+              clean_env(tmp_path, RRTO_OFFLOAD=value), tmp_path)
+    assert out.returncode == 0 and out.stdout.startswith("Tensor ")
+    assert out.stderr.strip().splitlines() == [
+        f"rrto: warning: RRTO_OFFLOAD={value}: offloading disabled, running locally"]
+
+
+def test_an_unreadable_switch_is_an_error_naming_it(tmp_path):
+    out = run([str(BIN / "rrto-run"), sys.executable, "-c", "pass"],
+              clean_env(tmp_path, RRTO_OFFLOAD="maybe"), tmp_path)
+    assert out.returncode == 2 and "RRTO_OFFLOAD='maybe'" in out.stderr
+
+
+def test_disabled_backend_is_not_loaded_by_the_shim(tmp_path):
+    (tmp_path / "app.py").write_text(APP)
+    out = run([str(BIN / "rrto-run"), sys.executable, "app.py"],
+              clean_env(tmp_path, RRTO_DISABLE_PLUGINS="torch"), tmp_path)
+    assert out.returncode == 0 and out.stdout.startswith("Tensor ")
+    assert "disabled by RRTO_DISABLE_PLUGINS" in out.stderr
+
+
+def test_readme_lists_every_switch():
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    for name in SWITCHES:
+        assert f"| `{name}` |" in readme, name
+
+
 def test_existing_sitecustomize_keeps_working(tmp_path):
     mine = tmp_path / "mysite"
     mine.mkdir()
@@ -80,7 +113,8 @@ def test_programs_without_torch_pay_nothing(tmp_path):
         "import sys\nprint(sorted(m for m in sys.modules if m.startswith(('torch', 'rrto'))))\n")
     out = run([str(BIN / "rrto-run"), sys.executable, "app.py"], clean_env(tmp_path), tmp_path)
     assert out.returncode == 0 and out.stderr == ""
-    assert out.stdout.strip() == "['rrtod.shim.boot']"  # not even the rrtod package
+    # not even the rrtod package: the boot hook and the switch parser, both standard library only
+    assert out.stdout.strip() == "['rrtod.shim.boot', 'rrtod.switches']"
 
 
 def test_pth_hook_runs_only_when_enabled(tmp_path):

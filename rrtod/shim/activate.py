@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rrtod.switches import SwitchError, disabled_plugins, flag
+
 DEFAULT_SOCKET = "/run/rrto/rrtod.sock"
 
 
@@ -41,7 +43,10 @@ def settings() -> ShimSettings:
         replay = cfg.intercept.replay
     except Exception as exc:  # unreadable or absent config: defaults, and say so if it matters
         note = str(exc)
-    replay = os.environ.get("RRTO_REPLAY", "1" if replay else "0") != "0"
+    try:
+        replay = flag("RRTO_REPLAY", replay)
+    except SwitchError as exc:
+        note = f"{note}; {exc}: ignored" if note else f"{exc}: ignored"
     mode = os.environ.get("RRTO_MODE", mode)
     fallback = os.environ.get("RRTO_FALLBACK", fallback)
     if mode not in ("stream", "sync"):
@@ -60,8 +65,13 @@ def _backend(name: str) -> Any:
     """The interception backend record called ``name``, loading as few plugins as possible."""
     from importlib.metadata import entry_points
 
+    disabled = disabled_plugins()  # blocked here as in the daemon's registry
+    if name in disabled:
+        raise LookupError(f"interception backend {name!r} is disabled by RRTO_DISABLE_PLUGINS")
     eps = sorted(entry_points(group="rrto"), key=lambda ep: ep.name != name)
     for ep in eps:
+        if ep.name in disabled:
+            continue
         try:
             hook = getattr(ep.load(), "rrto_interception_backends", None)
             records = hook() if hook else []

@@ -10,13 +10,36 @@ import os
 import sys
 from importlib.abc import MetaPathFinder
 from importlib.machinery import ModuleSpec
+from importlib.util import module_from_spec, spec_from_file_location
 from typing import Any
 
 _installed = False
 
 
+def _switches() -> Any:
+    """``rrtod.switches`` (the one parser of every switch), loaded by its path as site.py loads
+    this module, so that a program that never imports torch does not pay for the package."""
+    mod = sys.modules.get("rrtod.switches")
+    if mod is None:
+        spec = spec_from_file_location(
+            "rrtod.switches", os.path.join(os.path.dirname(os.path.dirname(__file__)),
+                                           "switches.py"))
+        assert spec is not None and spec.loader is not None
+        mod = module_from_spec(spec)
+        sys.modules[spec.name] = mod
+        spec.loader.exec_module(mod)
+    return mod
+
+
 def enabled() -> bool:
-    return os.environ.get("RRTO_OFFLOAD", "0").strip().lower() not in ("", "0", "false", "no", "off")
+    """``RRTO_OFFLOAD`` as every other reader parses it; a value that is neither true nor false
+    leaves the app local (with one line saying why) rather than failing its start."""
+    switches = _switches()
+    try:
+        return bool(switches.flag("RRTO_OFFLOAD", False))
+    except switches.SwitchError as exc:
+        print(f"rrto: warning: {exc}; running locally", file=sys.stderr)
+        return False
 
 
 def _after_torch() -> None:
