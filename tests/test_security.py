@@ -171,11 +171,12 @@ class Client:
     def stats(self) -> dict:
         return json.loads(self.stub.Stats(peer_pb2.StatsRequest(), timeout=10).json)
 
-    def open(self, robot: str = "whatever-i-say") -> tuple[grpc.StatusCode, str]:
+    def open(self, robot: str = "whatever-i-say",
+             executor: str = "echo") -> tuple[grpc.StatusCode, str]:
         """Open a session (kept open until ``close``); (status, session id or error)."""
         q: queue.Queue[ops_pb2.SessionUp | None] = queue.Queue()
         q.put(ops_pb2.SessionUp(open=ops_pb2.SessionOpen(app="probe", pid=1, robot=robot,
-                                                         executor="echo")))
+                                                         executor=executor)))
         self.streams.append(q)
 
         def frames() -> Iterator[ops_pb2.SessionUp]:
@@ -189,6 +190,14 @@ class Client:
         except grpc.RpcError as exc:
             return exc.code(), exc.details()
         return grpc.StatusCode.OK, first.ready.session
+
+    def send(self, frame: ops_pb2.SessionUp) -> ops_pb2.SessionDown:
+        """Send a frame on the last opened session and wait for its reply."""
+        self.streams[-1].put(frame)
+        reply = next(self.calls[-1])
+        while reply.WhichOneof("msg") == "batch":
+            reply = reply.batch.frames[0]
+        return reply
 
     def close(self) -> None:
         for q in self.streams:
@@ -339,3 +348,29 @@ def test_robot_refuses_a_host_presenting_a_client_certificate(pki):
     # The genuine host gets past TLS (the bare servicer answers UNIMPLEMENTED); the impostor not.
     assert asyncio.run(hello_with(genuine)) == grpc.StatusCode.UNIMPLEMENTED
     assert asyncio.run(hello_with(impostor)) == grpc.StatusCode.UNAVAILABLE
+
+
+def test_memory_quota_of_the_rule_is_enforced_by_the_torch_executor(rrtod_daemon, pki):
+    """The same 2 MiB upload: refused for robot-1 (1 MiB rule), executed for robot-2 (4 MiB)."""
+    server = pki.server()
+    port = free_port()
+    rrtod_daemon("gpu-torch", roles=["gpu"], listen=f"127.0.0.1:{port}",
+                 access={ROBOT_1: {"memory_quota": "1MiB"}, ROBOT_2: {"memory_quota": "4MiB"}},
+                 tls={"mode": "mtls", "ca": str(pki.path), "cert": str(server.cert),
+                      "key": str(server.key)})
+    n = 512 * 1024  # float32: 2 MiB
+    meta = ops_pb2.TensorMeta(dtype="float32", shape=[n], stride=[1], device="cpu")
+    upload = ops_pb2.Value(tensor=ops_pb2.TensorRef(
+        upload=ops_pb2.TensorData(meta=meta, data=bytes(4 * n))))
+    clone = ops_pb2.SessionUp(call=ops_pb2.OpCall(seq=1, op="aten::clone.default", args=[upload],
+                                                  out_ids=[1], sync=True, out_meta=[meta]))
+    codes = {}
+    for name, identity in (("robot-1", ROBOT_1), ("robot-2", ROBOT_2)):
+        client = Client(f"localhost:{port}", pki.path, pki.robot(name))
+        try:
+            assert client.open(executor="torch")[0] == grpc.StatusCode.OK
+            reply = client.send(clone)
+            codes[identity] = reply.error.code if reply.WhichOneof("msg") == "error" else "OK"
+        finally:
+            client.close()
+    assert codes == {ROBOT_1: "QUOTA_EXCEEDED", ROBOT_2: "OK"}
