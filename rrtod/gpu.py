@@ -208,9 +208,9 @@ class HostSession:
         except Exception as exc:  # noqa: BLE001 - status must not fail on one session
             stats = {"error": repr(exc)}
         return {"id": self.id, "app": self.app, "pid": self.pid, "robot": self.robot,
-                "identity": self.identity, "peer": self.peer, "opened": self.opened, "frames": self.frames,
-                "sequences": len(self.replayer.sequences), "replays": self.replayer.replays,
-                "aborts": self.replayer.aborts, **stats}
+                "identity": self.identity, "peer": self.peer, "opened": self.opened,
+                "frames": self.frames, "sequences": len(self.replayer.sequences),
+                "replays": self.replayer.replays, "aborts": self.replayer.aborts, **stats}
 
 
 class GpuRole(peer_pb2_grpc.PeerServicer):

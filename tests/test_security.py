@@ -374,3 +374,14 @@ def test_memory_quota_of_the_rule_is_enforced_by_the_torch_executor(rrtod_daemon
         finally:
             client.close()
     assert codes == {ROBOT_1: "QUOTA_EXCEEDED", ROBOT_2: "OK"}
+
+
+def test_access_rules_reload_without_restart(mtls_gpu, pki):
+    import yaml
+
+    newcomer = mtls_gpu.client(pki.issue("robot-9", cn="robot-9", uris=("spiffe://lab/robot-9",)))
+    assert newcomer.code("Hello", peer_pb2.PeerHello()) == grpc.StatusCode.PERMISSION_DENIED
+    config = dict(mtls_gpu.config, access={**ACCESS, "spiffe://lab/robot-9": {}})
+    mtls_gpu.config_path.write_text(yaml.safe_dump(config))
+    assert mtls_gpu.ctl("reload") == {"reloaded": True}
+    assert newcomer.code("Hello", peer_pb2.PeerHello()) == grpc.StatusCode.OK
