@@ -38,7 +38,7 @@ from rrtod.grpc_options import BATCH_BYTES, SERVER_OPTIONS
 from rrtod.local_server import _in_use
 from rrtod.plugins import PluginError, Registry
 from rrtod.replay_host import HostReplayer
-from rrtod.tls import peer_identity, server_credentials
+from rrtod.tls import LOCAL, peer_identity, server_credentials
 
 log = structlog.get_logger("rrtod.gpu")
 
@@ -152,12 +152,13 @@ class HostSession:
     """One app session on this host: an executor driven by one dedicated thread."""
 
     def __init__(self, sid: str, request: ops_pb2.SessionOpen, peer: str, executor: Executor,
-                 grant: Grant):
+                 grant: Grant | None = None):
         self.id = sid
         self.app = request.app
         self.pid = request.pid
         self.robot = request.robot  # what the robot calls itself: informational only
-        self.identity = grant.identity  # who it is: from the transport (certificate)
+        # Who it is: from the transport (certificate); no grant: a local caller (tests).
+        self.identity = grant.identity if grant is not None else LOCAL
         self.grant = grant
         self.peer = peer
         self.opened = time.time()
