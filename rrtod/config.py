@@ -9,7 +9,6 @@ reading code. pydantic does the type checking; this module adds the file attribu
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import socket
 from collections.abc import Mapping
@@ -49,6 +48,19 @@ def _check_address(value: str) -> str:
     return value
 
 
+def _check_peer_address(value: str) -> str:
+    """A peer-link address: ``HOST:PORT`` (TCP) or ``unix:/absolute/path`` (a local socket)."""
+    if value.startswith("unix:"):
+        if not value.removeprefix("unix:").startswith("/"):
+            raise ValueError(f"expected unix:/absolute/path, got {value!r}")
+        return value
+    return _check_address(value)
+
+
+def is_unix(address: str) -> bool:
+    return address.startswith("unix:")
+
+
 def parse_size(value: int | str) -> int:
     """Bytes from an int or a string such as ``512MiB``, ``2GiB``, ``1.5G``."""
     if isinstance(value, bool):  # YAML "yes"/"true" is an int subclass: not a size
@@ -84,12 +96,15 @@ class HostConfig(_Section):
     @field_validator("address")
     @classmethod
     def _address(cls, v: str) -> str:
-        return _check_address(v)
+        return _check_peer_address(v)
 
 
 class TLSConfig(_Section):
-    """Peer-link security. ``mtls`` (default) and ``tls`` need certificate paths; ``insecure``
-    sends everything in plaintext and is only honoured because the operator wrote it."""
+    """Security of peer links over TCP. ``mtls`` (default) and ``tls`` need certificate paths;
+    ``insecure`` sends everything in plaintext and is only honoured because the operator wrote
+    it. Unix-socket peer links ignore this section: the socket's file mode is their access
+    control. The certificate paths are required only where a TCP link uses them (see
+    ``Config._tls_for_tcp``), so the single-machine default needs no certificate."""
 
     mode: Literal["mtls", "tls", "insecure"] = "mtls"
     ca: str | None = None
@@ -97,15 +112,30 @@ class TLSConfig(_Section):
     key: str | None = None
     server_name: str | None = None  # override the name checked in the host's certificate
 
-    @model_validator(mode="after")
-    def _paths_present(self) -> TLSConfig:
+    def missing(self) -> str | None:
+        """Why these settings cannot secure a TCP link, or None."""
         needed = {"mtls": ("ca", "cert", "key"), "tls": ("ca",), "insecure": ()}[self.mode]
         for name in needed:
             if not getattr(self, name):
-                raise ValueError(f"{name}: required when tls.mode is {self.mode!r}")
+                return f"tls.{name}: required when tls.mode is {self.mode!r}"
         if self.mode == "tls" and bool(self.cert) != bool(self.key):
-            raise ValueError("cert and key: give both or neither")
-        return self
+            return "tls: cert and key: give both or neither"
+        return None
+
+
+class AccessRule(_Section):
+    """What one identity (or every identity matching a glob) may do on this GPU host. Unset
+    limits fall back to the ``executor`` section."""
+
+    max_sessions: int | None = Field(default=None, ge=1)  # open sessions at once; null: no limit
+    memory_quota: int | None = None  # bytes per session; null: executor.memory_quota
+    allow_extra: tuple[str, ...] = ()  # operators added to the allowlist for this identity
+    admin: bool | None = None  # Stats shows every session, not only its own; null: only local
+
+    @field_validator("memory_quota", mode="before")
+    @classmethod
+    def _size(cls, v: int | str | None) -> int | None:
+        return None if v is None else parse_size(v)
 
 
 class InterceptConfig(_Section):
@@ -173,9 +203,10 @@ class Config(_Section):
     socket: str = "/run/rrto/rrtod.sock"
     socket_mode: int = 0o660
     state_dir: str = "/var/lib/rrto"
-    listen: str = "127.0.0.1:7730"
+    listen: str | None = None  # gpu role: a TCP address too; null: only the unix peer socket
     hosts: tuple[HostConfig, ...] = ()
-    tls: TLSConfig = TLSConfig(mode="insecure")
+    tls: TLSConfig = TLSConfig()
+    access: dict[str, AccessRule] = Field(default_factory=dict)  # gpu role: identity -> rule
     intercept: InterceptConfig = InterceptConfig()
     executor: ExecutorConfig = ExecutorConfig()
     weight_cache: WeightCacheConfig = WeightCacheConfig()
@@ -199,8 +230,16 @@ class Config(_Section):
 
     @field_validator("listen")
     @classmethod
-    def _listen(cls, v: str) -> str:
-        return _check_address(v)
+    def _listen(cls, v: str | None) -> str | None:
+        return None if v is None else _check_address(v)
+
+    @field_validator("access")
+    @classmethod
+    def _access(cls, v: dict[str, AccessRule]) -> dict[str, AccessRule]:
+        for name in v:
+            if not name.strip():
+                raise ValueError("identity names must not be empty")
+        return v
 
     @field_validator("socket_mode", mode="before")
     @classmethod
@@ -222,18 +261,28 @@ class Config(_Section):
             raise ValueError(f"hosts: duplicate host name(s) {', '.join(dupes)}")
         return self
 
+    @model_validator(mode="after")
+    def _tls_for_tcp(self) -> Config:
+        """Certificates are required where a TCP peer link uses them, and only there."""
+        tcp = ("gpu" in self.roles and self.listen is not None) or (
+            "robot" in self.roles and any(not is_unix(h.address) for h in self.peer_hosts()))
+        problem = self.tls.missing() if tcp else None
+        if problem:
+            raise ValueError(f"{problem} (the peer link uses TCP)")
+        return self
+
+    @property
+    def peer_socket(self) -> str:
+        """The gpu role's unix peer socket: beside the app socket, with its file mode."""
+        return str(Path(self.socket).parent / "peer.sock")
+
     def peer_hosts(self) -> tuple[HostConfig, ...]:
         """Hosts a robot daemon connects to. A daemon that also holds the gpu role and names no
-        host offloads to itself (the single-machine default), through the same gRPC path."""
+        host offloads to itself (the single-machine default) over its unix peer socket,
+        through the same gRPC path as a remote host: no TCP port, no certificate."""
         if self.hosts or "gpu" not in self.roles:
             return self.hosts
-        host, _, port = self.listen.rpartition(":")
-        try:
-            if ipaddress.ip_address(host.strip("[]")).is_unspecified:
-                host = "127.0.0.1"
-        except ValueError:
-            pass
-        return (HostConfig(name="local", address=f"{host}:{port}"),)
+        return (HostConfig(name="local", address=f"unix:{self.peer_socket}"),)
 
     def plugin_choices(self) -> list[tuple[str, str, str]]:
         """(config key, plugin family, name) for every plugin this config selects, so the daemon
@@ -367,7 +416,7 @@ def validate(data: dict[str, Any], origin: dict[str, str], files: list[Path]) ->
             reason = f"{reason}, got {err.get('input')!r}"
         # Model-level checks phrase their own key ("ca: required ..."): fold it into the path.
         head, sep, tail = reason.partition(": ")
-        if sep and head.replace("_", "").replace(" and ", "").isalnum() and " " not in head:
+        if sep and head.replace("_", "").replace(".", "").isalnum():
             key, reason = (f"{key}.{head}" if key else head), tail
         raise ConfigError(_origin_of(key, origin, files), key, reason) from None
 

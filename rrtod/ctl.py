@@ -91,12 +91,14 @@ def render_status(s: dict[str, Any]) -> str:
         lines.append(_table(rows))
     gpu = s.get("gpu")
     if gpu:
-        lines += ["", f"GPU ROLE  listen {gpu['listen']}  tls {gpu['tls']}  device {gpu['device']}"]
+        tcp = f"listen {gpu['listen']}  tls {gpu['tls']}" if gpu.get("listen") else "no TCP port"
+        lines += ["", f"GPU ROLE  peer unix:{gpu.get('peer_socket')}  {tcp}  "
+                      f"device {gpu['device']}"]
         if gpu["sessions"]:
-            rows = [["ID", "APP", "PID", "ROBOT", "OPS", "LIVE"]]
+            rows = [["ID", "APP", "PID", "IDENTITY", "ROBOT", "OPS", "LIVE"]]
             for x in gpu["sessions"]:
-                rows.append([x["id"], x["app"], str(x["pid"]), x["robot"], str(x.get("ops", "-")),
-                             f"{x.get('bytes_live', 0) / 1e6:.2f} MB"])
+                rows.append([x["id"], x["app"], str(x["pid"]), x.get("identity", "-"), x["robot"],
+                             str(x.get("ops", "-")), f"{x.get('bytes_live', 0) / 1e6:.2f} MB"])
             lines.append(_table(rows))
     power = s.get("power")
     if power:

@@ -25,6 +25,7 @@ class ExecutorContext:
     deny: tuple[str, ...]
     blobs: BlobStoreLike  # the host's content-addressed weight cache
     state_dir: Path
+    identity: str = "local"  # who opened the session: the robot's certificate identity
 
 
 class BlobStoreLike(Protocol):

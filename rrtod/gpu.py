@@ -4,6 +4,12 @@ Each session gets an executor from its interception backend and one worker threa
 read ahead while the worker executes, so a streamed call never waits on the network, and the
 replies go back in frame order. A session ends when the robot closes its stream or the stream
 breaks; either way its executor is closed and its memory freed.
+
+The service listens on a unix socket beside the app socket (``peer.sock``, with the app socket's
+file mode) and, only when ``listen`` names one, on a TCP port secured by ``tls``. Every peer
+method except the standard health service (left open for load balancers and probes: it tells
+only whether the daemon serves) first establishes who calls (``rrtod.tls.peer_identity``) and
+whether the access rules admit them (``rrtod.access``), and refuses the call otherwise.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import asyncio
 import collections
 import itertools
 import json
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,16 +31,20 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from rrto.v1 import ops_pb2, peer_pb2, peer_pb2_grpc
 from rrtod import __version__, framing
+from rrtod.access import AccessPolicy, Grant
 from rrtod.config import Config
 from rrtod.executor import Executor, ExecutorContext
 from rrtod.grpc_options import BATCH_BYTES, SERVER_OPTIONS
+from rrtod.local_server import _in_use
 from rrtod.plugins import PluginError, Registry
 from rrtod.replay_host import HostReplayer
-from rrtod.tls import server_credentials
+from rrtod.tls import LOCAL, peer_identity, server_credentials
 
 log = structlog.get_logger("rrtod.gpu")
 
 SERVICE_NAME = "rrto.v1.Peer"
+# A refused caller (a robot retries its pings every second) is logged once per this many seconds.
+REFUSAL_LOG_INTERVAL_S = 60.0
 REPLAY_FRAMES = frozenset({"define", "start", "arg", "abort"})
 
 
@@ -140,11 +151,15 @@ def _down(replies: list[ops_pb2.SessionDown]) -> ops_pb2.SessionDown:
 class HostSession:
     """One app session on this host: an executor driven by one dedicated thread."""
 
-    def __init__(self, sid: str, request: ops_pb2.SessionOpen, peer: str, executor: Executor):
+    def __init__(self, sid: str, request: ops_pb2.SessionOpen, peer: str, executor: Executor,
+                 grant: Grant | None = None):
         self.id = sid
         self.app = request.app
         self.pid = request.pid
-        self.robot = request.robot
+        self.robot = request.robot  # what the robot calls itself: informational only
+        # Who it is: from the transport (certificate); no grant: a local caller (tests).
+        self.identity = grant.identity if grant is not None else LOCAL
+        self.grant = grant
         self.peer = peer
         self.opened = time.time()
         self.frames = 0
@@ -194,9 +209,9 @@ class HostSession:
         except Exception as exc:  # noqa: BLE001 - status must not fail on one session
             stats = {"error": repr(exc)}
         return {"id": self.id, "app": self.app, "pid": self.pid, "robot": self.robot,
-                "peer": self.peer, "opened": self.opened, "frames": self.frames,
-                "sequences": len(self.replayer.sequences), "replays": self.replayer.replays,
-                "aborts": self.replayer.aborts, **stats}
+                "identity": self.identity, "peer": self.peer, "opened": self.opened,
+                "frames": self.frames, "sequences": len(self.replayer.sequences),
+                "replays": self.replayer.replays, "aborts": self.replayer.aborts, **stats}
 
 
 class GpuRole(peer_pb2_grpc.PeerServicer):
@@ -211,6 +226,8 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
         self.blobs: Any = None
         self.port: int | None = None
         self.device = config.executor.device
+        self.access = AccessPolicy(config)
+        self._refusals: dict[tuple[str, str], float] = {}  # (identity, reason) -> last logged
 
     # ----- lifecycle -----
     async def start(self) -> None:
@@ -223,19 +240,44 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
         peer_pb2_grpc.add_PeerServicer_to_server(self, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        creds = server_credentials(self.config.tls)
-        if creds is None:
-            log.warning("peer link is plaintext (tls.mode: insecure): use only on a trusted "
-                        "network or loopback", listen=self.config.listen)
-            self.port = self.server.add_insecure_port(self.config.listen)
-        else:
-            self.port = self.server.add_secure_port(self.config.listen, creds)
-        if not self.port:
-            raise OSError(f"cannot listen on {self.config.listen}")
+        self._bind_unix()
+        listen = self.config.listen
+        if listen is not None:
+            creds = server_credentials(self.config.tls)
+            if creds is None:
+                self.port = self.server.add_insecure_port(listen)
+            else:
+                self.port = self.server.add_secure_port(listen, creds)
+            if not self.port:
+                raise OSError(f"cannot listen on {listen}")
+            if creds is None:
+                log.warning(f"peer link on TCP port {self.port} is plaintext and unauthenticated "
+                            "(tls.mode: insecure): anyone who reaches it may run operators here",
+                            listen=listen, port=self.port)
         await self.server.start()
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        log.info("gpu role serving", listen=self.config.listen, tls=self.config.tls.mode)
+        log.info("gpu role serving", peer_socket=self.config.peer_socket, listen=listen,
+                 tls=self.config.tls.mode if listen else None, access=sorted(self.config.access))
+
+    def _bind_unix(self) -> None:
+        """The unix peer socket, created with the app socket's mode (never wider, not even
+        before the chmod) after making sure no other daemon serves it."""
+        path = Path(self.config.peer_socket)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() or path.is_symlink():
+            if _in_use(path):
+                raise OSError(f"another rrtod is already serving {path}")
+            path.unlink()  # stale socket from a crashed daemon
+        mode = self.config.socket_mode
+        old_umask = os.umask(0o777 & ~mode)
+        try:
+            bound = self.server.add_insecure_port(f"unix:{path}")
+        finally:
+            os.umask(old_umask)
+        if not bound:
+            raise OSError(f"cannot listen on unix:{path}")
+        os.chmod(path, mode)
 
     async def drain(self) -> None:
         self.draining = True
@@ -245,47 +287,83 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
     async def stop(self, grace: float) -> None:
         if self.server is not None:
             await self.server.stop(grace)
+            Path(self.config.peer_socket).unlink(missing_ok=True)
         for session in list(self.sessions.values()):
             await session.close()
         self.sessions.clear()
 
     def reload(self, config: Config) -> None:
-        """Hot-reloadable settings (quota, allowlist) apply to sessions opened from now on."""
+        """Hot-reloadable settings (quota, allowlist, access rules) apply to calls and sessions
+        from now on; sessions already open keep the grant they opened with."""
         self.config = config
+        self.access = AccessPolicy(config)
+
+    # ----- identity -----
+    async def _admit(self, context: Any, method: str) -> Grant:
+        """The caller's grant, or the call ends here: UNAUTHENTICATED for a certificate that
+        identifies nobody, PERMISSION_DENIED for an identity no access rule admits."""
+        who = peer_identity(context)
+        if who.error is not None:
+            self._refused(who.name, who.peer, method, who.error)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, who.error)
+        grant = self.access.grant(who.name)
+        if grant is None:
+            reason = f"identity {who.name!r} is not admitted by this host's access rules"
+            self._refused(who.name, who.peer, method, reason)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, reason)
+        return grant
+
+    def _refused(self, identity: str, peer: str, method: str, reason: str) -> None:
+        now = time.monotonic()
+        key = (identity, reason)
+        if now - self._refusals.get(key, -REFUSAL_LOG_INTERVAL_S) >= REFUSAL_LOG_INTERVAL_S:
+            self._refusals[key] = now
+            log.warning("peer call refused", identity=identity, peer=peer, method=method,
+                        reason=reason)
 
     # ----- sessions -----
-    def _executor_context(self) -> ExecutorContext:
+    def _executor_context(self, grant: Grant) -> ExecutorContext:
         ex = self.config.executor
-        return ExecutorContext(device=ex.device, memory_quota=ex.memory_quota,
-                               allow_extra=ex.allow_extra, deny=ex.deny, blobs=self.blobs,
-                               state_dir=Path(self.config.state_dir))
+        return ExecutorContext(device=ex.device, memory_quota=grant.memory_quota,
+                               allow_extra=grant.allow_extra, deny=ex.deny, blobs=self.blobs,
+                               state_dir=Path(self.config.state_dir), identity=grant.identity)
 
-    def _new_executor(self, request: ops_pb2.SessionOpen) -> Executor:
+    def _new_executor(self, request: ops_pb2.SessionOpen, grant: Grant) -> Executor:
         name = request.executor or self.config.executor.backend
         record = self.registry.get("interception", name)
         factory = getattr(record, "executor", None)
         if factory is None:
             raise PluginError(f"interception backend {name!r} has no host executor")
-        return factory(self._executor_context())
+        return factory(self._executor_context(grant))
 
     async def Session(
         self, request_iterator: AsyncIterator[ops_pb2.SessionUp], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[ops_pb2.SessionDown]:
+        grant = await self._admit(context, "Session")
         frames = request_iterator.__aiter__()
         first = await anext(frames, None)
         if first is None or first.WhichOneof("msg") != "open":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first frame must be 'open'")
         if self.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "gpu daemon is shutting down")
+        # From this check to the session's registration nothing awaits: no race past the limit.
+        if grant.max_sessions is not None:
+            held = sum(s.identity == grant.identity for s in self.sessions.values())
+            if held >= grant.max_sessions:
+                reason = (f"identity {grant.identity!r} already holds {held} sessions "
+                          f"(max_sessions {grant.max_sessions}, access rule {grant.rule!r})")
+                self._refused(grant.identity, context.peer(), "Session", reason)
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, reason)
         try:
-            executor = self._new_executor(first.open)
+            executor = self._new_executor(first.open, grant)
         except PluginError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         sid = f"{self.config.node}-{next(self._ids)}"
-        session = HostSession(sid, first.open, context.peer(), executor)
+        session = HostSession(sid, first.open, context.peer(), executor, grant)
         self.sessions[sid] = session
-        bound = log.bind(session=sid, app=first.open.app, pid=first.open.pid, robot=first.open.robot)
-        bound.info("session opened")
+        bound = log.bind(session=sid, identity=grant.identity, app=first.open.app,
+                         pid=first.open.pid, robot=first.open.robot)
+        bound.info("session opened", peer=session.peer, memory_quota=grant.memory_quota)
         loop = asyncio.get_running_loop()
 
         async def read_ahead() -> None:
@@ -345,29 +423,38 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
 
     # ----- unary calls -----
     async def Hello(self, request: peer_pb2.PeerHello, context: Any) -> peer_pb2.PeerWelcome:
+        await self._admit(context, "Hello")
         return peer_pb2.PeerWelcome(
             version=__version__, node=self.config.node, device=self.device_name(),
             executors=self.registry.names("interception"),
         )
 
     async def Ping(self, request: peer_pb2.PingRequest, context: Any) -> peer_pb2.PingReply:
+        await self._admit(context, "Ping")
         return peer_pb2.PingReply(sent_ns=request.sent_ns)
 
     async def QueryBlobs(self, request: ops_pb2.BlobQuery, context: Any) -> ops_pb2.BlobQueryReply:
+        await self._admit(context, "QueryBlobs")
         return ops_pb2.BlobQueryReply(missing=[h for h in request.hashes if not self.blobs.has(h)])
 
     async def Stats(self, request: peer_pb2.StatsRequest, context: Any) -> peer_pb2.StatsReply:
-        return peer_pb2.StatsReply(json=json.dumps(self.describe()))
+        """An admin identity sees every session; any other only its own."""
+        grant = await self._admit(context, "Stats")
+        return peer_pb2.StatsReply(json=json.dumps(
+            self.describe(None if grant.admin else grant.identity)))
 
     def device_name(self) -> str:
         return self.device
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self, identity: str | None = None) -> dict[str, Any]:
+        """Host state; with ``identity``, only that identity's sessions."""
         return {
             "listen": self.config.listen,
+            "peer_socket": self.config.peer_socket,
             "port": self.port,
-            "tls": self.config.tls.mode,
+            "tls": self.config.tls.mode if self.config.listen else None,
             "device": self.device_name(),
             "draining": self.draining,
-            "sessions": [s.describe() for s in self.sessions.values()],
+            "sessions": [s.describe() for s in self.sessions.values()
+                         if identity is None or s.identity == identity],
         }

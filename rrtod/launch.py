@@ -32,7 +32,10 @@ def free_port() -> int:
 
 
 def base_config(base: Path, name: str) -> dict[str, Any]:
-    """A self-contained daemon config inside ``base``: loopback, plaintext, no metrics port."""
+    """A self-contained daemon config inside ``base``: no metrics port, and a peer link on
+    loopback TCP, plaintext, written out explicitly (``tls.mode: insecure``), because the
+    benchmark's emulated links are TCP proxies and tests run robot and GPU daemons apart.
+    ``listen=None`` gives the shipped default instead: the unix peer socket only."""
     return {
         "node": name,
         "socket": str(base / "rrtod.sock"),
@@ -60,7 +63,10 @@ class Daemon:
 
     @property
     def listen(self) -> str:
-        return self.config["listen"]
+        """The GPU daemon's peer address: its TCP ``listen``, else its unix peer socket."""
+        if self.config.get("listen"):
+            return self.config["listen"]
+        return f"unix:{Path(self.socket).parent / 'peer.sock'}"
 
     @property
     def env(self) -> dict[str, str]:

@@ -47,8 +47,14 @@ class DaemonCollector:
             yield ops
             yield sent
         if d.gpu is not None:
-            hs = GaugeMetricFamily("rrto_host_sessions", "sessions executing on this gpu daemon")
-            hs.add_metric([], len(d.gpu.sessions))
+            hs = GaugeMetricFamily("rrto_host_sessions", "sessions executing on this gpu daemon, "
+                                   "by peer identity (certificate, local or anonymous)",
+                                   labels=["identity"])
+            by_identity: dict[str, int] = {}
+            for s in d.gpu.sessions.values():
+                by_identity[s.identity] = by_identity.get(s.identity, 0) + 1
+            for identity, count in sorted(by_identity.items()):
+                hs.add_metric([identity], count)
             yield hs
         if getattr(d, "energy", None) is not None and hasattr(d.energy, "collect"):
             yield from d.energy.collect()

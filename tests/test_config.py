@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel
 
 from rrtod import config as cfg
-from rrtod.config import Config, ConfigError, load
+from rrtod.config import Config, ConfigError, from_mapping, load
 
 ROOT = Path(__file__).resolve().parent.parent
 ETC = ROOT / "etc" / "rrto"
@@ -118,13 +118,39 @@ def test_rrtod_yaml_is_the_embedded_default() -> None:
     assert loaded.files == [MAIN]  # etc/rrto/rrtod.d holds no *.yaml, only its README
     assert loaded.config == Config()
     assert loaded.config.roles == ("robot", "gpu")
-    assert loaded.config.tls.mode == "insecure"
+    assert loaded.config.tls.mode == "mtls"
 
 
-def test_insecure_mode_is_explicit_and_explained() -> None:
-    data = yaml.safe_load(MAIN.read_text())
-    assert data["tls"]["mode"] == "insecure"
-    assert re.search(r"plaintext.*warning", MAIN.read_text(), flags=re.S | re.I)
+def test_shipped_default_opens_no_tcp_port() -> None:
+    """Finding 2 of issue 10: the single-machine default served plaintext TCP on loopback."""
+    c = load(MAIN).config
+    assert c.listen is None
+    assert [h.address for h in c.peer_hosts()] == ["unix:/run/rrto/peer.sock"]
+    assert c.peer_socket == "/run/rrto/peer.sock"  # beside the app socket, with its mode
+    assert re.search(r"insecure: plaintext.*written out.*warning", MAIN.read_text(),
+                     flags=re.S | re.I)
+
+
+def test_tcp_needs_certificates_unless_insecure_is_written() -> None:
+    with pytest.raises(ConfigError) as err:
+        from_mapping({"listen": "127.0.0.1:7730"})
+    assert (err.value.key, err.value.reason) == (
+        "tls.ca", "required when tls.mode is 'mtls' (the peer link uses TCP)")
+    with pytest.raises(ConfigError) as err:
+        from_mapping({"roles": ["robot"], "hosts": [{"name": "a", "address": "a:1"}]})
+    assert err.value.key == "tls.ca"
+    assert from_mapping({"listen": "127.0.0.1:7730", "tls": {"mode": "insecure"}}).listen
+    unix = from_mapping({"roles": ["robot"], "hosts": [{"name": "a", "address": "unix:/r/p.sock"}]})
+    assert unix.tls.mode == "mtls" and unix.peer_hosts()[0].address == "unix:/r/p.sock"
+
+
+def test_access_rules_validate() -> None:
+    c = from_mapping({"access": {"spiffe://fleet/robot-1": {"max_sessions": 2,
+                                                           "memory_quota": "1GiB"},
+                                 "spiffe://fleet/*": {"allow_extra": ["aten::x"]}}})
+    rule = c.access["spiffe://fleet/robot-1"]
+    assert (rule.max_sessions, rule.memory_quota, rule.admin) == (2, 2**30, None)
+    assert c.access["spiffe://fleet/*"].allow_extra == ("aten::x",)
 
 
 def _with_real_cert_paths(src: Path, dst_dir: Path) -> Path:
@@ -206,7 +232,7 @@ def test_mappings_merge_lists_replace(tmp_path: Path) -> None:
         tmp_path,
         "hosts: [{name: a, address: a:1}, {name: b, address: b:1}]\n"
         "health: {interval: 2.0, timeout: 0.5}\n"
-        "executor: {allow_extra: ['aten::x', 'aten::y']}\n",
+        "executor: {allow_extra: ['aten::x', 'aten::y']}\ntls: {mode: insecure}\n",
         **{"50_x.yaml": "hosts: [{name: c, address: c:1}]\nhealth: {timeout: 3.0}\n"
                         "executor: {allow_extra: ['aten::z']}\n"},
     )
@@ -292,9 +318,19 @@ def _error(tmp_path: Path, main: str, **drop_ins: str) -> ConfigError:
         ("weight_cache: {max_bytes: -1}\n", "weight_cache.max_bytes", ">= 0"),
         ("socket_mode: rw\n", "socket_mode", "octal"),
         ("socket_mode: 01777\n", "socket_mode", "octal"),
-        ("tls: {mode: mtls}\n", "tls.ca", "required when tls.mode is 'mtls'"),
-        ("tls: {mode: mtls, ca: a, cert: b}\n", "tls.key", "required"),
-        ("tls: {mode: tls, ca: a, cert: b}\n", "tls", "give both or neither"),
+        ("listen: '[::]:1'\ntls: {mode: mtls}\n", "tls.ca", "required when tls.mode is 'mtls'"),
+        ("listen: ':1'\n", "listen", "HOST:PORT"),
+        ("listen: '0.0.0.0:1'\ntls: {mode: mtls, ca: a, cert: b}\n", "tls.key", "required"),
+        ("listen: '0.0.0.0:1'\ntls: {mode: tls, ca: a, cert: b}\n", "tls",
+         "give both or neither"),
+        ("hosts: [{name: a, address: 'unix:rel.sock'}]\n", "hosts[0].address",
+         "unix:/absolute/path"),
+        ("access: {'spiffe://x/r': {max_sessions: 0}}\n", "access.spiffe://x/r.max_sessions",
+         "greater than or equal to 1"),
+        ("access: {r1: {memory_quota: lots}}\n", "access.r1.memory_quota", "512MiB"),
+        ("access: {r1: {bogus: 1}}\n", "access.r1.bogus", "unknown key"),
+        ("access: [r1]\n", "access", "expected a mapping, got list"),
+        ("access: {' ': {}}\n", "access", "must not be empty"),
         ("tls: {mode: plaintext}\n", "tls.mode", "'plaintext'"),
         ("log: {level: verbose}\n", "log.level", "'verbose'"),
         ("power: {model: {inference: hot}}\n", "power.model.inference", "valid number"),
@@ -393,5 +429,6 @@ def test_parse_size(text: int | str, expected: int) -> None:
 
 def test_from_mapping_uses_the_same_wording() -> None:
     with pytest.raises(ConfigError) as info:
-        cfg.from_mapping({"tls": {"mode": "mtls"}}, name="inline.yaml")
-    assert str(info.value) == "inline.yaml: tls.ca: required when tls.mode is 'mtls'"
+        cfg.from_mapping({"listen": "[::1]:7730", "tls": {"mode": "mtls"}}, name="inline.yaml")
+    assert str(info.value) == ("inline.yaml: tls.ca: required when tls.mode is 'mtls' "
+                               "(the peer link uses TCP)")

@@ -35,7 +35,9 @@ class EchoExecutor:
                 seq=frame.fetch.seq, tensor=ops_pb2.TensorData(meta=meta, data=data)))
 
     def stats(self):
-        return {"ops": self.ops, "bytes_live": 0}
+        # What the daemon granted this session, so tests can see the access rules at work.
+        return {"ops": self.ops, "bytes_live": 0, "memory_quota": self.ctx.memory_quota,
+                "allow_extra": list(self.ctx.allow_extra), "ctx_identity": self.ctx.identity}
 
     def close(self):
         pass
