@@ -1,0 +1,323 @@
+"""``make demo``: an unmodified camera app on an emulated robot, computing locally, and the same
+app on an identical robot offloading through a robot daemon and a GPU daemon over an emulated
+Wi-Fi 6 link; then a table of what offloading changed for the robot.
+
+- The robots: as root, each robot's processes (the app; the robot daemon too on the offloading
+  one) run in a cgroup with a quarter of one CPU, side by side, and the GPU daemon and the link
+  emulator in a cgroup weighted as a machine of its own (``demo/machines.py``); the demo
+  measures the slowdown this gave against the host. Without root (or without cgroup v1) the
+  robot is this machine itself, the two runs take turns, and the demo says so.
+- The app: ``examples/camera_loop.py``, a YOLOv8n-sized detector on 640x480 frames.
+- The link: the benchmark's ``wifi6-edge`` emulator (``bench/link.py``); the demo prints the RTT
+  and throughput it measured through it.
+- Robot energy per frame: the ``model`` power meter (the RRTO paper's robot), the same meter
+  class and watts for both runs: the robot daemon's accountant for the offloaded run, and the
+  same accountant run by the demo for the local run, which no daemon sees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import ExitStack, closing
+from pathlib import Path
+from typing import Any
+
+from demo.machines import Group, Machines, unavailable
+from rrto_plugins.power.model import DEFAULT_WATTS, ModelMeter, usable_cpus
+from rrtod.ctl import request
+from rrtod.energy import EnergyAccountant
+from rrtod.launch import Launcher, free_port
+
+REPO = Path(__file__).resolve().parent.parent
+APP = REPO / "examples" / "camera_loop.py"
+BIN = Path(sys.executable).parent
+LINK = "wifi6-edge"
+SAMPLE_HZ = 10.0  # the daemon's default power.sample_hz, for both runs
+
+
+class LocalEnergy:
+    """The robot daemon's energy accounting, run here for the local run: the ``model`` meter
+    tracking the app's CPU time against the robot's CPUs, sampled at ``SAMPLE_HZ``, and the
+    energy of each frame from its start and end times, as the daemon computes it for an
+    offloaded inference."""
+
+    def __init__(self, cores: float):
+        self.acct = EnergyAccountant("model", ModelMeter(DEFAULT_WATTS, cores=cores), SAMPLE_HZ)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def watch(self, pid: int) -> None:
+        self.acct.track_process("local", pid)
+        self.acct.sample()
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(1.0 / SAMPLE_HZ):
+            self.acct.sample()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def per_frame_j(self, spans_ns: list[list[int]]) -> float | None:
+        """Mean energy of the frames spanning ``spans_ns`` (called after ``stop``)."""
+        for i, (start, end) in enumerate(spans_ns):
+            self.acct.inference("local", i, start, end)
+        self.acct.sample()  # a sample past the last frame's end resolves every frame
+        return self.acct.describe()["sessions"]["local"]["energy_per_inference_j"]
+
+
+class AppRun:
+    """One run of the app on a robot, started at once; ``result()`` waits for its JSON line."""
+
+    def __init__(self, frames: int, robot: Group | None, save: Path, env: dict[str, str] | None = None,
+                 offload: bool = False, energy: LocalEnergy | None = None):
+        cmd = [sys.executable, str(APP), "--frames", str(frames), "--save", str(save)]
+        if offload:
+            cmd = [str(BIN / "rrto-run"), *cmd]
+        self.energy = energy
+        self.out, self.err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=self.err, text=True,
+                                     env={**os.environ, **(env or {})}, cwd=REPO)
+        try:
+            if robot is not None:
+                robot.join(self.proc.pid)  # before torch starts its threads: they follow it
+            if energy is not None:
+                energy.watch(self.proc.pid)
+        except BaseException:
+            self.close()
+            raise
+
+    def result(self, timeout: float = 600) -> dict[str, Any]:
+        try:
+            self.proc.wait(timeout)
+        finally:
+            self.close()
+        self.out.seek(0)
+        self.err.seek(0)
+        stdout, stderr = self.out.read(), self.err.read()
+        if self.proc.returncode != 0:
+            raise RuntimeError(f"app failed ({self.proc.returncode}):\n{stderr}")
+        result = json.loads(stdout.strip().splitlines()[-1])
+        result["stderr"] = stderr
+        return result
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self.energy is not None:
+            self.energy.stop()
+
+
+def replays(session: dict[str, Any] | None) -> int:
+    record = (session or {}).get("record") or {}
+    return sum(int(s.get("replays") or 0) for s in record.get("sequences") or [])
+
+
+class SteadyState:
+    """Polls the robot daemon while the offloaded app runs and keeps its session's counters and
+    energy at the first poll after replay began: the figures after it are the steady state."""
+
+    def __init__(self, socket: str):
+        self.socket = socket
+        self.snapshot: dict[str, Any] | None = None
+
+    def __call__(self, proc: subprocess.Popen[str]) -> None:
+        while proc.poll() is None and self.snapshot is None:
+            time.sleep(0.25)
+            status = request(self.socket, "status")
+            session = next((s for s in status["sessions"] if s["pid"] == proc.pid), None)
+            if session and replays(session):
+                power = ((status.get("power") or {}).get("sessions") or {}).get(session["id"])
+                self.snapshot = {"session": session, "power": power}
+
+
+def _energy_since(before: dict[str, Any] | None, after: dict[str, Any] | None) -> float | None:
+    """Mean energy per inference between two summaries of one accountant session."""
+    if not after or not after.get("inferences") or after.get("energy_per_inference_j") is None:
+        return None
+    n, total = after["inferences"], after["energy_per_inference_j"] * after["inferences"]
+    if before and before.get("inferences") and before.get("energy_per_inference_j") is not None:
+        if n > before["inferences"]:
+            total -= before["energy_per_inference_j"] * before["inferences"]
+            n -= before["inferences"]
+    return total / n
+
+
+def compare(local: dict[str, Any], offloaded: dict[str, Any], saved: Path) -> tuple[int, str]:
+    """Frames whose outputs are bit-identical, and a note on the others: a CUDA host rounds
+    differently from the robot's CPU, so those are compared within a tolerance."""
+    same = sum(a == b for a, b in zip(local["digests"], offloaded["digests"], strict=True))
+    if same == len(local["digests"]):
+        return same, ""
+    import torch  # only here: importing it takes seconds
+
+    a, b = torch.load(saved / "local.pt"), torch.load(saved / "offloaded.pt")
+    close = sum(all(torch.allclose(x, y, rtol=1e-4, atol=1e-4) for x, y in zip(fa, fb, strict=True))
+                for fa, fb in zip(a, b, strict=True))
+    return same, f" (equal within 1e-4: {close} of {len(a)})"
+
+
+def summary(run: dict[str, Any], first: int) -> dict[str, float]:
+    """Latency and frame rate over frames ``first``.. (the steady state)."""
+    lat = sorted(run["latency_ms"][first:])
+    starts = [s for s, _ in run["spans_ns"][first:]]
+    fps = (len(starts) - 1) / ((starts[-1] - starts[0]) / 1e9) if len(starts) > 1 else float("nan")
+    return {"median": statistics.median(lat), "p90": lat[min(len(lat) - 1, int(0.9 * len(lat)))],
+            "fps": fps, "cpu": statistics.median(run["cpu_ms"][first:])}
+
+
+def _joules(v: float | None) -> str:
+    return f"{v:.2f} J" if v is not None else "n/a"
+
+
+def _size(n: float) -> str:
+    return f"{n / 1e6:.2f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__)
+    parser.add_argument("--frames", type=int, default=12)
+    parser.add_argument("--robot-cpu", type=float, default=0.25,
+                        help="the robot's CPU share (cgroup quota); 0: run on the whole machine")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    took: dict[str, float] = {}
+
+    def lap(what: str) -> None:
+        took[what] = time.monotonic() - started - sum(took.values())
+    # Several processes share this machine's cores: without this, idle torch worker threads of
+    # one process spin and steal the core of the one computing (see bench/harness.py).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # A TERM (not only Ctrl-C) unwinds through the with-blocks: the cgroups and the daemons
+    # never outlive the demo.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    sys.path.insert(0, str(REPO))  # the emulator is the benchmark's (not installed)
+    from bench.link import LINKS, LinkProcess, MeasureServer, measure
+
+    spec = LINKS[LINK]
+    print(f"rrtod demo: {APP.relative_to(REPO)} (YOLOv8n-sized detector, 640x480 frames), "
+          f"{args.frames} frames computed on a robot, and offloaded from a robot to a GPU daemon")
+    with ExitStack() as stack:
+        reason = unavailable() if args.robot_cpu > 0 else "--robot-cpu 0"
+        machines = None if reason else stack.enter_context(Machines(args.robot_cpu))
+        robot, offloader = machines.robots if machines else (None, None)
+        if machines is not None:
+            slowdown = machines.calibrate()
+            lap("calibration")
+            print(f"robots: emulated: two identical robots side by side, one computing locally, "
+                  f"one offloading (the app, and its robot daemon), in {machines.describe()}; "
+                  f"measured {slowdown:.1f}x slower than the GPU host (CPU-bound work, one "
+                  f"process per CPU)")
+            cores = args.robot_cpu
+        else:
+            print(f"robot: this whole machine ({reason}: no CPU-quota cgroup, so the robot "
+                  f"computes as fast as the GPU host); the local run comes first, then the "
+                  f"offloaded one")
+            cores = usable_cpus()
+        saved = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rrto-demo-")))
+        energy = LocalEnergy(cores)
+        local_run = stack.enter_context(closing(AppRun(args.frames, robot, saved / "local.pt",
+                                                       energy=energy)))
+        if machines is None:
+            local = local_run.result()
+            lap("local run")
+        launcher = stack.enter_context(Launcher())
+        gpu = launcher.start("gpu", roles=["gpu"], listen=f"127.0.0.1:{free_port()}", wait=False)
+        if machines is not None:
+            machines.host.join(gpu.proc.pid)
+        link = stack.enter_context(LinkProcess(spec, [gpu.listen, (server := MeasureServer()).address]))
+        stack.callback(server.close)
+        if machines is not None:
+            machines.host.join(link.proc.pid)
+        gpu.wait_notify("READY=1")
+        robot_d = launcher.start("robot", roles=["robot"], listen=f"127.0.0.1:{free_port()}",
+                                 hosts=[{"name": "gpu", "address": link.address(0)}],
+                                 power={"meter": "model", "sample_hz": SAMPLE_HZ})
+        if offloader is not None:
+            offloader.join(robot_d.proc.pid)  # once started: a robot's daemon is a long-running service
+        robot_d.wait_for(lambda s: s["hosts"][0]["state"] == "up", what="GPU host up")
+        measured = measure(link.address(1), spec, link, bulk_s=0.2)
+        lap("daemons")
+        steady = SteadyState(robot_d.socket)
+        offloaded_run = stack.enter_context(closing(AppRun(
+            args.frames, offloader, saved / "offloaded.pt", env={**robot_d.env, "RRTO_STATS": "1"},
+            offload=True)))
+        steady(offloaded_run.proc)
+        offloaded = offloaded_run.result()
+        status = robot_d.wait_for(lambda s: not s["sessions"], what="session end")
+        lap("offloaded run")
+        if machines is not None:
+            local = local_run.result()
+            lap("local run (rest)")
+        device = request(gpu.socket, "status")["gpu"]["device"]
+        robot_d.stop()  # before the link goes, so it does not log a lost host
+        same, note = compare(local, offloaded, saved)
+
+    shim = next((json.loads(line.removeprefix("rrto-stats ")) for line in
+                 offloaded["stderr"].splitlines() if line.startswith("rrto-stats ")), {})
+    replayed = int(shim.get("replays", 0))
+    first = min(args.frames - 2, max(1, args.frames - replayed))  # frames before replay began
+    lo, off = summary(local, first), summary(offloaded, first)
+    local_j = energy.per_frame_j(local["spans_ns"][first:])
+    # The steady state of the offloaded run: from the snapshot taken once replay was seen to the
+    # end. Bytes are counted per replay (a replay's upload and its count go together), energy
+    # per inference the accountant has attributed (its own count).
+    warm = steady.snapshot or {"session": {}, "power": None}
+    end_power = ((status.get("power") or {}).get("sessions") or {}).get(warm["session"].get("id"))
+    off_j = _energy_since(warm["power"], end_power)
+    n_replays = max(1, replayed - replays(warm["session"]))
+    per_frame = {k: (status["finished"][k] - warm["session"].get(k, 0)) / n_replays
+                 for k in ("bytes_up", "bytes_down")}
+
+    print(f"GPU host: the GPU daemon on this machine computes on device '{device}'"
+          + (" (no CUDA device here: the host's CPUs stand in for a GPU)" if device == "cpu" else ""))
+    print(f"link: {spec.name} (emulated), measured RTT {measured.rtt_ms:.2f} ms, "
+          f"throughput up {measured.up_mbps:.0f} / down {measured.down_mbps:.0f} Mbit/s"
+          + ("" if measured.valid else f" (OFF TARGET: {'; '.join(measured.problems)})"))
+    w = DEFAULT_WATTS
+    print(f"robot energy: power meter 'model', modelled (RRTO paper's robot: inference "
+          f"{w['inference']} W, communication {w['communication']} W, standby {w['standby']} W; "
+          f"app CPU use moves it toward inference)")
+    print()
+    rows = [
+        ("", "local (on the robot)", "offloaded"),
+        ("frame latency, median / p90", f"{lo['median']:.0f} / {lo['p90']:.0f} ms",
+         f"{off['median']:.0f} / {off['p90']:.0f} ms"),
+        ("frames per second (loop)", f"{lo['fps']:.2f}", f"{off['fps']:.2f}"),
+        ("robot energy / frame", _joules(local_j), _joules(off_j)),
+        ("app CPU time / frame", f"{lo['cpu']:.0f} ms", f"{off['cpu']:.0f} ms"),
+        ("frames replayed, 1 request each", "-", f"{replayed} of {args.frames}"),
+        ("bytes / frame, up / down", "-",
+         f"{_size(per_frame['bytes_up'])} / {_size(per_frame['bytes_down'])}"),
+        ("frame input + output size", "",
+         f"{_size(local['input_bytes'])} + {_size(local['output_bytes'])}"),
+        ("outputs identical to local", "", f"{same} of {args.frames} frames{note}"),
+    ]
+    width = [max(len(r[i]) for r in rows) for i in range(3)]
+    for r in rows:
+        print("  ".join(c.ljust(wd) for c, wd in zip(r, width, strict=True)).rstrip())
+    print()
+    print(f"Steady state: latency, frame rate, CPU and local energy over frames {first + 1}-"
+          f"{args.frames} (the frames before recorded the model's operator sequence); offloaded "
+          f"energy and bytes over the frames after the demo saw replay begin.")
+    lap("rest")
+    print(f"demo took {time.monotonic() - started:.0f} s ("
+          + ", ".join(f"{k} {v:.1f} s" for k, v in took.items()) + ")")
+    print("outputs identical: " + ("yes" if same == args.frames else "NO"))
+    return 0 if same == args.frames else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
