@@ -336,4 +336,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # the with-blocks have removed the cgroups and stopped everything
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
