@@ -160,7 +160,8 @@ class DaemonWatch:
         while proc.poll() is None:
             t = time.monotonic_ns()
             status = request(self.socket, "status")
-            self.energy.add(t, status["power"]["total_j"])
+            if status.get("power"):  # None when the daemon has no power meter (its log says why)
+                self.energy.add(t, status["power"]["total_j"])
             session = next((s for s in status["sessions"] if s["pid"] == proc.pid), None)
             if session and replays(session) and not self.snapshot:
                 self.snapshot = session
