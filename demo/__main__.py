@@ -30,6 +30,7 @@ import tempfile
 import threading
 import time
 from contextlib import ExitStack, closing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -199,6 +200,69 @@ def _size(n: float) -> str:
     return f"{n / 1e6:.2f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"
 
 
+@dataclass
+class Results:
+    local: dict[str, Any]
+    offloaded: dict[str, Any]
+    status: dict[str, Any]  # the robot daemon's, after the offloaded session ended
+    watch: DaemonWatch
+    energy: LocalEnergy
+    same: int  # frames with bit-identical outputs
+    close: int  # frames with outputs equal within 1e-4
+
+
+def report(frames: int, r: Results, link: str, measured: Any, device: str) -> int:
+    """Print what offloading changed, over the steady state; 0 when every frame's outputs match."""
+    shim = next((json.loads(line.removeprefix("rrto-stats ")) for line in
+                 r.offloaded["stderr"].splitlines() if line.startswith("rrto-stats ")), {})
+    replayed = int(shim.get("replays", 0))
+    first = min(frames - 2, max(1, frames - replayed))  # frames before replay began
+    lo, off = summary(r.local, first), summary(r.offloaded, first)
+    # Robot energy per frame: the meter's energy from the first steady frame's start to the
+    # last frame's end, over the frames (grabbing the next frame included, as on a robot).
+    local_j = r.energy.series.per_frame(r.local["spans_ns"][first:])
+    off_j = r.watch.energy.per_frame(r.offloaded["spans_ns"][first:])
+    # Bytes per frame: from the first poll after replay began to the end, per replay (a
+    # replay's upload and its count go together).
+    n_replays = max(1, replayed - replays(r.watch.snapshot))
+    per_frame = {k: (r.status["finished"][k] - r.watch.snapshot.get(k, 0)) / n_replays
+                 for k in ("bytes_up", "bytes_down")}
+
+    print(f"GPU host: the GPU daemon on this machine computes on device '{device}'"
+          + (" (no CUDA device here: the host's CPUs stand in for a GPU)" if device == "cpu" else ""))
+    print(f"link: {link} (emulated), measured RTT {measured.rtt_ms:.2f} ms, "
+          f"throughput up {measured.up_mbps:.0f} / down {measured.down_mbps:.0f} Mbit/s"
+          + ("" if measured.valid else f" (OFF TARGET: {'; '.join(measured.problems)})"))
+    w = DEFAULT_WATTS
+    print(f"robot energy: power meter 'model', modelled (RRTO paper's robot: inference "
+          f"{w['inference']} W, communication {w['communication']} W, standby {w['standby']} W; "
+          f"app CPU use moves it toward inference)")
+    print()
+    rows = [
+        ("", "local (on the robot)", "offloaded"),
+        ("frame latency, median / p90", f"{lo['median']:.0f} / {lo['p90']:.0f} ms",
+         f"{off['median']:.0f} / {off['p90']:.0f} ms"),
+        ("frames per second (loop)", f"{lo['fps']:.2f}", f"{off['fps']:.2f}"),
+        ("robot energy / frame", _joules(local_j), _joules(off_j)),
+        ("app CPU time / frame", f"{lo['cpu']:.0f} ms", f"{off['cpu']:.0f} ms"),
+        ("frames replayed, 1 request each", "-", f"{replayed} of {frames}"),
+        ("bytes / frame, up / down", "-",
+         f"{_size(per_frame['bytes_up'])} / {_size(per_frame['bytes_down'])}"),
+        ("frame input + output size", "",
+         f"{_size(r.local['input_bytes'])} + {_size(r.local['output_bytes'])}"),
+        ("outputs identical to local", "", f"{r.same} of {frames} frames"
+         + ("" if r.same == r.close else f" (equal within 1e-4: {r.close})")),
+    ]
+    width = [max(len(row[i]) for row in rows) for i in range(3)]
+    for row in rows:
+        print("  ".join(c.ljust(wd) for c, wd in zip(row, width, strict=True)).rstrip())
+    print()
+    print(f"Steady state: frames {first + 1}-{frames} (the frames before recorded the "
+          f"model's operator sequence); energy from the start of frame {first + 1} to the end of "
+          f"the last, per frame; bytes over the replays after the demo saw replay begin.")
+    return 0 if r.close == frames else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__)
     parser.add_argument("--frames", type=int, default=12)
@@ -278,53 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         robot_d.stop()  # before the link goes, so it does not log a lost host
         same, close = compare(local, offloaded, saved)
 
-    shim = next((json.loads(line.removeprefix("rrto-stats ")) for line in
-                 offloaded["stderr"].splitlines() if line.startswith("rrto-stats ")), {})
-    replayed = int(shim.get("replays", 0))
-    first = min(args.frames - 2, max(1, args.frames - replayed))  # frames before replay began
-    lo, off = summary(local, first), summary(offloaded, first)
-    # Robot energy per frame: the meter's energy from the first steady frame's start to the
-    # last frame's end, over the frames (grabbing the next frame included, as on a robot).
-    local_j = energy.series.per_frame(local["spans_ns"][first:])
-    off_j = watch.energy.per_frame(offloaded["spans_ns"][first:])
-    # Bytes per frame: from the first poll after replay began to the end, per replay (a
-    # replay's upload and its count go together).
-    n_replays = max(1, replayed - replays(watch.snapshot))
-    per_frame = {k: (status["finished"][k] - watch.snapshot.get(k, 0)) / n_replays
-                 for k in ("bytes_up", "bytes_down")}
-
-    print(f"GPU host: the GPU daemon on this machine computes on device '{device}'"
-          + (" (no CUDA device here: the host's CPUs stand in for a GPU)" if device == "cpu" else ""))
-    print(f"link: {spec.name} (emulated), measured RTT {measured.rtt_ms:.2f} ms, "
-          f"throughput up {measured.up_mbps:.0f} / down {measured.down_mbps:.0f} Mbit/s"
-          + ("" if measured.valid else f" (OFF TARGET: {'; '.join(measured.problems)})"))
-    w = DEFAULT_WATTS
-    print(f"robot energy: power meter 'model', modelled (RRTO paper's robot: inference "
-          f"{w['inference']} W, communication {w['communication']} W, standby {w['standby']} W; "
-          f"app CPU use moves it toward inference)")
-    print()
-    rows = [
-        ("", "local (on the robot)", "offloaded"),
-        ("frame latency, median / p90", f"{lo['median']:.0f} / {lo['p90']:.0f} ms",
-         f"{off['median']:.0f} / {off['p90']:.0f} ms"),
-        ("frames per second (loop)", f"{lo['fps']:.2f}", f"{off['fps']:.2f}"),
-        ("robot energy / frame", _joules(local_j), _joules(off_j)),
-        ("app CPU time / frame", f"{lo['cpu']:.0f} ms", f"{off['cpu']:.0f} ms"),
-        ("frames replayed, 1 request each", "-", f"{replayed} of {args.frames}"),
-        ("bytes / frame, up / down", "-",
-         f"{_size(per_frame['bytes_up'])} / {_size(per_frame['bytes_down'])}"),
-        ("frame input + output size", "",
-         f"{_size(local['input_bytes'])} + {_size(local['output_bytes'])}"),
-        ("outputs identical to local", "", f"{same} of {args.frames} frames"
-         + ("" if same == close else f" (equal within 1e-4: {close})")),
-    ]
-    width = [max(len(r[i]) for r in rows) for i in range(3)]
-    for r in rows:
-        print("  ".join(c.ljust(wd) for c, wd in zip(r, width, strict=True)).rstrip())
-    print()
-    print(f"Steady state: frames {first + 1}-{args.frames} (the frames before recorded the "
-          f"model's operator sequence); energy from the start of frame {first + 1} to the end of "
-          f"the last, per frame; bytes over the replays after the demo saw replay begin.")
+    code = report(args.frames, Results(local, offloaded, status, watch, energy, same, close),
+                  spec.name, measured, device)
     lap("rest")
     print(f"demo took {time.monotonic() - started:.0f} s ("
           + ", ".join(f"{k} {v:.1f} s" for k, v in took.items()) + ")")
@@ -333,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("outputs identical: " + ("no, but equal within 1e-4 (the host rounds differently)"
                                        if close == args.frames else "NO"))
-    return 0 if close == args.frames else 1
+    return code
 
 
 if __name__ == "__main__":
