@@ -24,7 +24,7 @@ test: install
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 demo: install
-	$(BIN)/python -m rrtod.demo
+	$(BIN)/python -m demo $(DEMO_ARGS)
 
 bench: install
 	$(BIN)/python -m bench $(BENCH_ARGS)

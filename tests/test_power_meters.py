@@ -16,7 +16,14 @@ from rrto_plugins import power
 from rrto_plugins.power._sysfs import read_text
 from rrto_plugins.power.base import MeterUnavailable
 from rrto_plugins.power.jetson import JetsonMeter
-from rrto_plugins.power.model import DEFAULT_WATTS, ModelMeter, ProcessCpu, check_watts
+from rrto_plugins.power.model import (
+    DEFAULT_WATTS,
+    ModelMeter,
+    ProcessCpu,
+    cgroup_cpu_limit,
+    check_watts,
+    usable_cpus,
+)
 from rrto_plugins.power.nvml import NvmlMeter, load_api
 from rrto_plugins.power.rapl import RaplMeter
 from rrtod.config import PowerConfig
@@ -387,6 +394,50 @@ def test_process_cpu_drops_a_process_that_exited() -> None:
     assert cpu() == 0.0
     assert child.pid not in cpu._procs
     cpu.remove(child.pid)  # the daemon still untracks it at session end: no error
+
+
+def test_cgroup_cpu_limit_is_the_smallest_quota_up_to_the_root_v1(tmp_path: Path) -> None:
+    cpu = tmp_path / "cpu"
+    write(cpu / "cpu.cfs_quota_us", -1)  # the root: no quota
+    write(cpu / "cpu.cfs_period_us", 100000)
+    write(cpu / "robots" / "cpu.cfs_quota_us", 150000)  # 1.5 CPUs for all robots
+    write(cpu / "robots" / "cpu.cfs_period_us", 100000)
+    write(cpu / "robots" / "arm" / "cpu.cfs_quota_us", 25000)  # this one: a quarter
+    write(cpu / "robots" / "arm" / "cpu.cfs_period_us", 100000)
+    membership = "4:memory:/x\n3:cpu:/robots/arm\n0::/\n"
+    assert cgroup_cpu_limit(membership, tmp_path) == pytest.approx(0.25)
+    assert cgroup_cpu_limit("3:cpu:/robots\n", tmp_path) == pytest.approx(1.5)
+    assert cgroup_cpu_limit("3:cpu:/\n", tmp_path) == float("inf")
+    # Controllers mounted together (cpu,cpuacct) are found under their joint directory.
+    write(tmp_path / "cpu,cpuacct" / "g" / "cpu.cfs_quota_us", 50000)
+    write(tmp_path / "cpu,cpuacct" / "g" / "cpu.cfs_period_us", 100000)
+    assert cgroup_cpu_limit("2:cpu,cpuacct:/g\n", tmp_path) == pytest.approx(0.5)
+
+
+def test_cgroup_cpu_limit_reads_cpu_max_of_cgroup_v2(tmp_path: Path) -> None:
+    write(tmp_path / "cpu.max", "max 100000")
+    write(tmp_path / "app.slice" / "cpu.max", "200000 100000")
+    write(tmp_path / "app.slice" / "robot" / "cpu.max", "max 100000")
+    assert cgroup_cpu_limit("0::/app.slice/robot\n", tmp_path) == pytest.approx(2.0)
+    assert cgroup_cpu_limit("0::/\n", tmp_path) == float("inf")
+    assert cgroup_cpu_limit("0::/gone\n", tmp_path) == float("inf")  # unreadable: no limit
+
+
+def test_usable_cpus_of_this_process_is_its_affinity_without_a_quota() -> None:
+    assert 0 < usable_cpus() <= len(os.sched_getaffinity(0))
+    assert usable_cpus(os.getpid()) == usable_cpus()
+
+
+def test_process_cpu_counts_busy_against_the_cores_it_was_given() -> None:
+    clock = Clock()
+    cpu = ProcessCpu(clock, cores=0.25)  # a robot with a quarter of a CPU
+    cpu.add(os.getpid())
+    burnt = os.times()
+    x = 0
+    while os.times().user + os.times().system - burnt.user - burnt.system < 0.05:
+        x += 1
+    clock.advance(1.0)  # >= 0.05 s of CPU in 1 s against 0.25 CPU: at least 0.2 busy
+    assert cpu() >= 0.15
 
 
 # ---- records ------------------------------------------------------------------------------------

@@ -15,6 +15,10 @@ daemon tracks count (``track(pid)``), not the whole machine, because in the sing
 the GPU-role executor runs on the same CPU and its work is the host's, not the robot's. Tracking
 nothing gives the plain state model.
 
+``busy`` is relative to the CPUs the robot has: those the daemon may run on, limited by its
+cgroup's CPU quota (``usable_cpus``). A robot daemon in a container limited to one CPU, or the
+demo's emulated robot (a quarter of a CPU), is fully busy when that share is used up.
+
 Always available: ``probe()`` returns None.
 """
 
@@ -24,6 +28,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -49,6 +54,55 @@ def check_watts(watts: Mapping[str, float] | None) -> dict[str, float]:
     return {s: float(table[s]) for s in STATES}
 
 
+def usable_cpus(pid: int | str = "self") -> float:
+    """The CPUs process ``pid`` may use: its affinity mask, capped by its cgroup's CPU quota."""
+    try:
+        cpus: float = len(os.sched_getaffinity(0 if pid == "self" else int(pid)))
+    except (AttributeError, OSError):
+        cpus = psutil.cpu_count() or 1
+    try:
+        membership = Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return cpus
+    return min(cpus, cgroup_cpu_limit(membership))
+
+
+def cgroup_cpu_limit(membership: str, root: Path = Path("/sys/fs/cgroup")) -> float:
+    """The smallest CPU quota (in CPUs) on the path from a process's cgroup up to the root, for
+    ``membership`` as in ``/proc/PID/cgroup``; inf without one. cgroup v1 (``cpu.cfs_quota_us``
+    / ``cpu.cfs_period_us`` under the ``cpu`` controller's mount) and v2 (``cpu.max``)."""
+    limit = float("inf")
+    for line in membership.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2, mounted at the root or, in hybrid mode, at root/unified
+            base = root / "unified" if (root / "unified").is_dir() else root
+        elif "cpu" in controllers.split(","):
+            base = root / controllers if (root / controllers).is_dir() else root / "cpu"
+        else:
+            continue
+        group = base / path.strip("/")
+        for directory in [group, *group.parents]:
+            limit = min(limit, _quota(directory))
+            if directory == base:
+                break
+    return limit
+
+
+def _quota(group: Path) -> float:
+    """CPUs allowed by this one group's quota (inf: no quota, or no such files)."""
+    try:
+        if (group / "cpu.max").exists():
+            quota, _, period = (group / "cpu.max").read_text().partition(" ")
+        else:
+            quota = (group / "cpu.cfs_quota_us").read_text()
+            period = (group / "cpu.cfs_period_us").read_text()
+        if quota.strip() in ("max", "-1"):
+            return float("inf")
+        return int(quota) / int(period)
+    except (OSError, ValueError, ZeroDivisionError):
+        return float("inf")
+
+
 class ProcessCpu:
     """Busy fraction of the machine's cores spent in the tracked processes since the last call.
 
@@ -57,13 +111,18 @@ class ProcessCpu:
     and is re-read with one ``pread`` (~1 us; psutil opens and parses it anew, ~20 us). The open
     file also pins the process: once it has exited, reads fail instead of reading a new process
     that reused the pid.
+
+    ``cores``: the robot's CPUs; by default ``usable_cpus()`` of the daemon, looked up again
+    whenever a process starts being tracked (cheap, and a daemon moved into a cgroup after it
+    started is then measured against its new quota).
     """
 
     _TICK = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
 
-    def __init__(self, clock: Callable[[], int] = time.monotonic_ns, cores: int | None = None):
+    def __init__(self, clock: Callable[[], int] = time.monotonic_ns, cores: float | None = None):
         self._clock = clock
-        self._cores = cores or psutil.cpu_count() or 1
+        self._fixed_cores = cores
+        self._cores = cores or usable_cpus()
         self._procs: dict[int, int | psutil.Process] = {}  # an open /proc/PID/stat, or psutil's
         self._refs: Counter[int] = Counter()
         self._last_cpu: dict[int, float] = {}
@@ -95,6 +154,8 @@ class ProcessCpu:
             os.close(proc)
 
     def add(self, pid: int) -> None:
+        if self._fixed_cores is None:
+            self._cores = usable_cpus()
         if self._refs[pid] == 0:
             proc = None
             try:
@@ -143,7 +204,8 @@ class ModelMeter:
     """Integrated model power, in joules since construction.
 
     ``clock`` (ns) and ``cpu`` (a callable returning the busy fraction since its last call) are
-    injectable for tests; by default ``cpu`` is a ``ProcessCpu`` fed by ``track``/``untrack``.
+    injectable for tests; by default ``cpu`` is a ``ProcessCpu`` fed by ``track``/``untrack``,
+    counting against ``cores`` CPUs (default: the CPUs this process may use).
     """
 
     blocking = False
@@ -153,10 +215,11 @@ class ModelMeter:
         watts: Mapping[str, float] | None = None,
         clock: Callable[[], int] = time.monotonic_ns,
         cpu: Callable[[], float] | None = None,
+        cores: float | None = None,
     ):
         self.watts = check_watts(watts)
         self._clock = clock
-        self._procs = ProcessCpu(clock) if cpu is None else None
+        self._procs = ProcessCpu(clock, cores) if cpu is None else None
         self._cpu: Callable[[], float] = cpu if cpu is not None else self._procs  # type: ignore[assignment]
         self.state = "standby"
         self._last_t = clock()
