@@ -1,0 +1,139 @@
+"""The robot's unix socket under abuse by a local client (issue 10, finding 5): frame size caps
+before and after the hello, the shared receive budget, the hello timeout and the connection
+limit. Each test uses a real daemon; the echo backend keeps them free of torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+import psutil
+
+from rrto.v1 import local_pb2
+from rrtod.framing import HEADER, FramedSocket
+
+from .test_daemon import ECHO, open_app
+
+
+def rss(pid: int) -> int:
+    return psutil.Process(pid).memory_info().rss
+
+
+def closed_by_daemon(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:  # it closed with our unread bytes in its queue
+        return True
+
+
+def refusals(d) -> list[dict]:
+    out = []
+    for line in d.logs().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("event") == "connection refused":
+            out.append(entry)
+    return out
+
+
+def test_large_frame_before_hello_is_refused_from_its_header(rrtod_daemon):
+    """Two connections declaring 900 MiB frames before their hello: the daemon answers from
+    the header and closes, instead of buffering what they send (it grew by 1.8 GB before)."""
+    d = rrtod_daemon(**ECHO)
+    before = rss(d.proc.pid)
+    conns = []
+    for _ in range(2):
+        raw = FramedSocket(d.socket, timeout=5)
+        raw.sock.sendall(HEADER.pack(900 << 20) + b"\0" * 4096)
+        reply = raw.recv(local_pb2.LocalReply)
+        assert reply.error.code == "BAD_FRAME" and "65536-byte limit" in reply.error.message
+        assert closed_by_daemon(raw.sock)  # nothing more is read from it
+        conns.append(raw)
+    assert rss(d.proc.pid) - before < 8 << 20
+    for raw in conns:
+        raw.close()
+    assert d.ctl("status")["roles"] == ["robot", "gpu"]
+    (refused,) = [r for r in refusals(d) if r["reason"] == "bad frame before hello"]
+    assert refused["uid"] == os.getuid() and refused["pid"] == os.getpid()
+    assert d.ctl("status")["connections"]["refused"]["bad frame before hello"] == 2
+
+
+def test_app_frames_are_capped_and_share_one_receive_budget(rrtod_daemon):
+    d = rrtod_daemon(socket_limits={"max_frame": "1MiB", "max_buffered": "1536KiB"}, **ECHO)
+    # Over max_frame: refused from the header.
+    app, welcome = open_app(d.socket)
+    assert welcome.WhichOneof("msg") == "welcome"
+    app.sock.sendall(HEADER.pack(2 << 20) + b"\0" * 1024)
+    reply = app.recv(local_pb2.LocalReply)
+    assert reply.error.code == "BAD_FRAME" and "1048576-byte limit" in reply.error.message
+    app.close()
+    # Two large frames in flight at once do not fit the budget: the second is refused.
+    first, _ = open_app(d.socket)
+    first.sock.sendall(HEADER.pack(1 << 20) + b"\x12" + b"\0" * 1000)  # incomplete
+    time.sleep(0.3)
+    assert d.ctl("status")["connections"]["buffered"] > 0
+    second, _ = open_app(d.socket)
+    second.sock.sendall(HEADER.pack(1 << 20) + b"\x12" + b"\0" * 1000)
+    reply = second.recv(local_pb2.LocalReply)
+    assert reply.error.code == "BUSY" and "receive buffer" in reply.error.message
+    second.close()
+    first.close()  # gives its share back
+    d.wait_for(lambda s: s["connections"]["buffered"] == 0, what="budget given back")
+    third, welcome = open_app(d.socket)
+    assert welcome.WhichOneof("msg") == "welcome"
+    third.close()
+
+
+def test_connection_idle_before_hello_is_closed(rrtod_daemon):
+    d = rrtod_daemon(socket_limits={"hello_timeout": 0.5}, **ECHO)
+    raw = FramedSocket(d.socket, timeout=10)
+    start = time.monotonic()
+    reply = raw.recv(local_pb2.LocalReply)
+    assert reply.error.code == "TIMEOUT"
+    assert closed_by_daemon(raw.sock)
+    assert time.monotonic() - start < 5
+    raw.close()
+    # An app that said hello is not subject to it.
+    app, welcome = open_app(d.socket)
+    assert welcome.WhichOneof("msg") == "welcome"
+    time.sleep(1.0)
+    assert [s["app"] for s in d.ctl("status")["sessions"]] == ["test-app"]
+    app.close()
+
+
+def test_idle_connections_do_not_lock_out_rrtoctl(rrtod_daemon):
+    """More idle connections than the limit (20,200 used up the descriptors before): rrtoctl
+    and new apps still get in, and the refusals are logged once, not once each."""
+    d = rrtod_daemon(socket_limits={"max_connections": 32, "hello_timeout": 60}, **ECHO)
+    idle = []
+    for _ in range(80):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(d.socket)
+        idle.append(s)
+    status = d.ctl("status")
+    assert status["connections"]["connections"] <= 32
+    assert status["connections"]["refused"]
+    app, welcome = open_app(d.socket)
+    assert welcome.WhichOneof("msg") == "welcome"
+    assert d.ctl("status")["sessions"]
+    app.close()
+    logged = refusals(d)
+    assert 1 <= len(logged) <= 2  # one line per kind of refusal and uid
+    assert all(r["uid"] == os.getuid() and r["pid"] == os.getpid() for r in logged)
+    for s in idle:
+        s.close()
+
+
+def test_app_sessions_leave_slots_for_rrtoctl(rrtod_daemon):
+    d = rrtod_daemon(socket_limits={"max_connections": 4}, **ECHO)
+    apps = [open_app(d.socket) for _ in range(4)]
+    codes = [w.WhichOneof("msg") if w.WhichOneof("msg") == "welcome" else w.error.code
+             for _, w in apps]
+    assert codes == ["welcome"] * 3 + ["TOO_MANY_SESSIONS"]
+    assert len(d.ctl("status")["sessions"]) == 3
+    for conn, _ in apps:
+        conn.close()
