@@ -25,12 +25,16 @@ class ExecutorContext:
     deny: tuple[str, ...]
     blobs: BlobStoreLike  # the host's content-addressed weight cache
     state_dir: Path
+    identity: str = "local"  # who opened the session: the robot's certificate identity
 
 
 class BlobStoreLike(Protocol):
-    def has(self, key: bytes) -> bool: ...
-    def put(self, key: bytes, tensor: ops_pb2.TensorData) -> None: ...
-    def get(self, key: bytes) -> ops_pb2.TensorData | None: ...
+    """The weight cache as one identity sees it (``ExecutorContext.identity``): entries others
+    uploaded are missing to it unless the cache is shared."""
+
+    def has(self, key: bytes, identity: str) -> bool: ...
+    def put(self, key: bytes, tensor: ops_pb2.TensorData, identity: str) -> None: ...
+    def get(self, key: bytes, identity: str) -> ops_pb2.TensorData | None: ...
 
 
 class Executor(Protocol):

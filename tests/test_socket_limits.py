@@ -12,6 +12,7 @@ import time
 import psutil
 
 from rrto.v1 import local_pb2
+from rrto_plugins.torch.channel import SocketChannel
 from rrtod.framing import HEADER, FramedSocket
 
 from .test_daemon import ECHO, open_app
@@ -97,11 +98,12 @@ def test_connection_idle_before_hello_is_closed(rrtod_daemon):
     assert closed_by_daemon(raw.sock)
     assert time.monotonic() - start < 5
     raw.close()
-    # An app that said hello is not subject to it.
-    app, welcome = open_app(d.socket)
-    assert welcome.WhichOneof("msg") == "welcome"
+    # An app that said hello is not subject to it, and a long command line does not push
+    # its hello over the control frame limit.
+    app = SocketChannel(d.socket, "test-app", os.getpid(), ["x" * 50000] * 4, executor="echo")
     time.sleep(1.0)
-    assert [s["app"] for s in d.ctl("status")["sessions"]] == ["test-app"]
+    (session,) = d.ctl("status")["sessions"]
+    assert session["app"] == "test-app"
     app.close()
 
 

@@ -186,6 +186,7 @@ class TorchExecutor:
         self.allow = Allowlist(ctx.allow_extra, ctx.deny)
         self.store = TensorStore(ctx.memory_quota)
         self.blobs = ctx.blobs
+        self.identity = ctx.identity  # whose view of the weight cache this session has
         self.session = ""
         self.poisoned: dict[int, str] = {}  # id -> why its value does not exist
         self._host_ids = itertools.count(HOST_ID_BASE)
@@ -321,7 +322,7 @@ class TorchExecutor:
         t = self.store.pop(("blob", key))  # prefetched by a query or put in this session
         if t is not None:
             return t
-        data = self.blobs.get(key)
+        data = self.blobs.get(key, self.identity)
         if data is None:
             raise CallFailed("BLOB_MISSING", f"{what}: persistent tensor {key.hex()} is not in "
                                              "the host's weight cache (upload it first)")
@@ -471,7 +472,7 @@ class TorchExecutor:
         self.counters["bytes_up"] += len(put.tensor.data)
         self.store.put(("blob", key), t)
         try:
-            self.blobs.put(key, put.tensor)
+            self.blobs.put(key, put.tensor, self.identity)
         except BlobError:
             pass  # too big for the cache: the session keeps its own copy
         return iter(())
@@ -481,7 +482,7 @@ class TorchExecutor:
         for key in dict.fromkeys(bytes(h) for h in query.hashes):
             if ("blob", key) in self.store:
                 continue
-            data = self.blobs.get(key)
+            data = self.blobs.get(key, self.identity)
             if data is None:
                 missing.append(key)
                 continue
