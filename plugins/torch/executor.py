@@ -223,6 +223,8 @@ class TorchExecutor:
             if kind == "open":
                 return self._error("BAD_FRAME", "session is already open", 0)
             return self._error("BAD_FRAME", "empty SessionUp frame", 0)
+        except codec.CodecError as exc:  # a value the frame describes that is not valid
+            return self._error("BAD_FRAME", str(exc), frame.call.seq if kind == "call" else 0)
         except Exception as exc:  # a bug must not take the session's worker thread down
             return self._error("INTERNAL", f"{type(exc).__name__}: {exc}", 0)
 

@@ -1,0 +1,113 @@
+"""Run the fuzz targets one after another and keep the corpus: ``make fuzz``.
+
+    python -m tests.fuzz.campaign [--seconds 120] [--seed 0] [--keep-corpus] [TARGET ...]
+
+Each target runs in its own process (libFuzzer runs once per process) for ``--seconds``,
+starting from its committed corpus in tests/fuzz/corpus/<target>/ and the inputs that once
+crashed it in tests/fuzz/regressions/<target>/. With ``--keep-corpus`` the
+corpus is then minimized (libFuzzer ``-merge=1``: the smallest set of inputs with the same
+coverage) and written back, so the repository keeps a small corpus that grows in coverage.
+Prints inputs executed and crashes per target; a crash's input is left in the work folder
+and its traceback printed. tests/test_fuzz.py runs the same for a few seconds per target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.fuzz import TARGET_NAMES
+
+REPO = Path(__file__).resolve().parents[2]
+CORPUS = REPO / "tests" / "fuzz" / "corpus"
+# Inputs that once crashed a target (named after the bug): always run, never minimized away.
+REGRESSIONS = REPO / "tests" / "fuzz" / "regressions"
+MAX_LEN = 4096  # bytes per input: messages the decoders see are built from at most this
+OPTIONS = [f"-max_len={MAX_LEN}", "-rss_limit_mb=2048", "-timeout=20", "-print_final_stats=1"]
+
+
+@dataclass
+class Result:
+    target: str
+    returncode: int
+    executed: int
+    new_units: int
+    peak_rss_mb: int
+    crashes: list[Path]
+    output: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.crashes
+
+
+def _stat(name: str, output: str) -> int:
+    m = re.search(rf"stat::{name}:\s+(\d+)", output)
+    return int(m.group(1)) if m else 0
+
+
+def run_target(target: str, seconds: float, work: Path, seed: int = 0) -> Result:
+    """Fuzz ``target`` for ``seconds`` from its committed corpus (read only); new inputs and
+    crashes go to ``work``."""
+    new = work / "new" / target
+    new.mkdir(parents=True, exist_ok=True)
+    corpus = CORPUS / target
+    corpus.mkdir(parents=True, exist_ok=True)
+    artifacts = work / "crashes" / target
+    artifacts.mkdir(parents=True, exist_ok=True)
+    regressions = [str(p) for p in [REGRESSIONS / target] if p.is_dir()]
+    cmd = [sys.executable, "-m", "tests.fuzz", target, f"-max_total_time={int(seconds)}",
+           f"-seed={seed}", f"-artifact_prefix={artifacts}/", *OPTIONS, str(new), str(corpus),
+           *regressions]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=seconds + 120)
+    output = proc.stdout + proc.stderr
+    return Result(target, proc.returncode, _stat("number_of_executed_units", output),
+                  _stat("new_units_added", output), _stat("peak_rss_mb", output),
+                  sorted(artifacts.iterdir()), output)
+
+
+def minimize_into_corpus(target: str, work: Path) -> int:
+    """Merge the committed corpus and the new inputs into their smallest equivalent set and
+    write it back; returns the number of files kept."""
+    merged = work / "merged" / target
+    merged.mkdir(parents=True, exist_ok=True)
+    corpus = CORPUS / target
+    subprocess.run([sys.executable, "-m", "tests.fuzz", target, "-merge=1", *OPTIONS,
+                    str(merged), str(corpus), str(work / "new" / target)],
+                   cwd=REPO, capture_output=True, check=True, timeout=600)
+    shutil.rmtree(corpus)
+    shutil.copytree(merged, corpus)
+    return len(list(corpus.iterdir()))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("targets", nargs="*", default=list(TARGET_NAMES))
+    ap.add_argument("--seconds", type=float, default=120)
+    ap.add_argument("--seed", type=int, default=0, help="0: a new seed each run")
+    ap.add_argument("--keep-corpus", action="store_true")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="rrto-fuzz-"))
+    failed = False
+    print(f"{'target':14} {'inputs':>10} {'new':>6} {'rss MB':>7} {'crashes':>8} {'corpus':>7}")
+    for target in args.targets:
+        r = run_target(target, args.seconds, work, args.seed)
+        kept = minimize_into_corpus(target, work) if args.keep_corpus and r.ok else "-"
+        print(f"{target:14} {r.executed:10} {r.new_units:6} {r.peak_rss_mb:7} "
+              f"{len(r.crashes):8} {kept:>7}")
+        if not r.ok:
+            failed = True
+            print(r.output[-6000:], file=sys.stderr)
+            for crash in r.crashes:
+                print(f"  crash input: {crash}", file=sys.stderr)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
