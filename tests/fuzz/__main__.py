@@ -12,6 +12,7 @@ level or above raise: a bug the daemon would only have logged counts as a crash 
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 import sys
 import tempfile
@@ -37,7 +38,9 @@ def _self_command(target: str) -> str:
     """An executable that runs this target: libFuzzer re-executes ``argv[0]`` for ``-merge``
     and ``-fork``, and ``python -m`` leaves a non-executable path there."""
     repo = Path(__file__).resolve().parents[2]
-    script = Path(tempfile.mkdtemp(prefix="rrto-fuzz-")) / f"fuzz-{target}"
+    folder = os.environ.get("RRTO_FUZZ_STATE") or tempfile.mkdtemp(prefix="rrto-fuzz-")
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    script = Path(folder) / f"fuzz-{target}"
     script.write_text(f"#!/bin/sh\ncd {shlex.quote(str(repo))} && exec "
                       f"{shlex.quote(sys.executable)} -m tests.fuzz {shlex.quote(target)} \"$@\"\n")
     script.chmod(0o755)

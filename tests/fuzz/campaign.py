@@ -14,6 +14,7 @@ and its traceback printed. tests/test_fuzz.py runs the same for a few seconds pe
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -28,8 +29,11 @@ REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "tests" / "fuzz" / "corpus"
 # Inputs that once crashed a target (named after the bug): always run, never minimized away.
 REGRESSIONS = REPO / "tests" / "fuzz" / "regressions"
-MAX_LEN = 4096  # bytes per input: messages the decoders see are built from at most this
+MAX_LEN = 2048  # bytes per input: messages the decoders see are built from at most this
 OPTIONS = [f"-max_len={MAX_LEN}", "-rss_limit_mb=2048", "-timeout=20", "-print_final_stats=1"]
+# Long runs try long inputs (deep messages) from the start, instead of growing the length
+# limit slowly: fewer inputs a second, more of them reach past the first field.
+LONG_RUN = ["-len_control=0"]
 
 
 @dataclass
@@ -52,7 +56,12 @@ def _stat(name: str, output: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-def run_target(target: str, seconds: float, work: Path, seed: int = 0) -> Result:
+def _env(work: Path) -> dict[str, str]:
+    return {**os.environ, "RRTO_FUZZ_STATE": str(work / "state")}
+
+
+def run_target(target: str, seconds: float, work: Path, seed: int = 0,
+               extra: list[str] | None = None) -> Result:
     """Fuzz ``target`` for ``seconds`` from its committed corpus (read only); new inputs and
     crashes go to ``work``."""
     new = work / "new" / target
@@ -63,9 +72,11 @@ def run_target(target: str, seconds: float, work: Path, seed: int = 0) -> Result
     artifacts.mkdir(parents=True, exist_ok=True)
     regressions = [str(p) for p in [REGRESSIONS / target] if p.is_dir()]
     cmd = [sys.executable, "-m", "tests.fuzz", target, f"-max_total_time={int(seconds)}",
-           f"-seed={seed}", f"-artifact_prefix={artifacts}/", *OPTIONS, str(new), str(corpus),
+           f"-seed={seed}", f"-artifact_prefix={artifacts}/", *OPTIONS, *(extra or []),
+           str(new), str(corpus),
            *regressions]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=seconds + 120)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=seconds + 120,
+                          env=_env(work))
     output = proc.stdout + proc.stderr
     return Result(target, proc.returncode, _stat("number_of_executed_units", output),
                   _stat("new_units_added", output), _stat("peak_rss_mb", output),
@@ -80,7 +91,7 @@ def minimize_into_corpus(target: str, work: Path) -> int:
     corpus = CORPUS / target
     subprocess.run([sys.executable, "-m", "tests.fuzz", target, "-merge=1", *OPTIONS,
                     str(merged), str(corpus), str(work / "new" / target)],
-                   cwd=REPO, capture_output=True, check=True, timeout=600)
+                   cwd=REPO, capture_output=True, check=True, timeout=600, env=_env(work))
     shutil.rmtree(corpus)
     shutil.copytree(merged, corpus)
     return len(list(corpus.iterdir()))
@@ -94,10 +105,11 @@ def main() -> None:
     ap.add_argument("--keep-corpus", action="store_true")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="rrto-fuzz-"))
+    print(f"work folder (new inputs, crashes): {work}")
     failed = False
     print(f"{'target':14} {'inputs':>10} {'new':>6} {'rss MB':>7} {'crashes':>8} {'corpus':>7}")
     for target in args.targets:
-        r = run_target(target, args.seconds, work, args.seed)
+        r = run_target(target, args.seconds, work, args.seed, LONG_RUN)
         kept = minimize_into_corpus(target, work) if args.keep_corpus and r.ok else "-"
         print(f"{target:14} {r.executed:10} {r.new_units:6} {r.peak_rss_mb:7} "
               f"{len(r.crashes):8} {kept:>7}")

@@ -24,6 +24,7 @@ replay_defs        replay_host.compile_sequence, then HostReplayer         Value
 from __future__ import annotations
 
 import asyncio
+import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -49,7 +50,9 @@ from rrtod.robot import AppSession, RobotRole
 from . import TARGET_NAMES
 from .protogen import Builder
 
-STATE = Path(tempfile.mkdtemp(prefix="rrto-fuzz-"))
+# Files the targets write (weight cache, recorded sequences): under the campaign's work folder.
+STATE = Path(os.environ.get("RRTO_FUZZ_STATE") or tempfile.mkdtemp(prefix="rrto-fuzz-"))
+STATE.mkdir(parents=True, exist_ok=True)
 LOOP = asyncio.new_event_loop()
 QUOTA = 1 << 20  # a session's quota: nothing a fuzz input asks for may allocate more
 
