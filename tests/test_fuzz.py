@@ -1,7 +1,7 @@
 """A short coverage-guided fuzzing round of every decoder of socket bytes (tests/fuzz): each
 target runs a few seconds from its committed corpus and must neither crash nor raise anything
 but its documented errors. ``make fuzz`` runs the same targets longer and keeps the corpus.
-RRTO_FUZZ_SECONDS sets the seconds per target (default 8: about a minute in all)."""
+RRTO_FUZZ_SECONDS sets the seconds (default 10; all targets run at once: about a minute)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,22 @@ import os
 import pytest
 
 from tests.fuzz import TARGET_NAMES
-from tests.fuzz.campaign import run_target
+from tests.fuzz.campaign import Result, run_targets
 
-SECONDS = float(os.environ.get("RRTO_FUZZ_SECONDS", "8"))
+SECONDS = float(os.environ.get("RRTO_FUZZ_SECONDS", "10"))
+
+
+@pytest.fixture(scope="module")
+def fuzz_round(tmp_path_factory) -> dict[str, Result]:
+    """Every target at once (their start-up, mostly importing torch, overlaps)."""
+    work = tmp_path_factory.mktemp("fuzz")
+    results = run_targets(list(TARGET_NAMES), SECONDS, work, seed=1, parallel=len(TARGET_NAMES))
+    return {r.target: r for r in results}
 
 
 @pytest.mark.parametrize("target", TARGET_NAMES)
-def test_fuzz_target_short_run(target, tmp_path):
-    result = run_target(target, SECONDS, tmp_path, seed=1)
+def test_fuzz_target_short_run(target, fuzz_round):
+    result = fuzz_round[target]
     print(f"fuzz {target}: {result.executed} inputs, {result.new_units} new, "
           f"peak RSS {result.peak_rss_mb} MB")
     assert result.ok, (f"{target} crashed ({[str(c) for c in result.crashes]}):\n"

@@ -60,10 +60,10 @@ def _env(work: Path) -> dict[str, str]:
     return {**os.environ, "RRTO_FUZZ_STATE": str(work / "state")}
 
 
-def run_target(target: str, seconds: float, work: Path, seed: int = 0,
-               extra: list[str] | None = None) -> Result:
-    """Fuzz ``target`` for ``seconds`` from its committed corpus (read only); new inputs and
-    crashes go to ``work``."""
+def start_target(target: str, seconds: float, work: Path, seed: int = 0,
+                 extra: list[str] | None = None) -> subprocess.Popen[str]:
+    """Start fuzzing ``target`` for ``seconds`` from its committed corpus (read only); new
+    inputs and crashes go to ``work``."""
     new = work / "new" / target
     new.mkdir(parents=True, exist_ok=True)
     corpus = CORPUS / target
@@ -73,14 +73,32 @@ def run_target(target: str, seconds: float, work: Path, seed: int = 0,
     regressions = [str(p) for p in [REGRESSIONS / target] if p.is_dir()]
     cmd = [sys.executable, "-m", "tests.fuzz", target, f"-max_total_time={int(seconds)}",
            f"-seed={seed}", f"-artifact_prefix={artifacts}/", *OPTIONS, *(extra or []),
-           str(new), str(corpus),
-           *regressions]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=seconds + 120,
-                          env=_env(work))
-    output = proc.stdout + proc.stderr
+           str(new), str(corpus), *regressions]
+    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=_env(work))
+
+
+def finish_target(target: str, proc: subprocess.Popen[str], seconds: float, work: Path) -> Result:
+    try:
+        output, _ = proc.communicate(timeout=seconds + 180)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        output, _ = proc.communicate()
     return Result(target, proc.returncode, _stat("number_of_executed_units", output),
                   _stat("new_units_added", output), _stat("peak_rss_mb", output),
-                  sorted(artifacts.iterdir()), output)
+                  sorted((work / "crashes" / target).iterdir()), output)
+
+
+def run_targets(targets: list[str], seconds: float, work: Path, seed: int = 0,
+                extra: list[str] | None = None, parallel: int = 1) -> list[Result]:
+    """Fuzz each target for ``seconds``, ``parallel`` at a time (start-up, mostly importing
+    torch, then overlaps)."""
+    results: list[Result] = []
+    for i in range(0, len(targets), parallel):
+        group = targets[i:i + parallel]
+        procs = [(t, start_target(t, seconds, work, seed, extra)) for t in group]
+        results += [finish_target(t, p, seconds, work) for t, p in procs]
+    return results
 
 
 def minimize_into_corpus(target: str, work: Path) -> int:
@@ -109,7 +127,7 @@ def main() -> None:
     failed = False
     print(f"{'target':14} {'inputs':>10} {'new':>6} {'rss MB':>7} {'crashes':>8} {'corpus':>7}")
     for target in args.targets:
-        r = run_target(target, args.seconds, work, args.seed, LONG_RUN)
+        (r,) = run_targets([target], args.seconds, work, args.seed, LONG_RUN)
         kept = minimize_into_corpus(target, work) if args.keep_corpus and r.ok else "-"
         print(f"{target:14} {r.executed:10} {r.new_units:6} {r.peak_rss_mb:7} "
               f"{len(r.crashes):8} {kept:>7}")
