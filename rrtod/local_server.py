@@ -35,6 +35,9 @@ log = structlog.get_logger("rrtod.socket")
 # Bytes a connection buffers before the daemon stops reading it (asyncio's default is 64 KiB):
 # an app's input tensors of a few MB arrive in a few reads instead of stop-and-go 64 KiB steps.
 STREAM_LIMIT = 4 << 20
+# Before the hello a connection gets a read-ahead of this (asyncio stops reading a connection at
+# twice its limit): 1,024 silent or junk-sending clients then hold at most 128 MiB between them.
+CONTROL_STREAM_LIMIT = 64 << 10
 # Descriptors the daemon needs besides app connections: gRPC channels, state files, metrics.
 FD_HEADROOM = 256
 REFUSAL_LOG_INTERVAL = 60.0  # seconds between two log lines of one kind of refusal per uid
@@ -144,7 +147,7 @@ class LocalServer:
         old_umask = os.umask(0o777 & ~self.mode)  # never world-accessible, even for an instant
         try:
             self.server = await asyncio.start_unix_server(self._client, path=str(self.path),
-                                                          limit=STREAM_LIMIT)
+                                                          limit=CONTROL_STREAM_LIMIT)
         finally:
             os.umask(old_umask)
         os.chmod(self.path, self.mode)
@@ -246,7 +249,12 @@ class LocalServer:
             if kind == "ctl":
                 reply = await self.on_ctl(request.ctl, cred)
                 writer.write(encode(local_pb2.LocalReply(ctl=reply)))
-                await writer.drain()
+                try:  # a client that does not read its replies must not hold its slot forever
+                    async with asyncio.timeout(limits.hello_timeout):
+                        await writer.drain()
+                except TimeoutError:
+                    self.refusals.refuse("replies not read within hello_timeout", cred)
+                    return
             elif kind == "app_hello":
                 if self.on_app is None:
                     await send_error("NO_ROBOT_ROLE", "this rrtod does not hold the robot role")
@@ -259,6 +267,9 @@ class LocalServer:
                                      "socket_limits.max_connections allows")
                     return
                 conn.app = True
+                # An app session's read-ahead: its input tensors arrive in a few large reads.
+                # (StreamReader has no public setter for it; _limit is what it reads.)
+                reader._limit = STREAM_LIMIT  # type: ignore[attr-defined]
                 await self.on_app(request.app_hello, cred, reader, writer, self.budget)
                 return
             else:
