@@ -23,7 +23,6 @@ import xxhash
 HASHES: dict[str, Callable[[bytes], bytes]] = {
     "xxh3_128": lambda b: xxhash.xxh3_128_digest(b),
     "blake3": lambda b: blake3.blake3(b).digest(),
-    "blake3 (max_threads=1)": lambda b: blake3.blake3(b, max_threads=1).digest(),
     "sha256": lambda b: hashlib.sha256(b).digest(),
     "blake2b-128": lambda b: hashlib.blake2b(b, digest_size=16).digest(),
 }

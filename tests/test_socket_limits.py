@@ -10,6 +10,7 @@ import socket
 import time
 
 import psutil
+import pytest
 
 from rrto.v1 import local_pb2
 from rrto_plugins.torch.channel import SocketChannel
@@ -135,3 +136,31 @@ def test_connection_limit_keeps_rrtoctl_working(rrtod_daemon):
         s.close()
     for conn, _ in apps:
         conn.close()
+
+
+def test_frame_reader_takes_large_frames_from_the_budget_and_gives_them_back():
+    """Unit level: a large frame is read only within the shared budget, whatever happens."""
+    import asyncio
+
+    from rrtod.framing import ByteBudget, FrameBusy, FrameError, FrameReader, encode
+
+    frame = encode(local_pb2.LocalRequest(ctl=local_pb2.CtlRequest(command="x" * (600 << 10))))
+
+    async def read(data: bytes, budget: ByteBudget, eof: bool = True) -> list:
+        reader = asyncio.StreamReader()
+        reader.feed_data(data)
+        if eof:
+            reader.feed_eof()
+        return await FrameReader(reader, local_pb2.LocalRequest, 1 << 20, budget).read()
+
+    budget = ByteBudget(1 << 20)
+    (got,) = asyncio.run(read(frame, budget))
+    assert len(got.ctl.command) == 600 << 10 and budget.used == 0
+    budget.used = 900 << 10  # another connection's frame in flight
+    with pytest.raises(FrameBusy) as busy:
+        asyncio.run(read(frame, budget))
+    assert busy.value.code == "BUSY" and budget.used == 900 << 10
+    budget.used = 0
+    with pytest.raises(FrameError, match="inside a frame"):
+        asyncio.run(read(frame[: 300 << 10], budget))  # the peer leaves mid-frame
+    assert budget.used == 0
