@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo bench bench-quick proto proto-check lint clean
+.PHONY: install test demo bench bench-quick proto proto-check lint clean fuzz
 
 install: $(STAMP)
 
@@ -36,6 +36,13 @@ bench-quick: install
 proto: install
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=proto --pyi_out=proto \
 		--grpc_python_out=proto proto/rrto/v1/*.proto
+
+# Coverage-guided fuzzing of every decoder of socket bytes (tests/fuzz), FUZZ_SECONDS per target;
+# the corpus in tests/fuzz/corpus/ is minimized and written back (commit it). `make test` runs a
+# few seconds of each target.
+FUZZ_SECONDS ?= 120
+fuzz: install
+	$(BIN)/python -m tests.fuzz.campaign --seconds $(FUZZ_SECONDS) --keep-corpus $(FUZZ_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

@@ -18,6 +18,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rrtod.framing import MAX_FRAME
+
 DEFAULT_PATH = Path("/etc/rrto/rrtod.yaml")
 ENV_PATH = "RRTO_CONFIG"
 
@@ -160,11 +162,39 @@ class ExecutorConfig(_Section):
 
 class WeightCacheConfig(_Section):
     max_bytes: int = 8 * 2**30
+    # false: an entry is visible only to the identities that uploaded it; true: to every robot.
+    shared: bool = False
 
     @field_validator("max_bytes", mode="before")
     @classmethod
     def _size(cls, v: int | str) -> int:
         return parse_size(v)
+
+
+class SocketLimitsConfig(_Section):
+    """Limits of the app/rrtoctl unix socket, so that local clients cannot exhaust the daemon's
+    memory or descriptors (docs/security.md)."""
+
+    max_connections: int = Field(default=1024, ge=2)  # connections served at once
+    hello_timeout: float = Field(default=10.0, gt=0)  # seconds a connection may idle before hello
+    max_control_frame: int = 64 * 2**10  # largest frame before hello (AppHello, CtlRequest)
+    max_frame: int = 2**30  # largest frame of an app session: what one connection may buffer
+    max_buffered: int = 2 * 2**30  # large frames all connections may buffer together
+
+    @field_validator("max_control_frame", "max_frame", "max_buffered", mode="before")
+    @classmethod
+    def _size(cls, v: int | str) -> int:
+        return parse_size(v)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SocketLimitsConfig:
+        if not 1024 <= self.max_control_frame <= self.max_frame:
+            raise ValueError("max_control_frame: must be between 1KiB and max_frame")
+        if self.max_frame > MAX_FRAME:
+            raise ValueError(f"max_frame: at most {MAX_FRAME} bytes (1GiB)")
+        if self.max_buffered < self.max_frame:
+            raise ValueError("max_buffered: must be at least max_frame")
+        return self
 
 
 class HealthConfig(_Section):
@@ -202,6 +232,7 @@ class Config(_Section):
     node: str = Field(default_factory=socket.gethostname)
     socket: str = "/run/rrto/rrtod.sock"
     socket_mode: int = 0o660
+    socket_limits: SocketLimitsConfig = SocketLimitsConfig()
     state_dir: str = "/var/lib/rrto"
     listen: str | None = None  # gpu role: a TCP address too; null: only the unix peer socket
     hosts: tuple[HostConfig, ...] = ()

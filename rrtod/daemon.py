@@ -36,7 +36,8 @@ log = structlog.get_logger("rrtod")
 
 EX_CONFIG = 78
 # Keys that bind sockets or identity: changing them needs a restart, a reload keeps the old value.
-RESTART_KEYS = ("roles", "node", "socket", "socket_mode", "state_dir", "listen", "tls")
+RESTART_KEYS = ("roles", "node", "socket", "socket_mode", "socket_limits", "state_dir", "listen",
+                "tls")
 
 
 def check_plugins(loaded: LoadedConfig, registry: Registry) -> None:
@@ -88,7 +89,7 @@ class Daemon:
             self.robot = RobotRole(cfg, self.registry, self.energy)
             await self.robot.start()
         self.local = LocalServer(cfg.socket, cfg.socket_mode, self.control,
-                                 self.robot.serve_app if self.robot else None)
+                                 self.robot.serve_app if self.robot else None, cfg.socket_limits)
         await self.local.start()
         self._start_metrics()
         for sig, handler in ((signal.SIGHUP, self._on_hup), (signal.SIGTERM, self.stop_event.set),
@@ -231,6 +232,7 @@ class Daemon:
             "config": {"path": str(self.loaded.path), "files": [str(f) for f in self.loaded.files],
                        "reloads": self.reloads},
             "socket": cfg.socket,
+            "connections": self.local.describe() if self.local else None,
             "plugins": {fam: self.registry.names(fam) for fam in self.registry.families},
             "selected": {key: name for key, _, name in cfg.plugin_choices()},
             "hosts": [],

@@ -3,7 +3,9 @@
 Each frame is a 4-byte little-endian length, then that many bytes of one serialized message.
 A framed socket costs ~0.05 ms a round trip here against ~0.5 ms for gRPC (shared/NOTES.md), which
 is why the app <-> robot daemon hop is not gRPC. Both ends refuse frames over ``MAX_FRAME`` so
-that a corrupt length cannot make the daemon allocate gigabytes.
+that a corrupt length cannot make the daemon allocate gigabytes; the daemon passes a smaller
+limit for frames before a connection's hello and a ``ByteBudget`` shared by all connections, so
+that peers who declare large frames cannot together hold more than a set amount of its memory.
 """
 
 from __future__ import annotations
@@ -49,7 +51,34 @@ if TRACING:
 
 
 class FrameError(Exception):
-    """The peer sent something that is not a valid frame; the connection must be dropped."""
+    """The peer sent something that is not a valid frame; the connection must be dropped.
+    ``code`` is the error code the daemon replies with before it closes the connection."""
+
+    code = "BAD_FRAME"
+
+
+class FrameBusy(FrameError):
+    """A frame that is valid but does not fit in the daemon's receive budget right now."""
+
+    code = "BUSY"
+
+
+class ByteBudget:
+    """Bytes of large incoming frames all connections may buffer at once. One event loop
+    serves every connection, so taking and giving back needs no lock."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.used = 0
+
+    def take(self, n: int) -> bool:
+        if self.used + n > self.limit:
+            return False
+        self.used += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.used -= n
 
 
 def encode(message: Message) -> bytes:
@@ -66,13 +95,15 @@ def decode(kind: type[Message], payload: bytes | memoryview) -> Message:
     return message
 
 
-def _check_length(length: int) -> None:
-    if length > MAX_FRAME:
-        raise FrameError(f"frame of {length} bytes exceeds the {MAX_FRAME}-byte limit")
+def _check_length(length: int, limit: int = MAX_FRAME) -> None:
+    if length > limit:
+        raise FrameError(f"frame of {length} bytes exceeds the {limit}-byte limit")
 
 
-async def read_frame(reader: asyncio.StreamReader, kind: type[Message]) -> Message | None:
-    """The next message, or None at a clean end of stream."""
+async def read_frame(reader: asyncio.StreamReader, kind: type[Message],
+                     max_frame: int = MAX_FRAME) -> Message | None:
+    """The next message, or None at a clean end of stream. A header that declares more than
+    ``max_frame`` bytes raises before any of them is read."""
     try:
         header = await reader.readexactly(HEADER.size)
     except asyncio.IncompleteReadError as exc:
@@ -80,7 +111,7 @@ async def read_frame(reader: asyncio.StreamReader, kind: type[Message]) -> Messa
             raise FrameError("connection closed inside a frame header") from None
         return None
     (length,) = HEADER.unpack(header)
-    _check_length(length)
+    _check_length(length, max_frame)
     try:
         payload = await reader.readexactly(length)
     except asyncio.IncompleteReadError:
@@ -90,11 +121,18 @@ async def read_frame(reader: asyncio.StreamReader, kind: type[Message]) -> Messa
 
 class FrameReader:
     """Reads frames in bursts: ``read`` returns the next frame and every complete frame that
-    arrived with it, so a relay can pass on what its peer wrote in one go in one message."""
+    arrived with it, so a relay can pass on what its peer wrote in one go in one message.
 
-    def __init__(self, reader: asyncio.StreamReader, kind: type[Message]):
+    Memory: a frame over ``max_frame`` is refused from its header; a large frame (over
+    ``READ_CHUNK``) is read only once its length is taken from ``budget`` (``FrameBusy`` when
+    the budget cannot hold it), and given back once it has arrived (it is parsed next)."""
+
+    def __init__(self, reader: asyncio.StreamReader, kind: type[Message],
+                 max_frame: int = MAX_FRAME, budget: ByteBudget | None = None):
         self.reader = reader
         self.kind = kind
+        self.max_frame = max_frame
+        self.budget = budget
         self.buf = bytearray()
 
     def _split(self) -> list[Message]:
@@ -104,7 +142,7 @@ class FrameReader:
                 (length,) = HEADER.unpack_from(buf, pos)
                 end = pos + HEADER.size + length
                 try:
-                    _check_length(length)
+                    _check_length(length, self.max_frame)
                     if len(buf) < end:
                         break
                     out.append(decode(self.kind, view[pos + HEADER.size:end]))
@@ -132,10 +170,7 @@ class FrameReader:
                 return frames
             missing = self._missing()
             if missing > READ_CHUNK and len(self.buf) >= HEADER.size:
-                try:  # the rest of a large frame in one wait, not chunk by chunk
-                    self.buf += await self.reader.readexactly(missing)
-                except asyncio.IncompleteReadError:
-                    raise FrameError("connection closed inside a frame") from None
+                await self._read_large(missing)
             else:
                 data = await self.reader.read(READ_CHUNK)
                 if not data:
@@ -143,6 +178,20 @@ class FrameReader:
                         raise FrameError("connection closed inside a frame")
                     return None
                 self.buf += data
+
+    async def _read_large(self, missing: int) -> None:
+        """The rest of a large frame in one wait, not chunk by chunk, within the budget."""
+        if self.budget is not None and not self.budget.take(missing):
+            raise FrameBusy(f"a frame of {missing} more bytes does not fit in the daemon's "
+                            f"receive buffer now ({self.budget.used} of {self.budget.limit} "
+                            "bytes in use by other connections); retry later")
+        try:
+            self.buf += await self.reader.readexactly(missing)
+        except asyncio.IncompleteReadError:
+            raise FrameError("connection closed inside a frame") from None
+        finally:
+            if self.budget is not None:
+                self.budget.give(missing)
 
 
 def session_prefix(length: int) -> bytes:

@@ -236,7 +236,8 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
         if self.device == "auto":  # importing torch takes seconds: not on the event loop
             self.device = await asyncio.to_thread(_probe_device)
         state = Path(self.config.state_dir)
-        self.blobs = BlobStore(state / "blobs", self.config.weight_cache.max_bytes)
+        self.blobs = BlobStore(state / "blobs", self.config.weight_cache.max_bytes,
+                               shared=self.config.weight_cache.shared)
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
         peer_pb2_grpc.add_PeerServicer_to_server(self, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -434,8 +435,10 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
         return peer_pb2.PingReply(sent_ns=request.sent_ns)
 
     async def QueryBlobs(self, request: ops_pb2.BlobQuery, context: Any) -> ops_pb2.BlobQueryReply:
-        await self._admit(context, "QueryBlobs")
-        return ops_pb2.BlobQueryReply(missing=[h for h in request.hashes if not self.blobs.has(h)])
+        grant = await self._admit(context, "QueryBlobs")
+        # what this identity may see: its own uploads, or all with weight_cache.shared
+        return ops_pb2.BlobQueryReply(missing=self.blobs.missing(list(request.hashes),
+                                                                 grant.identity))
 
     async def Stats(self, request: peer_pb2.StatsRequest, context: Any) -> peer_pb2.StatsReply:
         """An admin identity sees every session; any other only its own."""

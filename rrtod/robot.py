@@ -21,7 +21,14 @@ import structlog
 from rrto.v1 import local_pb2, ops_pb2
 from rrtod import framing
 from rrtod.config import Config
-from rrtod.framing import JOIN_BYTES, FrameError, FrameReader, encode, session_prefix
+from rrtod.framing import (
+    JOIN_BYTES,
+    ByteBudget,
+    FrameError,
+    FrameReader,
+    encode,
+    session_prefix,
+)
 from rrtod.grpc_options import BATCH_BYTES
 from rrtod.host_link import HostLink
 from rrtod.plugins import Registry
@@ -109,7 +116,10 @@ class RobotRole:
 
     # ----- one app connection -----
     async def serve_app(self, hello: local_pb2.AppHello, cred: tuple[int, int, int],
-                        reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                        reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                        budget: ByteBudget | None = None) -> None:
+        """Relay one app's session. Its frames are read within ``socket_limits.max_frame`` and
+        the socket's shared receive ``budget``."""
         async def reply(msg: local_pb2.LocalReply) -> None:
             writer.write(encode(msg))
             await writer.drain()
@@ -192,7 +202,8 @@ class RobotRole:
 
             down = asyncio.get_running_loop().create_task(downstream())
             down.add_done_callback(host_ended)
-            app_frames = FrameReader(reader, local_pb2.LocalRequest)
+            app_frames = FrameReader(reader, local_pb2.LocalRequest,
+                                     self.config.socket_limits.max_frame, budget)
             try:
                 while (requests := await app_frames.read()) is not None:  # None: app closed
                     if framing.TRACING:
@@ -220,9 +231,9 @@ class RobotRole:
             except (ConnectionError, OSError):
                 pass
         except FrameError as exc:
-            bound.warning("bad frame from app", error=str(exc))
+            bound.warning("bad frame from app", uid=cred[1], code=exc.code, error=str(exc))
             try:
-                await reply(error("BAD_FRAME", str(exc)))
+                await reply(error(exc.code, str(exc)))
             except (ConnectionError, OSError):
                 pass
         finally:

@@ -13,9 +13,10 @@ from rrtod.executor import ExecutorContext
 
 
 def make(tmp_path, quota=1 << 20, **kw) -> TorchExecutor:
+    blobs = kw.get("blobs") or BlobStore(tmp_path / "blobs", 1 << 20)
     ctx = ExecutorContext(device="cpu", memory_quota=quota, allow_extra=kw.get("allow", ()),
-                          deny=kw.get("deny", ()), blobs=BlobStore(tmp_path / "blobs", 1 << 20),
-                          state_dir=tmp_path)
+                          deny=kw.get("deny", ()), blobs=blobs, state_dir=tmp_path,
+                          identity=kw.get("identity", "local"))
     ex = TorchExecutor(ctx)
     ready = ex.open(ops_pb2.SessionOpen(app="t", executor="torch"))
     assert ready.device == "cpu" and ready.session
@@ -137,6 +138,20 @@ def test_bad_frames_never_raise(tmp_path):
     assert err.error.code == "OP_FAILED"
 
 
+def test_invalid_output_meta_is_a_bad_frame_not_an_internal_error(tmp_path):
+    """Found by tests/fuzz (peer_session): an out_meta without a dtype raised CodecError out of
+    the call's setup, answered as INTERNAL (a host bug) instead of the client's BAD_FRAME."""
+    ex = make(tmp_path)
+    frame = ops_pb2.SessionUp(call=ops_pb2.OpCall(seq=7, op="aten::relu.default",
+                                                  args=[up(torch.ones(2))], out_ids=[1]))
+    frame.call.out_meta.add()
+    (err,) = ex.handle(frame)
+    assert err.error.code == "BAD_FRAME" and "dtype" in err.error.message and err.error.seq == 7
+    assert call(ex, "aten::relu.default", [up(torch.ones(2))], out_ids=[1], seq=8) == []
+    assert torch.equal(codec.from_tensor_data(fetch(ex, 1).fetched.tensor), torch.ones(2))
+    ex.close()
+
+
 def test_persistent_tensors_by_hash(tmp_path):
     ex = make(tmp_path)
     w = codec.tensor_data(torch.randn(8))
@@ -159,6 +174,32 @@ def test_persistent_tensors_by_hash(tmp_path):
     (err,) = call(ex2, "aten::neg.default", [ops_pb2.Value(tensor=ops_pb2.TensorRef(
         persistent=b"\x01" * 16, bind_id=1))], out_ids=[2])
     assert err.error.code == "BLOB_MISSING"
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_weight_cache_entries_of_one_identity_are_missing_to_another(tmp_path, shared):
+    """Robot A's weights are not B's to use (or to learn of) unless the cache is shared."""
+    blobs = BlobStore(tmp_path / "blobs", 1 << 20, shared=shared)
+    w = codec.tensor_data(torch.randn(8))
+    key = hash_of(w)
+    a = make(tmp_path, blobs=blobs, identity="robot-a")
+    assert list(a.handle(ops_pb2.SessionUp(blob=ops_pb2.BlobPut(hash=key, tensor=w)))) == []
+    a.close()
+    b = make(tmp_path, blobs=blobs, identity="robot-b")
+    (q,) = b.handle(ops_pb2.SessionUp(query=ops_pb2.BlobQuery(hashes=[key])))
+    assert list(q.query.missing) == ([] if shared else [key])
+    pers = ops_pb2.Value(tensor=ops_pb2.TensorRef(persistent=key, bind_id=1))
+    out = list(call(b, "aten::neg.default", [pers], out_ids=[2]))
+    if shared:
+        assert torch.equal(codec.from_tensor_data(fetch(b, 2).fetched.tensor),
+                           -codec.from_tensor_data(w))
+    else:
+        (err,) = out
+        assert err.error.code == "BLOB_MISSING"
+    b.close()
+    again = make(tmp_path, blobs=blobs, identity="robot-a")  # A still has it
+    (q,) = again.handle(ops_pb2.SessionUp(query=ops_pb2.BlobQuery(hashes=[key])))
+    assert list(q.query.missing) == []
 
 
 def test_sessions_are_isolated_and_close_frees(tmp_path):

@@ -43,6 +43,23 @@ class NoHost(ConnectionError):
         self.code = code
 
 
+# The daemon reads at most socket_limits.max_control_frame (64 KiB by default) before the hello:
+# the hello's free text is cut to fit well within it. argv is for status display only.
+HELLO_TEXT = 16 << 10
+
+
+def hello_argv(argv: list[str]) -> list[str]:
+    """``argv`` cut to ``HELLO_TEXT`` characters in all."""
+    out, left = [], HELLO_TEXT
+    for arg in argv:
+        if left <= 0:
+            out.append("...")
+            break
+        out.append(arg[:left])
+        left -= len(arg)
+    return out
+
+
 class SocketChannel:
     """The robot daemon's unix socket: ``AppHello`` -> ``AppWelcome``, then session frames."""
 
@@ -51,7 +68,7 @@ class SocketChannel:
         self.sock = FramedSocket(path, timeout=timeout)
         try:
             self.sock.send(local_pb2.LocalRequest(app_hello=local_pb2.AppHello(
-                app=app, pid=pid, argv=argv, executor=executor)))
+                app=app[:HELLO_TEXT], pid=pid, argv=hello_argv(argv), executor=executor)))
             reply = self.sock.recv(local_pb2.LocalReply)
         except BaseException:
             self.sock.close()

@@ -186,6 +186,7 @@ class TorchExecutor:
         self.allow = Allowlist(ctx.allow_extra, ctx.deny)
         self.store = TensorStore(ctx.memory_quota)
         self.blobs = ctx.blobs
+        self.identity = ctx.identity  # whose view of the weight cache this session has
         self.session = ""
         self.poisoned: dict[int, str] = {}  # id -> why its value does not exist
         self._host_ids = itertools.count(HOST_ID_BASE)
@@ -222,6 +223,8 @@ class TorchExecutor:
             if kind == "open":
                 return self._error("BAD_FRAME", "session is already open", 0)
             return self._error("BAD_FRAME", "empty SessionUp frame", 0)
+        except codec.CodecError as exc:  # a value the frame describes that is not valid
+            return self._error("BAD_FRAME", str(exc), frame.call.seq if kind == "call" else 0)
         except Exception as exc:  # a bug must not take the session's worker thread down
             return self._error("INTERNAL", f"{type(exc).__name__}: {exc}", 0)
 
@@ -321,7 +324,7 @@ class TorchExecutor:
         t = self.store.pop(("blob", key))  # prefetched by a query or put in this session
         if t is not None:
             return t
-        data = self.blobs.get(key)
+        data = self.blobs.get(key, self.identity)
         if data is None:
             raise CallFailed("BLOB_MISSING", f"{what}: persistent tensor {key.hex()} is not in "
                                              "the host's weight cache (upload it first)")
@@ -471,7 +474,7 @@ class TorchExecutor:
         self.counters["bytes_up"] += len(put.tensor.data)
         self.store.put(("blob", key), t)
         try:
-            self.blobs.put(key, put.tensor)
+            self.blobs.put(key, put.tensor, self.identity)
         except BlobError:
             pass  # too big for the cache: the session keeps its own copy
         return iter(())
@@ -481,7 +484,7 @@ class TorchExecutor:
         for key in dict.fromkeys(bytes(h) for h in query.hashes):
             if ("blob", key) in self.store:
                 continue
-            data = self.blobs.get(key)
+            data = self.blobs.get(key, self.identity)
             if data is None:
                 missing.append(key)
                 continue

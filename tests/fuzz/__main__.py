@@ -1,0 +1,67 @@
+"""Run one fuzz target under atheris (libFuzzer, coverage-guided).
+
+    python -m tests.fuzz TARGET [libFuzzer options] [CORPUS_DIR ...]
+
+e.g. ``python -m tests.fuzz frames -max_total_time=60 tests/fuzz/corpus/frames``. Only
+rrtod's own code is instrumented for coverage (torch and protobuf are imported first, as they
+are): the fuzzer steers by what the daemons' Python does with the bytes. Log lines at error
+level or above raise: a bug the daemon would only have logged counts as a crash here.
+``make fuzz`` runs every target and keeps the corpus; tests/test_fuzz.py runs a short round.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+# Imported here, uninstrumented: third-party code the targets call is not what is fuzzed.
+import atheris
+import google.protobuf  # noqa: F401
+import grpc  # noqa: F401
+import numpy  # noqa: F401
+import structlog
+import torch  # noqa: F401
+
+
+def fail_on_error_logs(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+    if method in ("error", "exception", "critical"):
+        raise AssertionError(f"logged at {method}: {event.get('event')} {event}")
+    raise structlog.DropEvent
+
+
+def _self_command(target: str) -> str:
+    """An executable that runs this target: libFuzzer re-executes ``argv[0]`` for ``-merge``
+    and ``-fork``, and ``python -m`` leaves a non-executable path there."""
+    repo = Path(__file__).resolve().parents[2]
+    folder = os.environ.get("RRTO_FUZZ_STATE") or tempfile.mkdtemp(prefix="rrto-fuzz-")
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    script = Path(folder) / f"fuzz-{target}"
+    script.write_text(f"#!/bin/sh\ncd {shlex.quote(str(repo))} && exec "
+                      f"{shlex.quote(sys.executable)} -m tests.fuzz {shlex.quote(target)} \"$@\"\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def main() -> None:
+    if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
+        sys.exit(__doc__)
+    name = sys.argv.pop(1)
+    structlog.configure(processors=[fail_on_error_logs],
+                        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+    with atheris.instrument_imports(include=["rrtod", "rrto_plugins", "tests.fuzz"]):
+        from tests.fuzz.targets import TARGETS
+    if name not in TARGETS:
+        sys.exit(f"unknown target {name!r}; targets: {', '.join(TARGETS)}")
+    if any(arg.startswith(("-merge=", "-fork=", "-jobs=")) for arg in sys.argv):
+        sys.argv[0] = _self_command(name)
+    atheris.Setup(sys.argv, TARGETS[name])
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,318 @@
+"""Fuzz targets: every decoder of bytes that arrive on a daemon's sockets, each driven as the
+daemon drives it, asserting that it returns or fails with its own documented error.
+
+A target takes one input (bytes). It raises (a crash, for the fuzzer) when the code under test
+raises anything but the errors it documents, logs an error or an exception (a bug the daemon
+would only have logged: see ``runner.fail_on_error_logs``), or leaves bytes in a receive
+budget. Memory is bounded by the runner (libFuzzer's ``-rss_limit_mb``).
+
+=================  =====================================================  ====================
+target             decoder (as reached from the socket)                    documented errors
+=================  =====================================================  ====================
+frames             framing.FrameReader / read_frame on the unix socket    FrameError
+local_socket       LocalServer before the hello (AppHello, CtlRequest),   none escape: error
+                   then the robot relay and recorder for an app's frames  replies, then close
+peer_session       the GPU daemon's Session stream (SessionOpen, then     none escape:
+                   SessionUp frames and batches) into a TorchExecutor      SessionDown(error)
+                   and HostReplayer; the unary requests' messages          DecodeError (raw)
+codec              plugins/torch/codec decode_value, from_tensor_data      CodecError
+replay_defs        replay_host.compile_sequence, then HostReplayer         ValueError/KeyError
+                   replays of the definition with a TorchExecutor          (compile); none after
+=================  =====================================================  ====================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import atheris
+from google.protobuf.message import DecodeError
+
+from rrto.v1 import local_pb2, ops_pb2, peer_pb2
+from rrto_plugins.search.dds import DataDependencySearch
+from rrto_plugins.torch import codec
+from rrto_plugins.torch.executor import TorchExecutor
+from rrtod.blobstore import BlobStore
+from rrtod.config import SocketLimitsConfig
+from rrtod.executor import ExecutorContext
+from rrtod.framing import HEADER, ByteBudget, FrameError, FrameReader, encode, read_frame
+from rrtod.gpu import REPLAY_FRAMES
+from rrtod.local_server import STREAM_LIMIT, Connection, LocalServer
+from rrtod.recorder import Recorder
+from rrtod.replay_host import HostReplayer, compile_sequence
+from rrtod.robot import AppSession, RobotRole
+
+from . import TARGET_NAMES
+from .protogen import Builder
+
+# Files the targets write (weight cache, recorded sequences): under the campaign's work folder.
+STATE = Path(os.environ.get("RRTO_FUZZ_STATE") or tempfile.mkdtemp(prefix="rrto-fuzz-"))
+STATE.mkdir(parents=True, exist_ok=True)
+LOOP = asyncio.new_event_loop()
+QUOTA = 1 << 20  # a session's quota: nothing a fuzz input asks for may allocate more
+
+
+def _stream(fdp: atheris.FuzzedDataProvider, kind: type, max_messages: int = 4) -> bytes:
+    """Bytes as a peer sends them: raw, or framed messages with some damage done."""
+    mode = fdp.ConsumeIntInRange(0, 3)
+    if mode == 0:
+        return fdp.ConsumeBytes(fdp.remaining_bytes())
+    builder = Builder(fdp, budget=120)
+    out = bytearray()
+    for _ in range(fdp.ConsumeIntInRange(1, max_messages)):
+        out += encode(builder.build(kind))
+    if mode == 2 and out:  # a lying length prefix or a cut stream
+        if fdp.ConsumeBool():
+            at = fdp.ConsumeIntInRange(0, len(out) - 1)
+            out[at:at + HEADER.size] = HEADER.pack(fdp.ConsumeIntInRange(0, 2**32 - 1))
+        else:
+            del out[fdp.ConsumeIntInRange(0, len(out) - 1):]
+    return bytes(out)
+
+
+def _reader(data: bytes) -> asyncio.StreamReader:
+    reader = asyncio.StreamReader(limit=STREAM_LIMIT, loop=LOOP)
+    reader.feed_data(data)
+    reader.feed_eof()
+    return reader
+
+
+# -- frames ------------------------------------------------------------------------------------
+def frames(data: bytes) -> None:
+    fdp = atheris.FuzzedDataProvider(data)
+    max_frame = fdp.PickValueInList([64 << 10, 1 << 20])
+    stream = _stream(fdp, local_pb2.LocalRequest)
+
+    async def burst_reader() -> None:
+        budget = ByteBudget(768 << 10)
+        frames = FrameReader(_reader(stream), local_pb2.LocalRequest, max_frame, budget)
+        try:
+            while (got := await frames.read()) is not None:
+                assert got and all(isinstance(m, local_pb2.LocalRequest) for m in got)
+        except FrameError:
+            pass
+        assert budget.used == 0, "a frame's share of the budget was not given back"
+        assert len(frames.buf) <= len(stream)
+
+    async def one_by_one() -> None:
+        reader = _reader(stream)
+        try:
+            while (m := await read_frame(reader, local_pb2.LocalRequest, max_frame)) is not None:
+                assert isinstance(m, local_pb2.LocalRequest)
+        except FrameError:
+            pass
+
+    LOOP.run_until_complete(burst_reader())
+    LOOP.run_until_complete(one_by_one())
+
+
+# -- local_socket ------------------------------------------------------------------------------
+class _Writer:
+    """The connection's writing half: what the daemon answers is parsed back, as the app would."""
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+
+    def write(self, data: bytes) -> None:
+        self.out += data
+
+    async def drain(self) -> None:
+        pass
+
+    def replies(self) -> list[local_pb2.LocalReply]:
+        frames, buf = [], self.out
+        while buf:
+            (n,) = HEADER.unpack_from(buf)
+            frames.append(local_pb2.LocalReply.FromString(bytes(buf[HEADER.size:HEADER.size + n])))
+            buf = buf[HEADER.size + n:]
+        return frames
+
+
+class _HostCall:
+    """The gRPC stream to the GPU host, as the relay uses it: it takes messages."""
+
+    def __init__(self) -> None:
+        self.sent: list[ops_pb2.SessionUp] = []
+
+    async def write(self, message: ops_pb2.SessionUp) -> None:
+        self.sent.append(message)
+
+
+class _Host:
+    name, address = "fuzz-host", "unix:fuzz"
+
+
+def _robot() -> RobotRole:
+    robot = RobotRole.__new__(RobotRole)  # the relay only: no hosts, balancer or energy
+    robot.energy = None
+    return robot
+
+
+LIMITS = SocketLimitsConfig(hello_timeout=5, max_frame=1 << 20, max_buffered=2 << 20)
+
+
+def local_socket(data: bytes) -> None:
+    fdp = atheris.FuzzedDataProvider(data)
+    stream = _stream(fdp, local_pb2.LocalRequest, max_messages=6)
+    robot = _robot()
+
+    async def on_ctl(request: local_pb2.CtlRequest, cred: Any) -> local_pb2.CtlReply:
+        return local_pb2.CtlReply(ok=True, json=repr((request.command, dict(request.args))))
+
+    async def on_app(hello: local_pb2.AppHello, cred: Any, reader: asyncio.StreamReader,
+                     writer: Any, budget: ByteBudget) -> None:
+        session = AppSession("s1", hello, cred, _Host())
+        session.recorder = Recorder(hello.app, "s1", DataDependencySearch(), STATE / "sequences")
+        call = _HostCall()
+        frames = FrameReader(reader, local_pb2.LocalRequest, LIMITS.max_frame, budget)
+        try:
+            while (requests := await frames.read()) is not None:
+                await robot._relay(session, requests, call, writer)
+        except FrameError:
+            pass
+        if session.recorder.searching is not None:
+            await session.recorder.searching
+
+    server = LocalServer(str(STATE / "unused.sock"), 0o600, on_ctl, on_app, LIMITS)
+
+    async def serve() -> None:
+        writer = _Writer()
+        task = asyncio.current_task()
+        assert task is not None
+        await server._serve(_reader(stream), writer, Connection(task, (1, 1000, 1000)))
+        writer.replies()  # what the daemon answered parses
+
+    LOOP.run_until_complete(serve())
+    assert server.budget.used == 0
+
+
+# -- the GPU daemon's session stream -----------------------------------------------------------
+def _executor() -> TorchExecutor:
+    ctx = ExecutorContext(device="cpu", memory_quota=QUOTA, allow_extra=(), deny=(),
+                          blobs=BlobStore(STATE / "blobs", 4 << 20), state_dir=STATE,
+                          identity="fuzz")
+    return TorchExecutor(ctx)
+
+
+def _drive(replayer: HostReplayer, frame: ops_pb2.SessionUp,
+           emit: Callable[[ops_pb2.SessionDown], None]) -> None:
+    """What the GPU daemon does with one message of the stream (gpu.GpuRole.Session)."""
+    batch = list(frame.batch.frames) if frame.WhichOneof("msg") == "batch" else [frame]
+    for f in batch:
+        replayer.read(f)
+    for f in batch:
+        if f.WhichOneof("msg") == "close":
+            return
+        if f.WhichOneof("msg") in REPLAY_FRAMES:
+            replayer.process(f, emit)
+        else:
+            replayer.forwarded(f, emit)
+
+
+def _emit(down: ops_pb2.SessionDown) -> None:
+    assert isinstance(down, ops_pb2.SessionDown)
+    assert down.WhichOneof("msg") != "error" or down.error.code != "INTERNAL", down.error.message
+    down.SerializeToString()  # the reply goes back on the wire
+
+
+UNARY = (peer_pb2.PeerHello, peer_pb2.PingRequest, ops_pb2.BlobQuery, peer_pb2.StatsRequest,
+         ops_pb2.SessionUp)
+
+
+def peer_session(data: bytes) -> None:
+    fdp = atheris.FuzzedDataProvider(data)
+    if fdp.ConsumeIntInRange(0, 4) == 0:  # raw bytes into every message the peer port parses
+        raw = fdp.ConsumeBytes(fdp.remaining_bytes())
+        for kind in UNARY:
+            try:
+                kind.FromString(raw)
+            except DecodeError:
+                pass
+        return
+    builder = Builder(fdp, budget=150)
+    ex = _executor()
+    try:
+        ready = ex.open(ops_pb2.SessionOpen.FromString(
+            builder.build(ops_pb2.SessionOpen).SerializeToString()))
+        assert ready.session
+        replayer = HostReplayer(ex)
+        while fdp.remaining_bytes() and builder.budget > 0:
+            wire = builder.build(ops_pb2.SessionUp).SerializeToString()
+            _drive(replayer, ops_pb2.SessionUp.FromString(wire), _emit)
+        replayer._finish(_emit)
+        assert ex.stats()["bytes_live"] <= QUOTA
+    finally:
+        ex.close()
+
+
+# -- codec -------------------------------------------------------------------------------------
+def codec_values(data: bytes) -> None:
+    fdp = atheris.FuzzedDataProvider(data)
+    builder = Builder(fdp, budget=80)
+    if fdp.ConsumeBool():
+        try:
+            t = codec.from_tensor_data(builder.build(ops_pb2.TensorData))
+        except codec.CodecError:
+            return
+        assert t.numel() * t.element_size() <= 1 << 16  # never more than the bytes it came with
+        return
+
+    def tensor(ref: ops_pb2.TensorRef) -> Any:
+        if ref.WhichOneof("ref") != "upload":
+            raise codec.CodecError("not an upload")
+        return codec.from_tensor_data(ref.upload)
+
+    try:
+        codec.decode_value(builder.build(ops_pb2.Value), tensor, str)
+    except codec.CodecError:
+        pass
+
+
+# -- replay definitions ------------------------------------------------------------------------
+def replay_defs(data: bytes) -> None:
+    fdp = atheris.FuzzedDataProvider(data)
+    builder = Builder(fdp, budget=200)
+    d = builder.build(ops_pb2.SequenceDef)
+    if fdp.ConsumeBool():  # as many sources as tensor arguments: past the first check
+        from rrtod.oplog import iter_tensor_refs
+
+        n = sum(1 for call in d.calls for _ in iter_tensor_refs(call))
+        del d.sources[n:]
+        while len(d.sources) < n:
+            builder.fill(d.sources.add(), 1)
+    d = ops_pb2.SequenceDef.FromString(d.SerializeToString())
+    ex = _executor()
+    try:
+        ex.open(ops_pb2.SessionOpen())
+        try:
+            compile_sequence(d, ex.written_ids)
+        except (ValueError, KeyError):
+            pass
+        replayer = HostReplayer(ex)
+        replayer.process(ops_pb2.SessionUp(define=d), _emit)
+        for _ in range(fdp.ConsumeIntInRange(0, 2)):
+            start = builder.build(ops_pb2.ReplayStart)
+            if fdp.ConsumeBool():
+                start.sequence = d.id
+            _drive(replayer, ops_pb2.SessionUp(start=start), _emit)
+            while fdp.remaining_bytes() and builder.budget > 0 and fdp.ConsumeIntInRange(0, 5):
+                frame = ops_pb2.SessionUp(arg=builder.build(ops_pb2.ReplayArg))
+                _drive(replayer, frame, _emit)
+        replayer._finish(_emit)
+    finally:
+        ex.close()
+
+
+TARGETS: dict[str, Callable[[bytes], None]] = {
+    "frames": frames,
+    "local_socket": local_socket,
+    "peer_session": peer_session,
+    "codec": codec_values,
+    "replay_defs": replay_defs,
+}
+assert tuple(TARGETS) == TARGET_NAMES
