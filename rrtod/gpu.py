@@ -12,6 +12,7 @@ import asyncio
 import collections
 import itertools
 import json
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +26,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from rrto.v1 import ops_pb2, peer_pb2, peer_pb2_grpc
 from rrtod import __version__, framing
 from rrtod.config import Config
-from rrtod.executor import Executor, ExecutorContext
+from rrtod.executor import Executor, ExecutorContext, HostMemory
 from rrtod.grpc_options import BATCH_BYTES, SERVER_OPTIONS
 from rrtod.plugins import PluginError, Registry
 from rrtod.replay_host import HostReplayer
@@ -35,6 +36,9 @@ log = structlog.get_logger("rrtod.gpu")
 
 SERVICE_NAME = "rrto.v1.Peer"
 REPLAY_FRAMES = frozenset({"define", "start", "arg", "abort"})
+# Frames read from a session's stream and not yet executed, per session: beyond this the
+# stream is not read until the worker catches up (gRPC's flow control then holds the robot).
+READ_AHEAD_BYTES = 64 << 20
 
 
 def _probe_device() -> str:
@@ -55,23 +59,47 @@ class Outbox:
     worker for the CPU. So replies that come close together share one message
     (``SessionDownBatch``): a reply waits until the worker has finished the frames it was
     given, or at most ``HOLD_S`` (checked at every executor call), whichever comes first.
+
+    Replies waiting here, and the message gRPC is sending, count against the session's memory
+    (``charge``/``refund``: the executor's ``charge_reply``/``refund_reply``). A reply that
+    does not fit means the client is not reading: the outbox drops it and every later one,
+    and ``on_overflow`` (set by the stream) disconnects the client instead of buffering.
     """
 
     HOLD_S = 0.0005
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, loop: asyncio.AbstractEventLoop,
+                 charge: Callable[[int], str | None] | None = None,
+                 refund: Callable[[int], None] | None = None):
         self.loop = loop
-        self.items: collections.deque[ops_pb2.SessionDown | None] = collections.deque()
+        self.items: collections.deque[tuple[ops_pb2.SessionDown | None, int]] = \
+            collections.deque()
         self.ready = asyncio.Event()
         self.armed = False  # a wake-up of the loop is on its way (the loop clears it first)
         self.since: float | None = None  # worker only: when the oldest held reply came
+        self.charge = charge
+        self.refund = refund
+        self.sending = 0  # loop only: bytes handed to the stream by the last ``get``
+        self.overflow: str | None = None  # why replies are dropped (the client does not read)
+        self.on_overflow: Callable[[str], None] | None = None  # called on the loop, once
 
     # -- worker thread --
     def put(self, reply: ops_pb2.SessionDown | None) -> None:
         """``None`` ends the stream."""
         if framing.TRACING:
             framing.hop("gpu.emit")
-        self.items.append(reply)
+        n = 0
+        if reply is not None:
+            if self.overflow is not None:
+                return
+            n = reply.ByteSize()
+            if self.charge is not None:
+                why = self.charge(n)
+                if why is not None:
+                    self.overflow = why
+                    self.loop.call_soon_threadsafe(self._overflowed)
+                    return
+        self.items.append((reply, n))
         now = time.monotonic()
         if self.since is None:
             self.since = now
@@ -89,8 +117,21 @@ class Outbox:
             self.loop.call_soon_threadsafe(self.ready.set)
 
     # -- event loop --
-    async def get(self) -> list[ops_pb2.SessionDown | None]:
-        """Everything sent so far, at least one reply (the last may be the ending ``None``)."""
+    def _overflowed(self) -> None:
+        if self.on_overflow is not None and self.overflow is not None:
+            callback, self.on_overflow = self.on_overflow, None
+            callback(self.overflow)
+
+    def sent(self) -> None:
+        """The stream sent everything the last ``get`` returned: its bytes no longer count."""
+        if self.sending and self.refund is not None:
+            self.refund(self.sending)
+        self.sending = 0
+
+    async def get(self) -> list[tuple[ops_pb2.SessionDown | None, int]]:
+        """Everything sent so far as (reply, its size), at least one (the last may be the
+        ending ``None``). Calling it again says that those were sent."""
+        self.sent()
         while True:
             await self.ready.wait()
             self.ready.clear()
@@ -99,6 +140,7 @@ class Outbox:
             while self.items:
                 out.append(self.items.popleft())
             if out:
+                self.sending = sum(n for _, n in out)
                 return out
 
 
@@ -149,9 +191,15 @@ class HostSession:
         self.opened = time.time()
         self.frames = 0
         self.executor = executor
-        self.outbox = Outbox(asyncio.get_running_loop())
+        self.outbox = Outbox(asyncio.get_running_loop(), getattr(executor, "charge_reply", None),
+                             getattr(executor, "refund_reply", None))
         self.replayer = HostReplayer(_Executor(executor, self.outbox))
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rrto-{sid}")
+        # Read-ahead: bytes of frames queued for the worker (READ_AHEAD_BYTES at most).
+        self.backlog = 0
+        self._backlog_lock = threading.Lock()
+        self._reader_waits = False
+        self._drained = asyncio.Event()
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         """Run ``fn`` on the worker and await its result."""
@@ -162,12 +210,38 @@ class HostSession:
         so unlike ``submit`` its end costs the event loop no wake-up."""
         self._worker.submit(fn, *args)
 
-    def process(self, frames: list[ops_pb2.SessionUp]) -> None:
+    async def read_ahead(self, frames: list[ops_pb2.SessionUp], nbytes: int) -> None:
+        """Queue ``frames`` (``nbytes`` on the wire) for the worker; first wait, while more
+        than READ_AHEAD_BYTES are queued, for the worker to catch up."""
+        while self.backlog > READ_AHEAD_BYTES:
+            self._drained.clear()
+            self._reader_waits = True
+            if self.backlog <= READ_AHEAD_BYTES:  # the worker caught up meanwhile
+                break
+            await self._drained.wait()
+        self._reader_waits = False
+        with self._backlog_lock:
+            self.backlog += nbytes
+        self.queue(self.process, frames, nbytes)
+
+    def process(self, frames: list[ops_pb2.SessionUp], nbytes: int = 0) -> None:
         """Runs in the worker thread. Replies go out as they come (see ``Outbox``), so a
         replayed inference streams its outputs back while later calls still compute. An
         executor bug answers its frame with an error instead of killing the stream."""
+        try:
+            self._process(frames)
+        finally:
+            if nbytes:
+                with self._backlog_lock:
+                    self.backlog -= nbytes
+                if self._reader_waits:
+                    self.outbox.loop.call_soon_threadsafe(self._drained.set)
+
+    def _process(self, frames: list[ops_pb2.SessionUp]) -> None:
         emit = self.outbox.put
         for frame in frames:
+            if self.outbox.overflow is not None:
+                return  # the client is being disconnected: nothing it sent still matters
             if framing.TRACING:
                 framing.hop("gpu.work.begin")
             try:
@@ -211,6 +285,8 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
         self.blobs: Any = None
         self.port: int | None = None
         self.device = config.executor.device
+        # executor.memory_limit: what all sessions hold together (executor.HostMemory)
+        self.host_memory = HostMemory(config.executor.memory_limit)
 
     # ----- lifecycle -----
     async def start(self) -> None:
@@ -250,15 +326,19 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
         self.sessions.clear()
 
     def reload(self, config: Config) -> None:
-        """Hot-reloadable settings (quota, allowlist) apply to sessions opened from now on."""
+        """Hot-reloadable settings (quota, allowlist) apply to sessions opened from now on;
+        a new memory limit applies at once (None: the default, fixed again by the next
+        session)."""
         self.config = config
+        self.host_memory.configure(config.executor.memory_limit)
 
     # ----- sessions -----
     def _executor_context(self) -> ExecutorContext:
         ex = self.config.executor
         return ExecutorContext(device=ex.device, memory_quota=ex.memory_quota,
                                allow_extra=ex.allow_extra, deny=ex.deny, blobs=self.blobs,
-                               state_dir=Path(self.config.state_dir))
+                               state_dir=Path(self.config.state_dir),
+                               host_memory=self.host_memory)
 
     def _new_executor(self, request: ops_pb2.SessionOpen) -> Executor:
         name = request.executor or self.config.executor.backend
@@ -287,6 +367,19 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
         bound = log.bind(session=sid, app=first.open.app, pid=first.open.pid, robot=first.open.robot)
         bound.info("session opened")
         loop = asyncio.get_running_loop()
+        handler = asyncio.current_task()
+
+        def disconnect(reason: str) -> None:
+            """The client does not read its replies: end the stream rather than buffer them."""
+            bound.warning("client does not read its replies: session aborted", reason=reason)
+            abort = loop.create_task(context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"replies are not being read and exceed the session's memory: {reason}"))
+            abort.add_done_callback(lambda t: t.cancelled() or t.exception())
+            if handler is not None:
+                handler.cancel()  # the stream may be stuck in a send that never completes
+
+        session.outbox.on_overflow = disconnect
 
         async def read_ahead() -> None:
             try:
@@ -303,7 +396,7 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
                         session.frames += len(batch)
                         for f in batch:  # releases the replay in progress may act on early
                             session.replayer.read(f)
-                        session.queue(session.process, batch)
+                        await session.read_ahead(batch, frame.ByteSize())
                     if end is not None:
                         break
             finally:
@@ -320,11 +413,10 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
             while not done:
                 out: list[ops_pb2.SessionDown] = []
                 size = 0
-                for reply in await session.outbox.get():
+                for reply, n in await session.outbox.get():
                     if reply is None:
                         done = True
                         break
-                    n = reply.ByteSize()
                     if out and size + n > BATCH_BYTES:  # large values go on in their own message
                         yield _down(out)
                         out, size = [], 0
