@@ -118,15 +118,31 @@ def _flatten(value: Any, out: list[torch.Tensor]) -> None:
             _flatten(v, out)
 
 
+def _device_arg(op: torch._ops.OpOverload) -> int | None:
+    for i, a in enumerate(op._schema.arguments):
+        if a.name == "device" and "Device" in str(a.type):
+            return i
+    return None
+
+
 def _meta_bytes(op: torch._ops.OpOverload, args: list[Any], kwargs: dict[str, Any]) -> int:
     seen: dict[int, torch.Tensor] = {}
     margs = _to_meta(args, seen)
     mkwargs = {k: _to_meta(v, seen) for k, v in kwargs.items()}
+    at = _device_arg(op)  # a factory (ones, empty, arange) left to its default device would
+    if at is not None:    # allocate for real: on the CPU
+        if at < len(margs):
+            margs[at] = torch.device("meta")
+        else:
+            mkwargs["device"] = torch.device("meta")
     before = {m.untyped_storage()._cdata: m.untyped_storage().nbytes() for m in seen.values()}
     with torch.inference_mode():
         result = op(*margs, **mkwargs)
     outs: list[torch.Tensor] = []
     _flatten(result, outs)
+    if any(t.device.type != "meta" for t in outs):
+        raise Unsizable(f"operator {op._schema.name} made an output off the meta device: its "
+                        "size cannot be checked before it runs")
     total = 0
     counted: set[int] = set()
     for m in [*outs, *seen.values()]:
