@@ -48,6 +48,10 @@ def signature(x: Any) -> Any:
     return x
 
 
+def _small(args: list[Any], limit: int = 256) -> bool:
+    return all(not isinstance(a, (list, tuple)) or len(a) <= limit for a in args)
+
+
 def new_bytes(op: torch._ops.OpOverload, args: list[Any], kwargs: dict[str, Any]) -> int:
     """Bytes of memory the call allocates for its outputs (cached per signature). Raises
     Unsizable or MetaFailed."""
@@ -55,9 +59,10 @@ def new_bytes(op: torch._ops.OpOverload, args: list[Any], kwargs: dict[str, Any]
     hit = _cache.get(key)
     if hit is None:
         hit = measure(op, args, kwargs)
-        if len(_cache) >= _CACHE_MAX:
-            _cache.clear()
-        _cache[key] = hit
+        if _small(args) and _small(list(kwargs.values())):  # a key holds its lists: keep
+            if len(_cache) >= _CACHE_MAX:                     # huge ones out of the cache
+                _cache.clear()
+            _cache[key] = hit
     if isinstance(hit, Exception):
         raise hit
     return hit
