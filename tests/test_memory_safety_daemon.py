@@ -142,6 +142,7 @@ def test_one_gib_declared_as_one_element_is_refused_before_it_is_allocated(gpu_d
     down = s.call("aten::ones.default", [ints(1 << 28)], out_ids=[1], out_meta=[one])
     assert down.error.code == "QUOTA_EXCEEDED", down
     assert "needs 1073741824 bytes" in down.error.message
+    print(f"daemon RSS growth (peak or current): {mem.growth() / MiB:.1f} MiB")
     assert mem.growth() < 64 * MiB, mem.growth() / MiB
     s.close()
     alive(gpu_daemon)
@@ -182,6 +183,7 @@ def test_client_that_does_not_read_is_disconnected_not_buffered(gpu_daemon):
     while "client does not read" not in gpu_daemon.logs() and time.monotonic() < deadline \
             and mem.growth() < 512 * MiB:
         time.sleep(0.1)
+    print(f"daemon RSS growth (peak or current): {mem.growth() / MiB:.1f} MiB")
     assert mem.growth() < 128 * MiB, mem.growth() / MiB
     assert "client does not read" in gpu_daemon.logs()
     with pytest.raises(grpc.RpcError) as err:
