@@ -151,6 +151,8 @@ class ExecutorConfig(_Section):
     backend: str = "torch"
     device: str = "auto"  # auto: cuda when available, else cpu
     memory_quota: int = 2 * 2**30  # bytes per session
+    # bytes all sessions together; None: half the device memory (GPU) or RAM (CPU host)
+    memory_limit: int | None = None
     allow_extra: tuple[str, ...] = ()  # operators added to the built-in allowlist
     deny: tuple[str, ...] = ()  # operators removed from it
 
@@ -158,6 +160,11 @@ class ExecutorConfig(_Section):
     @classmethod
     def _size(cls, v: int | str) -> int:
         return parse_size(v)
+
+    @field_validator("memory_limit", mode="before")
+    @classmethod
+    def _limit(cls, v: int | str | None) -> int | None:
+        return None if v is None else parse_size(v)
 
 
 class WeightCacheConfig(_Section):

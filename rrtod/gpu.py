@@ -19,6 +19,7 @@ import collections
 import itertools
 import json
 import os
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +34,7 @@ from rrto.v1 import ops_pb2, peer_pb2, peer_pb2_grpc
 from rrtod import __version__, framing
 from rrtod.access import AccessPolicy, Grant
 from rrtod.config import Config
-from rrtod.executor import Executor, ExecutorContext
+from rrtod.executor import Executor, ExecutorContext, HostMemory
 from rrtod.grpc_options import BATCH_BYTES, SERVER_OPTIONS
 from rrtod.local_server import _in_use
 from rrtod.plugins import PluginError, Registry
@@ -46,6 +47,9 @@ SERVICE_NAME = "rrto.v1.Peer"
 # A refused caller (a robot retries its pings every second) is logged once per this many seconds.
 REFUSAL_LOG_INTERVAL_S = 60.0
 REPLAY_FRAMES = frozenset({"define", "start", "arg", "abort"})
+# Frames read from a session's stream and not yet executed, per session: beyond this the
+# stream is not read until the worker catches up (gRPC's flow control then holds the robot).
+READ_AHEAD_BYTES = 64 << 20
 
 
 def _probe_device() -> str:
@@ -66,23 +70,47 @@ class Outbox:
     worker for the CPU. So replies that come close together share one message
     (``SessionDownBatch``): a reply waits until the worker has finished the frames it was
     given, or at most ``HOLD_S`` (checked at every executor call), whichever comes first.
+
+    Replies waiting here, and the message gRPC is sending, count against the session's memory
+    (``charge``/``refund``: the executor's ``charge_reply``/``refund_reply``). A reply that
+    does not fit means the client is not reading: the outbox drops it and every later one,
+    and ``on_overflow`` (set by the stream) disconnects the client instead of buffering.
     """
 
     HOLD_S = 0.0005
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, loop: asyncio.AbstractEventLoop,
+                 charge: Callable[[int], str | None] | None = None,
+                 refund: Callable[[int], None] | None = None):
         self.loop = loop
-        self.items: collections.deque[ops_pb2.SessionDown | None] = collections.deque()
+        self.items: collections.deque[tuple[ops_pb2.SessionDown | None, int]] = \
+            collections.deque()
         self.ready = asyncio.Event()
         self.armed = False  # a wake-up of the loop is on its way (the loop clears it first)
         self.since: float | None = None  # worker only: when the oldest held reply came
+        self.charge = charge
+        self.refund = refund
+        self.sending = 0  # loop only: bytes handed to the stream by the last ``get``
+        self.overflow: str | None = None  # why replies are dropped (the client does not read)
+        self.on_overflow: Callable[[str], None] | None = None  # called on the loop, once
 
     # -- worker thread --
     def put(self, reply: ops_pb2.SessionDown | None) -> None:
         """``None`` ends the stream."""
         if framing.TRACING:
             framing.hop("gpu.emit")
-        self.items.append(reply)
+        n = 0
+        if reply is not None:
+            if self.overflow is not None:
+                return
+            n = reply.ByteSize()
+            if self.charge is not None:
+                why = self.charge(n)
+                if why is not None:
+                    self.overflow = why
+                    self.loop.call_soon_threadsafe(self._overflowed)
+                    return
+        self.items.append((reply, n))
         now = time.monotonic()
         if self.since is None:
             self.since = now
@@ -100,8 +128,21 @@ class Outbox:
             self.loop.call_soon_threadsafe(self.ready.set)
 
     # -- event loop --
-    async def get(self) -> list[ops_pb2.SessionDown | None]:
-        """Everything sent so far, at least one reply (the last may be the ending ``None``)."""
+    def _overflowed(self) -> None:
+        if self.on_overflow is not None and self.overflow is not None:
+            callback, self.on_overflow = self.on_overflow, None
+            callback(self.overflow)
+
+    def sent(self) -> None:
+        """The stream sent everything the last ``get`` returned: its bytes no longer count."""
+        if self.sending and self.refund is not None:
+            self.refund(self.sending)
+        self.sending = 0
+
+    async def get(self) -> list[tuple[ops_pb2.SessionDown | None, int]]:
+        """Everything sent so far as (reply, its size), at least one (the last may be the
+        ending ``None``). Calling it again says that those were sent."""
+        self.sent()
         while True:
             await self.ready.wait()
             self.ready.clear()
@@ -110,6 +151,7 @@ class Outbox:
             while self.items:
                 out.append(self.items.popleft())
             if out:
+                self.sending = sum(n for _, n in out)
                 return out
 
 
@@ -164,9 +206,15 @@ class HostSession:
         self.opened = time.time()
         self.frames = 0
         self.executor = executor
-        self.outbox = Outbox(asyncio.get_running_loop())
+        self.outbox = Outbox(asyncio.get_running_loop(), getattr(executor, "charge_reply", None),
+                             getattr(executor, "refund_reply", None))
         self.replayer = HostReplayer(_Executor(executor, self.outbox))
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rrto-{sid}")
+        # Read-ahead: bytes of frames queued for the worker (READ_AHEAD_BYTES at most).
+        self.backlog = 0
+        self._backlog_lock = threading.Lock()
+        self._reader_waits = False
+        self._drained = asyncio.Event()
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         """Run ``fn`` on the worker and await its result."""
@@ -177,12 +225,38 @@ class HostSession:
         so unlike ``submit`` its end costs the event loop no wake-up."""
         self._worker.submit(fn, *args)
 
-    def process(self, frames: list[ops_pb2.SessionUp]) -> None:
+    async def read_ahead(self, frames: list[ops_pb2.SessionUp], nbytes: int) -> None:
+        """Queue ``frames`` (``nbytes`` on the wire) for the worker; first wait, while more
+        than READ_AHEAD_BYTES are queued, for the worker to catch up."""
+        while self.backlog > READ_AHEAD_BYTES:
+            self._drained.clear()
+            self._reader_waits = True
+            if self.backlog <= READ_AHEAD_BYTES:  # the worker caught up meanwhile
+                break
+            await self._drained.wait()
+        self._reader_waits = False
+        with self._backlog_lock:
+            self.backlog += nbytes
+        self.queue(self.process, frames, nbytes)
+
+    def process(self, frames: list[ops_pb2.SessionUp], nbytes: int = 0) -> None:
         """Runs in the worker thread. Replies go out as they come (see ``Outbox``), so a
         replayed inference streams its outputs back while later calls still compute. An
         executor bug answers its frame with an error instead of killing the stream."""
+        try:
+            self._process(frames)
+        finally:
+            if nbytes:
+                with self._backlog_lock:
+                    self.backlog -= nbytes
+                if self._reader_waits:
+                    self.outbox.loop.call_soon_threadsafe(self._drained.set)
+
+    def _process(self, frames: list[ops_pb2.SessionUp]) -> None:
         emit = self.outbox.put
         for frame in frames:
+            if self.outbox.overflow is not None:
+                return  # the client is being disconnected: nothing it sent still matters
             if framing.TRACING:
                 framing.hop("gpu.work.begin")
             try:
@@ -228,6 +302,8 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
         self.device = config.executor.device
         self.access = AccessPolicy(config)
         self._refusals: dict[tuple[str, str], float] = {}  # (identity, reason) -> last logged
+        # executor.memory_limit: what all sessions hold together (executor.HostMemory)
+        self.host_memory = HostMemory(config.executor.memory_limit)
 
     # ----- lifecycle -----
     async def start(self) -> None:
@@ -295,9 +371,11 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
 
     def reload(self, config: Config) -> None:
         """Hot-reloadable settings (quota, allowlist, access rules) apply to calls and sessions
-        from now on; sessions already open keep the grant they opened with."""
+        from now on; sessions already open keep the grant they opened with. A new memory limit
+        applies at once (None: the default, fixed again by the next session)."""
         self.config = config
         self.access = AccessPolicy(config)
+        self.host_memory.configure(config.executor.memory_limit)
 
     # ----- identity -----
     async def _admit(self, context: Any, method: str) -> Grant:
@@ -327,7 +405,8 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
         ex = self.config.executor
         return ExecutorContext(device=ex.device, memory_quota=grant.memory_quota,
                                allow_extra=grant.allow_extra, deny=ex.deny, blobs=self.blobs,
-                               state_dir=Path(self.config.state_dir), identity=grant.identity)
+                               state_dir=Path(self.config.state_dir), identity=grant.identity,
+                               host_memory=self.host_memory)
 
     def _new_executor(self, request: ops_pb2.SessionOpen, grant: Grant) -> Executor:
         name = request.executor or self.config.executor.backend
@@ -366,6 +445,19 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
                          pid=first.open.pid, robot=first.open.robot)
         bound.info("session opened", peer=session.peer, memory_quota=grant.memory_quota)
         loop = asyncio.get_running_loop()
+        handler = asyncio.current_task()
+
+        def disconnect(reason: str) -> None:
+            """The client does not read its replies: end the stream rather than buffer them."""
+            bound.warning("client does not read its replies: session aborted", reason=reason)
+            abort = loop.create_task(context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"replies are not being read and exceed the session's memory: {reason}"))
+            abort.add_done_callback(lambda t: t.cancelled() or t.exception())
+            if handler is not None:
+                handler.cancel()  # the stream may be stuck in a send that never completes
+
+        session.outbox.on_overflow = disconnect
 
         async def read_ahead() -> None:
             try:
@@ -382,7 +474,7 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
                         session.frames += len(batch)
                         for f in batch:  # releases the replay in progress may act on early
                             session.replayer.read(f)
-                        session.queue(session.process, batch)
+                        await session.read_ahead(batch, frame.ByteSize())
                     if end is not None:
                         break
             finally:
@@ -399,11 +491,10 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
             while not done:
                 out: list[ops_pb2.SessionDown] = []
                 size = 0
-                for reply in await session.outbox.get():
+                for reply, n in await session.outbox.get():
                     if reply is None:
                         done = True
                         break
-                    n = reply.ByteSize()
                     if out and size + n > BATCH_BYTES:  # large values go on in their own message
                         yield _down(out)
                         out, size = [], 0

@@ -139,9 +139,9 @@ def test_outbox_coalesces_until_flush_and_ends() -> None:
 
         threading.Thread(target=worker).start()
         got: list = []
-        while not got or got[-1] is not None:
+        while not got or got[-1][0] is not None:
             got += await asyncio.wait_for(box.get(), 10)
-        assert [g.fetched.id for g in got[:-1]] == [1, 2]
+        assert [g.fetched.id for g, _ in got[:-1]] == [1, 2]
 
     asyncio.run(main())
 
@@ -153,7 +153,81 @@ def test_outbox_sends_a_reply_held_too_long() -> None:
         threading.Thread(target=box.put, args=(ops_pb2.SessionDown(
             fetched=ops_pb2.Fetched(id=5)),)).start()
         got = await asyncio.wait_for(box.get(), 10)
-        assert [g.fetched.id for g in got] == [5]
+        assert [g.fetched.id for g, _ in got] == [5]
+
+    asyncio.run(main())
+
+
+def test_outbox_counts_queued_replies_and_overflows_once() -> None:
+    """Replies count from ``put`` until the stream sent them (the next ``get``); one that
+    the session has no room for is dropped, as is every later one, and the stream is told
+    once (it disconnects the client)."""
+    async def main() -> None:
+        held: list[int] = []
+        room = 300
+
+        def charge(n: int) -> str | None:
+            if sum(held) + n > room:
+                return f"no room for {n}"
+            held.append(n)
+            return None
+
+        def refund(n: int) -> None:
+            while n > 0:
+                n -= held.pop()
+
+        box = Outbox(asyncio.get_running_loop(), charge, refund)
+        box.HOLD_S = 0.0
+        told: list[str] = []
+        box.on_overflow = told.append
+        big = ops_pb2.SessionDown(fetched=ops_pb2.Fetched(
+            id=1, tensor=ops_pb2.TensorData(data=bytes(100))))
+        n = big.ByteSize()
+        box.put(big)
+        got = await asyncio.wait_for(box.get(), 10)
+        assert got == [(big, n)] and held == [n]
+        box.put(big)  # the first is still being sent: both count
+        assert held == [n, n]
+        for _ in range(3):
+            threading.Thread(target=box.put, args=(big,)).start()
+        await asyncio.sleep(0.2)
+        assert told == [f"no room for {n}"] and box.overflow == told[0]
+        got = await asyncio.wait_for(box.get(), 10)  # the first was sent: refunded
+        assert len(got) == 1 and held == [n]
+        box.put(big)
+        box.put(None)  # the end still goes through
+        got = await asyncio.wait_for(box.get(), 10)
+        assert [r for r, _ in got] == [None] and held == []
+
+    asyncio.run(main())
+
+
+def test_read_ahead_waits_for_the_worker_beyond_its_cap(monkeypatch) -> None:
+    """Frames queued for the worker are capped in bytes: beyond the cap the stream is not
+    read until the worker has executed some of them (gRPC flow control then holds the robot
+    back), instead of queueing without bound."""
+    import rrtod.gpu as gpu
+
+    monkeypatch.setattr(gpu, "READ_AHEAD_BYTES", 100)
+
+    async def main() -> None:
+        gate = threading.Event()
+        ex = EchoExecutor()
+        session = HostSession("h2", ops_pb2.SessionOpen(), "peer", ex)
+        session.queue(gate.wait)  # the worker is busy
+        frames = [fetch(1).session]
+        for _ in range(3):  # 3 x 60 bytes: the third waits
+            await asyncio.wait_for(session.read_ahead(frames, 60), 10)
+            if session.backlog > 100:
+                break
+        assert session.backlog == 120
+        third = asyncio.get_running_loop().create_task(session.read_ahead(frames, 60))
+        await asyncio.sleep(0.2)
+        assert not third.done()
+        gate.set()
+        await asyncio.wait_for(third, 10)
+        await session.close()
+        assert ex.handled == ["fetch"] * 3
 
     asyncio.run(main())
 
@@ -181,7 +255,7 @@ def test_host_session_processes_a_batch_in_order() -> None:
         frames = [fetch(i).session for i in (1, 2, 3)]
         session.queue(session.process, frames)
         got = await asyncio.wait_for(session.outbox.get(), 10)
-        assert [g.fetched.seq for g in got] == [1, 2, 3]  # one wake-up for the batch
+        assert [g.fetched.seq for g, _ in got] == [1, 2, 3]  # one wake-up for the batch
         assert ex.handled == ["fetch"] * 3
         await session.close()
 

@@ -6,6 +6,12 @@ persistent tensors from the weight cache, earlier outputs), runs the operator on
 device and keeps the outputs under the ids the client chose. Errors become ``SessionDown(error)``
 with a stable code; the outputs of a failed call are *poisoned* so that later calls that use them
 fail quietly and a download reports the original failure instead of a cascade of unknown ids.
+
+Memory safety does not rest on the allowlist alone. Before an operator runs, the host computes
+what it will allocate (``sizing``: meta execution, cached) and admits those bytes against the
+session's quota and the daemon's memory limit; the client's declared output metadata is never
+trusted for that. After it runs, every output and every argument it wrote in place is checked
+to stay inside its storage (``bounds``); a view reaching outside is ``BAD_VIEW`` and never stored.
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ from rrtod.blobstore import BlobError, hash_of
 from rrtod.executor import ExecutorContext
 from rrtod.oplog import released_ids
 
-from . import codec
+from . import codec, sizing
 from .allowlist import Allowlist, OpNotAllowed
+from .bounds import BadView, check_view
 from .store import QuotaExceeded, TensorStore
 
 # The client binds a persistent tensor to its id with a bind-only alias call (client._bind).
@@ -71,6 +78,36 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
+def device_memory(device: torch.device) -> int:
+    """Bytes of memory of ``device``: the GPU's, or the host's RAM for the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    import psutil
+
+    return psutil.virtual_memory().total
+
+
+_WRITTEN: dict[Any, tuple[tuple[int, str], ...]] = {}
+
+
+def written_args(op: Any) -> tuple[tuple[int, str], ...]:
+    """(position, name) of the arguments ``op``'s schema says it writes (``Tensor(a!)``):
+    an in-place operator may change their sizes and strides, not only their values."""
+    hit = _WRITTEN.get(op)
+    if hit is None:
+        hit = _WRITTEN[op] = tuple(
+            (i, a.name) for i, a in enumerate(op._schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write)
+    return hit
+
+
+def _written_tensors(op: Any, args: list[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    for i, name in written_args(op):
+        _flatten(args[i] if i < len(args) else kwargs.get(name), out)
+    return out
+
+
 def _flatten(value: Any, out: list[torch.Tensor]) -> None:
     if isinstance(value, torch.Tensor):
         out.append(value)
@@ -101,7 +138,7 @@ def _conform(t: torch.Tensor, layout: Layout) -> torch.Tensor:
     (``view``, ``as_strided``) rely on, so the host copies the value into that layout."""
     shape, stride = layout
     strides = t.stride()
-    if strides == stride or t.shape != shape:
+    if strides == stride or t.shape != shape or not _dense(shape, stride):
         # A different shape: auxiliary outputs such as native_batch_norm's saved statistics in
         # eval are empty on CPU but sized by the meta kernel; nothing reads them, so keep what
         # the kernel made.
@@ -110,6 +147,19 @@ def _conform(t: torch.Tensor, layout: Layout) -> torch.Tensor:
             size == 1 or st == ps for size, st, ps in zip(shape, strides, stride, strict=True)):
         return t
     return torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device).copy_(t)
+
+
+def _dense(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Whether a (shape, stride) layout spans exactly numel elements: the only layouts the
+    host copies an output into, so that a client's strides cannot size an allocation."""
+    if len(shape) != len(stride) or any(st < 0 for st in stride):
+        return False
+    numel = 1
+    for size in shape:
+        numel *= size
+    if numel == 0:
+        return True
+    return 1 + sum((size - 1) * st for size, st in zip(shape, stride, strict=True)) == numel
 
 
 def _rebuild(value: Any, swap: dict[int, torch.Tensor]) -> Any:
@@ -142,7 +192,7 @@ class PreparedCall:
     tensor argument, numbered in ``iter_tensor_refs`` order (positional, then keyword
     arguments by name)."""
 
-    __slots__ = ("op", "what", "args", "kwargs", "top", "layouts", "predicted", "counts")
+    __slots__ = ("op", "what", "args", "kwargs", "top", "layouts", "counts", "sizes", "written")
 
     def __init__(self, op: Any, call: ops_pb2.OpCall, device: Any):
         holes = itertools.count()
@@ -156,11 +206,18 @@ class PreparedCall:
         self.kwargs = {k: codec.decode_value(call.kwargs[k], hole, device)
                        for k in sorted(call.kwargs)}
         self.layouts = [_layout(m) for m in call.out_meta]
-        self.predicted = sum(codec.nbytes_of(m) for m in call.out_meta)
+        # Bytes the call allocates, per metadata of its tensor arguments (``size_key``): a
+        # replay finds its inputs' metadata here and pays no meta execution.
+        self.sizes: dict[Any, int] = {}
+        self.written = bool(written_args(op))
         self.counts = not (call.op == BIND_OP and call.args[0].tensor.HasField("persistent"))
         top = [(i, v.index) for i, v in enumerate(self.args) if type(v) is _Hole]
         # The common case: every tensor is a positional argument of its own.
         self.top = top if not self.kwargs and len(top) == next(holes) else None
+
+    @staticmethod
+    def size_key(tensors: list[torch.Tensor]) -> tuple[Any, ...]:
+        return tuple((t.dtype, t.shape, t.stride(), t.storage_offset()) for t in tensors)
 
     def fill(self, tensors: list[torch.Tensor]) -> tuple[list[Any], dict[str, Any]]:
         if self.top is not None:
@@ -184,7 +241,10 @@ class TorchExecutor:
             torch.backends.cudnn.allow_tf32 = False
             torch.backends.cuda.matmul.allow_tf32 = False
         self.allow = Allowlist(ctx.allow_extra, ctx.deny)
-        self.store = TensorStore(ctx.memory_quota)
+        host = getattr(ctx, "host_memory", None)
+        if host is not None:
+            host.resolve(device_memory(self.device))
+        self.store = TensorStore(ctx.memory_quota, host)
         self.blobs = ctx.blobs
         self.identity = ctx.identity  # whose view of the weight cache this session has
         self.session = ""
@@ -235,7 +295,21 @@ class TorchExecutor:
             "bytes_peak": self.store.peak,
             "tensors": len(self.store),
             "memory_quota": self.store.quota,
+            "bytes_queued": self.store.queued,
         }
+
+    # -- replies queued for the client (rrtod/gpu.py Outbox) ---------------------------------
+    def charge_reply(self, nbytes: int) -> str | None:
+        """A reply of ``nbytes`` waits to be sent: count it against the session's quota and
+        the host's limit. The reason when there is no room (the client does not read)."""
+        try:
+            self.store.queue_reply(nbytes, f"a reply of {nbytes} bytes")
+        except QuotaExceeded as exc:
+            return str(exc)
+        return None
+
+    def refund_reply(self, nbytes: int) -> None:
+        self.store.unqueue_reply(nbytes)
 
     # -- replay support (rrtod/replay_host.py) ------------------------------------------------
     def snapshot(self, ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -342,11 +416,10 @@ class TorchExecutor:
                                        self._map_device) for v in call.args]
             kwargs = {k: codec.decode_value(v, lambda r: self._tensor_from_ref(r, what),
                                             self._map_device) for k, v in call.kwargs.items()}
-            return op, args, kwargs
+            return op, args, kwargs, sizing.new_bytes(op, args, kwargs), True
 
         counts = not (call.op == BIND_OP and call.args[0].tensor.HasField("persistent"))
-        return self._execute(decode, what, [_layout(m) for m in call.out_meta],
-                             sum(codec.nbytes_of(m) for m in call.out_meta), list(call.out_ids),
+        return self._execute(decode, what, [_layout(m) for m in call.out_meta], list(call.out_ids),
                              call.seq, call.sync, call.want_meta, counts)
 
     # -- replay fast path (rrtod/replay_host.py) ----------------------------------------------
@@ -364,28 +437,41 @@ class TorchExecutor:
         rebound. Same semantics as forwarding the rebound call (errors, poison, quota)."""
         what = p.what
 
-        def decode() -> tuple[Any, list[Any], dict[str, Any]]:
+        def decode() -> tuple[Any, list[Any], dict[str, Any], int, bool]:
             tensors = [self._live(r, what) if type(r) is int else self._tensor_from_ref(r, what)
                        for r in refs]
-            return p.op, *p.fill(tensors)
+            args, kwargs = p.fill(tensors)
+            key = p.size_key(tensors)
+            need = p.sizes.get(key)
+            if need is None:
+                need = sizing.new_bytes(p.op, args, kwargs)
+                if len(p.sizes) >= 16:
+                    p.sizes.clear()
+                p.sizes[key] = need
+            return p.op, args, kwargs, need, p.written
 
-        return self._execute(decode, what, p.layouts, p.predicted, out_ids, 0, False, False,
-                             p.counts)
+        return self._execute(decode, what, p.layouts, out_ids, 0, False, False, p.counts)
 
-    def _execute(self, decode: Any, what: str, layouts: list[Layout], predicted: int,
-                 ids: list[int], seq: int, sync: bool, want_meta: bool,
-                 counts: bool) -> Iterator[ops_pb2.SessionDown]:
-        """Run one operator call: ``decode()`` gives (operator, args, kwargs); outputs are kept
-        under ``ids`` in the recorded ``layouts``, after a quota check for the ``predicted``
-        bytes. Errors poison the outputs and become a SessionDown(error)."""
+    def _execute(self, decode: Any, what: str, layouts: list[Layout], ids: list[int], seq: int,
+                 sync: bool, want_meta: bool, counts: bool) -> Iterator[ops_pb2.SessionDown]:
+        """Run one operator call: ``decode()`` gives (operator, args, kwargs, the bytes it
+        allocates, whether it writes arguments in place). Those bytes are admitted before it
+        runs; its outputs are checked to stay inside their storages and kept under ``ids`` in
+        the recorded ``layouts``. Errors poison the outputs and become a SessionDown(error)."""
+        admitted = 0
         try:
-            op, args, kwargs = decode()
-            if predicted:
-                self.store.check(predicted, what)
+            op, args, kwargs, need, writes = decode()
+            self.store.admit(need, what)
+            admitted = need
             with torch.inference_mode():
                 result = op(*args, **kwargs)
             outs: list[torch.Tensor] = []
             _flatten(result, outs)
+            for t in outs:
+                check_view(t, what)
+            if writes:  # in place: sizes and strides of its arguments may have changed too
+                for t in _written_tensors(op, args, kwargs):
+                    check_view(t, what)
             if layouts and len(layouts) == len(outs):
                 conformed = [_conform(t, lay) for t, lay in zip(outs, layouts, strict=True)]
                 if any(a is not b for a, b in zip(conformed, outs, strict=True)):
@@ -396,7 +482,10 @@ class TorchExecutor:
                     raise CallFailed("BAD_FRAME", f"{what}: {len(outs)} tensor outputs but "
                                                   f"{len(ids)} output ids")
                 ids = ids + [next(self._host_ids) for _ in range(len(outs) - len(ids))]
-            self.store.put_many(list(zip(ids, outs, strict=False)), what)
+            admitted = 0  # put_many ends the reservation, whether it stores or refuses
+            self.store.put_many(list(zip(ids, outs, strict=False)), what, admitted=need)
+        except BadView as exc:
+            return self._fail(ids + self._bad_views(exc.tensor), seq, "BAD_VIEW", str(exc))
         except OpNotAllowed as exc:
             return self._fail(ids, seq, "OP_NOT_ALLOWED", str(exc))
         except QuotaExceeded as exc:
@@ -411,10 +500,17 @@ class TorchExecutor:
             if sync or want_meta:
                 return self._error("POISONED", exc.cause, seq)
             return iter(())
+        except sizing.Unsizable as exc:
+            return self._fail(ids, seq, "OP_NOT_ALLOWED", f"{what}: {exc}")
+        except sizing.MetaFailed as exc:
+            return self._fail(ids, seq, "OP_FAILED", f"{what}: {exc}")
         except Exception as exc:  # the operator itself raised (bad shapes, dtype, OOM)
             if self.device.type == "cuda" and isinstance(exc, torch.OutOfMemoryError):
                 return self._fail(ids, seq, "QUOTA_EXCEEDED", f"{what}: device out of memory")
             return self._fail(ids, seq, "OP_FAILED", f"{what}: {type(exc).__name__}: {exc}")
+        finally:
+            if admitted:  # an error path above that did not end the reservation
+                self.store.cancel(admitted)
         if counts:
             self.counters["ops"] += 1  # a weight's bind is bookkeeping, not an operator
         if not (sync or want_meta or _has_non_tensor(result)):
@@ -428,6 +524,13 @@ class TorchExecutor:
             codec.encode_value(result, reply.value,
                                lambda t: ops_pb2.TensorRef(id=id_of[id(t)]))
         return iter((ops_pb2.SessionDown(result=reply),))
+
+    def _bad_views(self, t: torch.Tensor | None) -> list[int]:
+        """Ids under which the session stores the tensor that became an out-of-bounds view
+        (an in-place ``as_strided_`` on a live tensor): it is dropped with the outputs."""
+        if t is None:
+            return []
+        return [k for k in self.store.keys_of(t) if isinstance(k, int)]
 
     def _fail(self, out_ids: list[int], seq: int, code: str,
               message: str) -> Iterator[ops_pb2.SessionDown]:

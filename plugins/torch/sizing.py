@@ -1,0 +1,244 @@
+"""Sizes before memory: the bytes an operator call will allocate, computed on the host.
+
+The client declares its outputs' metadata, but a client may lie (``ones`` of 1 GiB declared as
+one element), and memory allocated before the quota check has already been taken. So the host
+runs each call first on meta tensors (same dtypes, shapes, strides; no data, no memory) and
+charges what that allocates: every output storage that is not one of the inputs', plus the
+growth of input storages (``resize_``, ``out=`` arguments). Meta execution costs 80-600 us
+(shared/NOTES.md), so results are cached per operator and argument signature: a repeated call
+costs one dictionary lookup after its signature (~1 us per tensor argument).
+
+Operators whose output size depends on data (``nonzero``, boolean masks, ``unique``) cannot be
+executed on meta tensors; their outputs are bounded by their inputs instead (``nonzero``:
+numel x ndim int64 indices). Those with no such bound (``bincount``, ``repeat_interleave``
+without ``output_size``, ``one_hot`` without ``num_classes``) and operators without a meta
+kernel that return tensors are refused (``Unsizable``): their memory could not be checked
+before it is taken.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+class Unsizable(Exception):
+    """The call's output size cannot be known before it runs; it is refused."""
+
+
+class MetaFailed(Exception):
+    """The call fails on meta tensors as it would on the device (bad shapes, dtypes)."""
+
+
+_CACHE_MAX = 65_536
+_cache: dict[Any, int | Exception] = {}
+
+
+def signature(x: Any) -> Any:
+    """A hashable signature of an argument: tensors by their metadata."""
+    if isinstance(x, torch.Tensor):
+        return (x.dtype, tuple(x.shape), x.stride(), x.storage_offset(), x.layout)
+    if isinstance(x, (list, tuple)):
+        return (type(x), tuple(signature(v) for v in x))
+    if isinstance(x, float) and x != x:
+        return ("nan",)
+    return x
+
+
+def _small(args: list[Any], limit: int = 256) -> bool:
+    return all(not isinstance(a, (list, tuple)) or len(a) <= limit for a in args)
+
+
+def new_bytes(op: torch._ops.OpOverload, args: list[Any], kwargs: dict[str, Any]) -> int:
+    """Bytes of memory the call allocates for its outputs (cached per signature). Raises
+    Unsizable or MetaFailed."""
+    key = (op, signature(args), signature(tuple(kwargs.items())) if kwargs else None)
+    hit = _cache.get(key)
+    if hit is None:
+        hit = measure(op, args, kwargs)
+        if _small(args) and _small(list(kwargs.values())):  # a key holds its lists: keep
+            if len(_cache) >= _CACHE_MAX:                     # huge ones out of the cache
+                _cache.clear()
+            _cache[key] = hit
+    if isinstance(hit, Exception):
+        raise hit
+    return hit
+
+
+def measure(op: torch._ops.OpOverload, args: list[Any],
+            kwargs: dict[str, Any]) -> int | Exception:
+    """``new_bytes`` without the cache; an exception to raise instead of a size."""
+    bound = _DATA_DEPENDENT.get(op._schema.name)
+    try:
+        if bound is not None:
+            return bound(op, args, kwargs)
+        return _meta_bytes(op, args, kwargs)
+    except (Unsizable, MetaFailed) as exc:
+        return exc
+    except NotImplementedError as exc:  # no meta kernel
+        if not _returns_tensors(op):
+            return 0
+        return Unsizable(f"operator {op._schema.name}.{op._overloadname or 'default'} has no "
+                         f"meta kernel: its output size cannot be checked before it runs ({exc})")
+    except Exception as exc:  # noqa: BLE001 - what the operator itself would raise
+        if not _returns_tensors(op):
+            return 0  # item(), equal(): a Python value, nothing allocated
+        return MetaFailed(f"{type(exc).__name__}: {exc}")
+
+
+def _returns_tensors(op: torch._ops.OpOverload) -> bool:
+    return any("Tensor" in str(r.type) for r in op._schema.returns)
+
+
+def _meta_like(t: torch.Tensor) -> torch.Tensor:
+    shape, stride, offset = tuple(t.shape), t.stride(), t.storage_offset()
+    size = 1 + sum((s - 1) * st for s, st in zip(shape, stride, strict=True)) if all(shape) else 0
+    base = torch.empty((offset + size,), dtype=t.dtype, device="meta")
+    return base.as_strided(shape, stride, offset)
+
+
+def _to_meta(x: Any, seen: dict[int, torch.Tensor]) -> Any:
+    if isinstance(x, torch.Tensor):
+        if x.layout is not torch.strided:
+            raise Unsizable(f"a {x.layout} argument cannot be sized before the call")
+        m = seen.get(id(x))
+        if m is None:
+            m = seen[id(x)] = _meta_like(x)
+        return m
+    if isinstance(x, torch.device):
+        return torch.device("meta")
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_meta(v, seen) for v in x)
+    return x
+
+
+def _flatten(value: Any, out: list[torch.Tensor]) -> None:
+    if isinstance(value, torch.Tensor):
+        out.append(value)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _flatten(v, out)
+
+
+def _device_arg(op: torch._ops.OpOverload) -> int | None:
+    for i, a in enumerate(op._schema.arguments):
+        if a.name == "device" and "Device" in str(a.type):
+            return i
+    return None
+
+
+def _meta_bytes(op: torch._ops.OpOverload, args: list[Any], kwargs: dict[str, Any]) -> int:
+    seen: dict[int, torch.Tensor] = {}
+    margs = _to_meta(args, seen)
+    mkwargs = {k: _to_meta(v, seen) for k, v in kwargs.items()}
+    at = _device_arg(op)  # a factory (ones, empty, arange) left to its default device would
+    if at is not None:    # allocate for real: on the CPU
+        if at < len(margs):
+            margs[at] = torch.device("meta")
+        else:
+            mkwargs["device"] = torch.device("meta")
+    before = {m.untyped_storage()._cdata: m.untyped_storage().nbytes() for m in seen.values()}
+    with torch.inference_mode():
+        result = op(*margs, **mkwargs)
+    outs: list[torch.Tensor] = []
+    _flatten(result, outs)
+    if any(t.device.type != "meta" for t in outs):
+        raise Unsizable(f"operator {op._schema.name} made an output off the meta device: its "
+                        "size cannot be checked before it runs")
+    total = 0
+    counted: set[int] = set()
+    for m in [*outs, *seen.values()]:
+        st = m.untyped_storage()
+        if st._cdata in counted:
+            continue
+        counted.add(st._cdata)
+        total += max(0, st.nbytes() - before.get(st._cdata, 0))
+    return total
+
+
+# -- operators whose output size depends on data: bounds from their inputs -------------------
+def _arg(args: list[Any], kwargs: dict[str, Any], pos: int, name: str) -> Any:
+    return args[pos] if pos < len(args) else kwargs.get(name)
+
+
+def _nonzero(op: Any, args: list[Any], kwargs: dict[str, Any]) -> int:
+    t = _arg(args, kwargs, 0, "self")
+    return t.numel() * max(t.dim(), 1) * 8  # at most every element, one int64 per dimension
+
+
+def _masked_select(op: Any, args: list[Any], kwargs: dict[str, Any]) -> int:
+    t, mask = _arg(args, kwargs, 0, "self"), _arg(args, kwargs, 1, "mask")
+    try:
+        shape = torch.broadcast_shapes(t.shape, mask.shape)
+    except RuntimeError as exc:
+        raise MetaFailed(f"RuntimeError: {exc}") from None
+    return math.prod(shape) * t.element_size()
+
+
+def _unique(op: Any, args: list[Any], kwargs: dict[str, Any]) -> int:
+    t = _arg(args, kwargs, 0, "self")
+    return t.numel() * (t.element_size() + 16)  # values, inverse and counts (int64)
+
+
+def _index(op: Any, args: list[Any], kwargs: dict[str, Any]) -> int:
+    """``x[mask]``: a boolean mask of k dimensions selects at most mask.numel() positions, as
+    k int64 index tensors of that length would: size that call on meta tensors instead."""
+    t, indices = _arg(args, kwargs, 0, "self"), _arg(args, kwargs, 1, "indices")
+    expanded: list[Any] = []
+    for ix in indices:
+        if isinstance(ix, torch.Tensor) and ix.dtype in (torch.bool, torch.uint8):
+            expanded += [torch.empty(ix.numel(), dtype=torch.long, device="meta")] * ix.dim()
+        else:
+            expanded.append(ix)
+    seen: dict[int, torch.Tensor] = {}
+    try:
+        with torch.inference_mode():
+            out = op(_to_meta(t, seen), [_to_meta(ix, seen) if ix is not None and ix.device.type
+                                         != "meta" else ix for ix in expanded])
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise MetaFailed(f"{type(exc).__name__}: {exc}") from None
+    return out.numel() * out.element_size()
+
+
+def _repeat_interleave(op: Any, args: list[Any], kwargs: dict[str, Any]) -> int:
+    """Repeats given as a tensor: the output length is their sum, unless ``output_size``
+    says it (then the meta kernel sizes it)."""
+    if op._overloadname == "self_int" or kwargs.get("output_size") is not None:
+        return _meta_bytes(op, args, kwargs)
+    raise Unsizable("aten::repeat_interleave with tensor repeats and no output_size: its output "
+                    "size depends on data values and has no bound; pass output_size")
+
+
+def _unbounded(name: str) -> Callable[..., int]:
+    def bound(op: Any, args: list[Any], kwargs: dict[str, Any]) -> int:
+        raise Unsizable(f"{name}: its output size depends on data values and has no bound")
+    return bound
+
+
+def _one_hot(op: Any, args: list[Any], kwargs: dict[str, Any]) -> int:
+    t, classes = _arg(args, kwargs, 0, "self"), _arg(args, kwargs, 1, "num_classes")
+    if classes is None or classes < 0:
+        raise Unsizable("aten::one_hot without num_classes: its output size depends on data "
+                        "values and has no bound; pass num_classes")
+    return t.numel() * classes * 8
+
+
+_DATA_DEPENDENT: dict[str, Callable[..., int]] = {
+    "aten::nonzero": _nonzero,
+    "aten::argwhere": _nonzero,
+    "aten::masked_select": _masked_select,
+    "aten::_unique": _unique,
+    "aten::_unique2": _unique,
+    "aten::unique_consecutive": _unique,
+    "aten::unique_dim": _unique,
+    "aten::unique_dim_consecutive": _unique,
+    "aten::index": _index,
+    "aten::repeat_interleave": _repeat_interleave,
+    "aten::one_hot": _one_hot,
+    "aten::bincount": _unbounded("aten::bincount"),
+}

@@ -1,0 +1,244 @@
+"""Memory safety of the host executor (issue 10, findings 1 and 4), driven with raw frames.
+
+No operator may reach memory outside its session's tensors, whatever the allowlist admits: the
+out-of-bounds tests resolve operators through an allow-everything list so that they exercise
+the output bound check itself. Sizes come from the host, never from the client: the quota and
+the daemon-wide memory limit refuse a call before it allocates.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rrto.v1 import ops_pb2
+from rrto_plugins.torch import codec
+from rrto_plugins.torch.executor import TorchExecutor
+from rrtod.blobstore import BlobStore
+from rrtod.executor import ExecutorContext, HostMemory
+
+MiB = 1 << 20
+
+
+class AllowAll:
+    """Every operator that exists, as if the allowlist admitted it by mistake."""
+
+    def resolve(self, name: str):
+        ns, _, rest = name.partition("::")
+        op, _, overload = rest.partition(".")
+        return getattr(getattr(getattr(torch.ops, ns), op), overload or "default")
+
+
+def make(tmp_path, quota=MiB, host=None, allow_all=False) -> TorchExecutor:
+    ctx = ExecutorContext(device="cpu", memory_quota=quota, allow_extra=(), deny=(),
+                          blobs=BlobStore(tmp_path / "blobs", MiB), state_dir=tmp_path,
+                          host_memory=host)
+    ex = TorchExecutor(ctx)
+    ex.open(ops_pb2.SessionOpen(app="t", executor="torch"))
+    if allow_all:
+        ex.allow = AllowAll()
+    return ex
+
+
+def up(t: torch.Tensor, bind: int = 0) -> ops_pb2.Value:
+    return ops_pb2.Value(tensor=ops_pb2.TensorRef(upload=codec.tensor_data(t), bind_id=bind))
+
+
+def ref(i: int) -> ops_pb2.Value:
+    return ops_pb2.Value(tensor=ops_pb2.TensorRef(id=i))
+
+
+def ints(*v: int) -> ops_pb2.Value:
+    return ops_pb2.Value(list=ops_pb2.ValueList(items=[ops_pb2.Value(i=i) for i in v]))
+
+
+def call(ex, op, args, out_ids=(), seq=1, out_meta=(), **kw) -> list[ops_pb2.SessionDown]:
+    c = ops_pb2.OpCall(seq=seq, op=op, args=args, out_ids=list(out_ids), out_meta=list(out_meta),
+                       **kw)
+    return list(ex.handle(ops_pb2.SessionUp(call=c)))
+
+
+def fetch(ex, i, seq=99) -> ops_pb2.SessionDown:
+    (down,) = ex.handle(ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=seq, id=i)))
+    return down
+
+
+def meta(shape, dtype="float32") -> ops_pb2.TensorMeta:
+    stride, n = [], 1
+    for s in reversed(shape):
+        stride.insert(0, n)
+        n *= s
+    return ops_pb2.TensorMeta(dtype=dtype, shape=shape, stride=stride, device="cpu")
+
+
+# -- finding 1: out-of-bounds views -----------------------------------------------------------
+@pytest.mark.parametrize("elements", [65_536, 1 << 18])
+def test_alias_beyond_its_storage_is_bad_view_and_never_data(tmp_path, elements):
+    """A 16-byte upload aliased to 64 KiB (1 MiB) returned the daemon's heap (crashed it)."""
+    ex = make(tmp_path, allow_all=True)
+    (err,) = call(ex, "aten::_reshape_alias.default",
+                  [up(torch.arange(4.0), bind=1), ints(elements), ints(1)], out_ids=[2],
+                  out_meta=[meta([elements])], sync=True)
+    assert err.error.code == "BAD_VIEW" and "outside its 16-byte storage" in err.error.message
+    down = fetch(ex, 2)
+    assert down.error.code == "POISONED" and "BAD_VIEW" in down.error.message
+    # writing through it is refused as well: fill_ never runs on a value that was not stored
+    (err,) = call(ex, "aten::fill_.Scalar", [ref(2), ops_pb2.Value(f=1.0)], out_ids=[2], seq=2,
+                  sync=True)
+    assert err.error.code == "POISONED"
+    # the session goes on: its own tensors are intact, new calls run
+    assert codec.from_tensor_data(fetch(ex, 1).fetched.tensor).tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert call(ex, "aten::neg.default", [ref(1)], out_ids=[3], seq=3) == []
+    assert codec.from_tensor_data(fetch(ex, 3).fetched.tensor).tolist() == [-0.0, -1, -2, -3]
+    assert ex.stats()["bytes_live"] == 32
+
+
+def test_in_bounds_views_pass(tmp_path):
+    """Views inside their storage (a slice with an offset, a transpose, an empty view, a
+    stride-0 expansion) are what models make all the time: they pass the check."""
+    ex = make(tmp_path, allow_all=True)
+    call(ex, "aten::clone.default", [up(torch.arange(12.0))], out_ids=[1])
+    assert call(ex, "aten::_reshape_alias.default", [ref(1), ints(3, 4), ints(4, 1)],
+                out_ids=[2]) == []
+    assert call(ex, "aten::slice.Tensor", [ref(1), ops_pb2.Value(i=0), ops_pb2.Value(i=8)],
+                out_ids=[3]) == []
+    assert call(ex, "aten::t.default", [ref(2)], out_ids=[4]) == []
+    assert call(ex, "aten::_reshape_alias.default", [ref(1), ints(0, 5), ints(1000, 1)],
+                out_ids=[5]) == []
+    assert call(ex, "aten::expand.default", [ref(3), ints(1000, 4)], out_ids=[6]) == []
+    got = codec.from_tensor_data(fetch(ex, 4).fetched.tensor)
+    assert torch.equal(got, torch.arange(12.0).reshape(3, 4).t())
+    # an offset view that reaches one element too far is refused
+    (err,) = call(ex, "aten::_reshape_alias.default", [ref(3), ints(5), ints(1)], out_ids=[7],
+                  sync=True)
+    assert err.error.code == "BAD_VIEW"
+    (err,) = call(ex, "aten::as_strided.default", [ref(1), ints(2), ints(1),
+                                                  ops_pb2.Value(i=11)], out_ids=[8], sync=True)
+    assert err.error.code == "OP_FAILED"  # as_strided checks its own bounds: torch refuses
+
+
+def test_in_place_metadata_change_out_of_bounds_drops_the_tensor(tmp_path):
+    """An operator that changes a live tensor's sizes in place is checked through the
+    argument it writes; the tensor is dropped from the session rather than kept out of
+    bounds (``_reshape_alias`` into ``as_strided_``'s argument cannot happen, so exercise it
+    with ``resize_`` on a view, which torch keeps in bounds by growing the storage)."""
+    ex = make(tmp_path, allow_all=True)
+    call(ex, "aten::clone.default", [up(torch.arange(4.0))], out_ids=[1])
+    call(ex, "aten::slice.Tensor", [ref(1), ops_pb2.Value(i=0), ops_pb2.Value(i=2)],
+         out_ids=[2])
+    assert call(ex, "aten::resize_.default", [ref(2), ints(64)], out_ids=[2]) == []
+    assert ex.stats()["bytes_live"] >= 64 * 4 - 16  # charged (at least) what it grew by
+
+
+# -- finding 4: sizes come from the host ------------------------------------------------------
+def test_output_size_is_computed_on_the_host_not_declared_by_the_client(tmp_path):
+    """``ones`` of 8 KiB declared as one element, against a 4 KiB quota: refused before it
+    allocates (the message names the real size)."""
+    ex = make(tmp_path, quota=4096)
+    (err,) = call(ex, "aten::ones.default", [ints(2048)], out_ids=[1], out_meta=[meta([1])],
+                  sync=True)
+    assert err.error.code == "QUOTA_EXCEEDED" and "needs 8192 bytes" in err.error.message
+    assert ex.stats()["bytes_live"] == 0 and ex.store.pending == 0
+    # a client-declared layout with huge strides never sizes an allocation either
+    assert call(ex, "aten::ones.default", [ints(2, 2)], out_ids=[2],
+                out_meta=[ops_pb2.TensorMeta(dtype="float32", shape=[2, 2],
+                                             stride=[1 << 40, 1])]) == []
+    assert ex.stats()["bytes_live"] == 16
+
+
+def test_data_dependent_outputs_are_bounded_by_their_inputs(tmp_path):
+    ex = make(tmp_path, quota=4096)
+    x = torch.tensor([0.0, 2.0, 0.0, 3.0])
+    (down,) = call(ex, "aten::nonzero.default", [up(x, bind=1)], want_meta=True, sync=True)
+    assert list(down.result.outs[0].shape) == [2, 1]
+    mask = torch.tensor([True, False, True, True])
+    (down,) = call(ex, "aten::index.Tensor", [ref(1), ops_pb2.Value(list=ops_pb2.ValueList(
+        items=[up(mask)]))], want_meta=True, sync=True, seq=2)
+    assert list(down.result.outs[0].shape) == [3]
+    (down,) = call(ex, "aten::_unique2.default", [ref(1)], want_meta=True, sync=True, seq=3)
+    assert down.WhichOneof("msg") == "result"
+    # the bound, not the data, decides: 600 elements could be nonzero (4800 bytes of indices)
+    (err,) = call(ex, "aten::nonzero.default", [up(torch.zeros(600))], want_meta=True,
+                  sync=True, seq=4)
+    assert err.error.code == "QUOTA_EXCEEDED"
+    # no bound at all: refused with the reason
+    (err,) = call(ex, "aten::repeat_interleave.Tensor", [up(torch.tensor([3, 1]))],
+                  want_meta=True, sync=True, seq=5)
+    assert err.error.code == "OP_NOT_ALLOWED" and "output_size" in err.error.message
+    (down,) = call(ex, "aten::repeat_interleave.Tensor", [up(torch.tensor([3, 1]))],
+                   kwargs={"output_size": ops_pb2.Value(i=4)}, want_meta=True, sync=True, seq=6)
+    assert list(down.result.outs[0].shape) == [4]
+
+
+def test_shape_errors_found_on_meta_tensors_are_op_failed(tmp_path):
+    ex = make(tmp_path)
+    (err,) = call(ex, "aten::mm.default", [up(torch.zeros(2, 3)), up(torch.zeros(2, 3))],
+                  out_ids=[1], seq=9)
+    assert err.error.code == "OP_FAILED" and "aten::mm.default (call 9)" in err.error.message
+
+
+def test_replayed_call_is_sized_by_its_inputs_metadata(tmp_path):
+    """A prepared (replayed) call caches its size per metadata of its tensor arguments: the
+    same call with a larger input is sized again, not taken from the recorded call."""
+    ex = make(tmp_path, quota=64 * 1024)
+    rep = ops_pb2.OpCall(op="aten::repeat.default", out_ids=[10], args=[ref(100), ints(4)],
+                         out_meta=[meta([16])])
+    p = ex.prepare(rep)
+    small = ops_pb2.TensorRef(upload=codec.tensor_data(torch.ones(4)))
+    assert list(ex.run_prepared(p, [small], [20])) == []
+    big = ops_pb2.TensorRef(upload=codec.tensor_data(torch.ones(4096)))  # 16 KiB -> 64 KiB
+    (err,) = ex.run_prepared(p, [big], [21])
+    assert err.error.code == "QUOTA_EXCEEDED" and "needs 65536 bytes" in err.error.message
+    assert len(p.sizes) == 2
+
+
+def test_host_memory_limit_is_shared_by_all_sessions(tmp_path):
+    """Six sessions of 4 MiB each against a 10 MiB host limit: the first two fit, the later
+    ones are refused; closing a session gives its memory back."""
+    host = HostMemory(10 * MiB)
+    sessions = [make(tmp_path, quota=8 * MiB, host=host) for _ in range(6)]
+    codes = []
+    for ex in sessions:
+        downs = call(ex, "aten::empty.memory_format", [ints(MiB)], out_ids=[1], sync=True)
+        codes.append(downs[0].WhichOneof("msg") if downs else "ok")
+        codes[-1] = downs[0].error.code if codes[-1] == "error" else codes[-1]
+    assert codes[:2] == ["result", "result"]
+    assert codes[2:] == ["QUOTA_EXCEEDED"] * 4
+    assert host.used == 8 * MiB
+    err = call(sessions[2], "aten::empty.memory_format", [ints(MiB)], out_ids=[1], sync=True)
+    assert "10485760-byte memory limit (executor.memory_limit)" in err[0].error.message
+    sessions[0].close()
+    assert host.used == 4 * MiB
+    assert call(sessions[2], "aten::empty.memory_format", [ints(MiB)], out_ids=[1],
+                sync=True)[0].WhichOneof("msg") == "result"
+    for ex in sessions:
+        ex.close()
+    assert host.used == 0
+
+
+def test_default_host_limit_is_half_the_device_memory(tmp_path):
+    import psutil
+
+    host = HostMemory(None)
+    make(tmp_path, host=host)
+    assert host.limit == psutil.virtual_memory().total // 2
+
+
+def test_queued_replies_count_against_the_session(tmp_path):
+    """Replies waiting to be sent hold memory too: the executor counts them (the daemon's
+    Outbox charges and refunds them) and says when there is no room."""
+    host = HostMemory(MiB)
+    ex = make(tmp_path, quota=512 * 1024, host=host)
+    call(ex, "aten::clone.default", [up(torch.zeros(64 * 1024))], out_ids=[1])  # 256 KiB
+    assert ex.charge_reply(200 * 1024) is None
+    assert ex.stats()["bytes_queued"] == 200 * 1024 and host.used == 456 * 1024
+    why = ex.charge_reply(100 * 1024)
+    assert why is not None and "memory quota" in why
+    # a queued reply also keeps new tensors out
+    (err,) = call(ex, "aten::clone.default", [ref(1)], out_ids=[2], sync=True)
+    assert err.error.code == "QUOTA_EXCEEDED"
+    ex.refund_reply(200 * 1024)
+    assert host.used == 256 * 1024
+    ex.close()
+    ex.refund_reply(10)  # a reply still in flight when the session closed: nothing left to give
+    assert host.used == 0
