@@ -327,8 +327,7 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
 
     def reload(self, config: Config) -> None:
         """Hot-reloadable settings (quota, allowlist) apply to sessions opened from now on;
-        a new memory limit applies at once (None: the default, fixed again by the next
-        session)."""
+        a new memory limit applies at once (None: the default from the device memory)."""
         self.config = config
         self.host_memory.configure(config.executor.memory_limit)
 
