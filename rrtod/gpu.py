@@ -372,7 +372,7 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
     def reload(self, config: Config) -> None:
         """Hot-reloadable settings (quota, allowlist, access rules) apply to calls and sessions
         from now on; sessions already open keep the grant they opened with. A new memory limit
-        applies at once (None: the default, fixed again by the next session)."""
+        applies at once (None: the default, the default from the device memory)."""
         self.config = config
         self.access = AccessPolicy(config)
         self.host_memory.configure(config.executor.memory_limit)
