@@ -17,7 +17,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from rrtod import opnames
 
 DEFAULT_PATH = Path("/etc/rrto/rrtod.yaml")
 ENV_PATH = "RRTO_CONFIG"
@@ -119,13 +129,26 @@ class ExecutorConfig(_Section):
     backend: str = "torch"
     device: str = "auto"  # auto: cuda when available, else cpu
     memory_quota: int = 2 * 2**30  # bytes per session
-    allow_extra: tuple[str, ...] = ()  # operators added to the built-in allowlist
+    # Operators added to the built-in positive allowlist; internal or unsafe ones only when
+    # written as "unsafe:ns::op" (rrtod/opnames.py, docs/allowlist.md).
+    allow_extra: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()  # operators removed from it
 
     @field_validator("memory_quota", mode="before")
     @classmethod
     def _size(cls, v: int | str) -> int:
         return parse_size(v)
+
+    @field_validator("allow_extra", "deny", mode="before")
+    @classmethod
+    def _operators(cls, v: Any, info: ValidationInfo) -> Any:
+        if not isinstance(v, (list, tuple)):
+            return v  # pydantic reports "expected a list"
+        for i, entry in enumerate(v):
+            why = opnames.check_entry(entry, extra=info.field_name == "allow_extra")
+            if why is not None:
+                raise ValueError(f"[{i}]: {why}")
+        return v
 
 
 class WeightCacheConfig(_Section):
@@ -367,7 +390,9 @@ def validate(data: dict[str, Any], origin: dict[str, str], files: list[Path]) ->
             reason = f"{reason}, got {err.get('input')!r}"
         # Model-level checks phrase their own key ("ca: required ..."): fold it into the path.
         head, sep, tail = reason.partition(": ")
-        if sep and head.replace("_", "").replace(" and ", "").isalnum() and " " not in head:
+        if sep and head.startswith("[") and head.endswith("]") and head[1:-1].isdigit():
+            key, reason = key + head, tail  # a list item's own check: "[2]: why"
+        elif sep and head.replace("_", "").replace(" and ", "").isalnum() and " " not in head:
             key, reason = (f"{key}.{head}" if key else head), tail
         raise ConfigError(_origin_of(key, origin, files), key, reason) from None
 
