@@ -25,7 +25,8 @@ _NAMESPACE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*::\*$")
 _UNSAFE_EXACT: dict[str, str] = {
     "_reshape_alias": "builds a view of any size over the storage (reads the host's heap)",
     "_reshape_alias_copy": "builds a view of any size over the storage (reads the host's heap)",
-    "as_strided": "builds a view of any size, strides and offset over the storage",
+    "as_strided": "builds a view of any size, strides and offset over the storage (torch's own "
+                  "check overflows: as_strided_ accepts sizes [3] with strides [2**62])",
     "as_strided_copy": "builds a view of any size, strides and offset over the storage",
     "as_strided_scatter": "writes through a view of any size, strides and offset",
     "set": "rebinds raw storages",
