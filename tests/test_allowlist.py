@@ -29,7 +29,7 @@ from tests.conftest import TEST_DEFAULTS
 REPO = Path(__file__).resolve().parent.parent
 OBSERVED = REPO / "bench" / "results" / "oplist"
 UNSAFE_OPS = ("aten::_reshape_alias.default", "aten::_reshape_alias_copy.default",
-              "aten::as_strided.default", "aten::_unsafe_index.Tensor",
+              "aten::as_strided.default", "aten::as_strided_.default", "aten::_unsafe_index.Tensor",
               "aten::_nested_tensor_from_mask.default", "aten::_mkldnn_reshape.default",
               "aten::_sparse_coo_tensor_unsafe.default", "aten::set_.source_Storage",
               "aten::from_file.default", "aten::save.default", "aten::_print.default",
@@ -255,3 +255,21 @@ def test_uninitialized_creation_never_returns_freed_bytes(tmp_path):
         (down,) = ex.handle(ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=seq, id=b)))
         got = codec.from_tensor_data(down.fetched.tensor, torch.device("cpu"))
         assert not got.any(), f"round {i}: empty returned {int((got == 7).sum())} freed 7s"
+
+
+def test_rrtoctl_ops_lists_the_list_and_the_config(tmp_path, capsys):
+    from rrtod import ctl
+
+    path = tmp_path / "rrtod.yaml"
+    path.write_text("executor:\n  allow_extra: ['unsafe:aten::as_strided_']\n  deny: ['aten::gelu']\n")
+    assert ctl.main(["--config", str(path), "ops", "--json"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    assert len(listing["builtin"]) == len(builtin_entries())
+    assert listing["allow_extra"] == ["unsafe:aten::as_strided_"]
+    assert listing["deny"] == ["aten::gelu"]
+    assert ctl.main(["--config", str(path), "ops"]) == 0
+    table = capsys.readouterr().out
+    assert "aten::convolution.default" in table and "conv/matmul" in table
+    path.write_text("executor:\n  allow_extra: ['aten::as_strided_']\n")
+    assert ctl.main(["--config", str(path), "ops"]) == 1
+    assert "executor.allow_extra[0]" in capsys.readouterr().err
