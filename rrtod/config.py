@@ -16,8 +16,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from rrtod import opnames
 from rrtod.framing import MAX_FRAME
 
 DEFAULT_PATH = Path("/etc/rrto/rrtod.yaml")
@@ -125,6 +134,18 @@ class TLSConfig(_Section):
         return None
 
 
+def _check_operators(v: Any, extra: bool) -> Any:
+    """Operator entries of an allowlist key (``executor.allow_extra``/``deny``, an access rule's
+    ``allow_extra``): an unsafe operator needs the ``unsafe:`` marker wherever it is added."""
+    if not isinstance(v, (list, tuple)):
+        return v  # pydantic reports "expected a list"
+    for i, entry in enumerate(v):
+        why = opnames.check_entry(entry, extra=extra)
+        if why is not None:
+            raise ValueError(f"[{i}]: {why}")
+    return v
+
+
 class AccessRule(_Section):
     """What one identity (or every identity matching a glob) may do on this GPU host. Unset
     limits fall back to the ``executor`` section."""
@@ -138,6 +159,11 @@ class AccessRule(_Section):
     @classmethod
     def _size(cls, v: int | str | None) -> int | None:
         return None if v is None else parse_size(v)
+
+    @field_validator("allow_extra", mode="before")
+    @classmethod
+    def _operators(cls, v: Any) -> Any:
+        return _check_operators(v, extra=True)
 
 
 class InterceptConfig(_Section):
@@ -153,7 +179,9 @@ class ExecutorConfig(_Section):
     memory_quota: int = 2 * 2**30  # bytes per session
     # bytes all sessions together; None: half the device memory (GPU) or RAM (CPU host)
     memory_limit: int | None = None
-    allow_extra: tuple[str, ...] = ()  # operators added to the built-in allowlist
+    # Operators added to the built-in positive allowlist; internal or unsafe ones only when
+    # written as "unsafe:ns::op" (rrtod/opnames.py, docs/allowlist.md).
+    allow_extra: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()  # operators removed from it
 
     @field_validator("memory_quota", mode="before")
@@ -165,6 +193,11 @@ class ExecutorConfig(_Section):
     @classmethod
     def _limit(cls, v: int | str | None) -> int | None:
         return None if v is None else parse_size(v)
+
+    @field_validator("allow_extra", "deny", mode="before")
+    @classmethod
+    def _operators(cls, v: Any, info: ValidationInfo) -> Any:
+        return _check_operators(v, extra=info.field_name == "allow_extra")
 
 
 class WeightCacheConfig(_Section):
@@ -454,7 +487,9 @@ def validate(data: dict[str, Any], origin: dict[str, str], files: list[Path]) ->
             reason = f"{reason}, got {err.get('input')!r}"
         # Model-level checks phrase their own key ("ca: required ..."): fold it into the path.
         head, sep, tail = reason.partition(": ")
-        if sep and head.replace("_", "").replace(".", "").isalnum():
+        if sep and head.startswith("[") and head.endswith("]") and head[1:-1].isdigit():
+            key, reason = key + head, tail  # a list item's own check: "[2]: why"
+        elif sep and head.replace("_", "").replace(".", "").isalnum():
             key, reason = (f"{key}.{head}" if key else head), tail
         raise ConfigError(_origin_of(key, origin, files), key, reason) from None
 

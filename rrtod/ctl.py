@@ -128,6 +128,25 @@ def render_sequences(p: dict[str, Any]) -> str:
     return _table([[k.upper() for k in keys]] + [[str(s.get(k, "-")) for k in keys] for s in seqs])
 
 
+def operator_listing(config_path: str | None) -> dict[str, Any]:
+    """This host's operator allowlist, read locally (no daemon needed): the built-in positive
+    list with each entry's reason class, and the config's additions and removals."""
+    from rrto_plugins.torch.allowlist import builtin_entries  # imports torch: only here
+
+    ex = config_mod.load(config_path).config.executor
+    return {"builtin": [vars(e) for e in builtin_entries().values()],
+            "allow_extra": list(ex.allow_extra), "deny": list(ex.deny)}
+
+
+def render_operators(p: dict[str, Any]) -> str:
+    rows = [["OPERATOR", "CLASS", "GRAD MODES", "SEEN IN"]]
+    rows += [[e["name"], e["reason"], e["modes"], e["seen_in"]] for e in p["builtin"]]
+    lines = [_table(rows), "", f"{len(p['builtin'])} built-in operators"]
+    lines.append(f"allow_extra: {', '.join(p['allow_extra']) or '-'}")
+    lines.append(f"deny: {', '.join(p['deny']) or '-'}")
+    return "\n".join(lines)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rrtoctl", description="control the local rrtod")
     p.add_argument("--config", help="config file the daemon uses (to find its socket)")
@@ -138,6 +157,8 @@ def _parser() -> argparse.ArgumentParser:
                        ("reload", "reload the configuration (as SIGHUP)")):
         sp = sub.add_parser(name, help=text)
         sp.add_argument("--json", action="store_true", help="machine-readable output")
+    op = sub.add_parser("ops", help="the operator allowlist of this host (read locally)")
+    op.add_argument("--json", action="store_true", help="machine-readable output")
     fl = sub.add_parser("flush", help="drop recorded sequences")
     fl.add_argument("--json", action="store_true")
     who = fl.add_mutually_exclusive_group(required=True)
@@ -154,6 +175,14 @@ def socket_path(args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "ops":
+        try:
+            listing = operator_listing(args.config)
+        except config_mod.ConfigError as exc:
+            print(f"rrtoctl: configuration error: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        print(json.dumps(listing, indent=2) if args.json else render_operators(listing))
+        return 0
     try:
         sock = socket_path(args)
     except config_mod.ConfigError as exc:

@@ -24,7 +24,7 @@ MiB = 1 << 20
 EXECUTOR = {"device": "cpu", "memory_quota": "512MiB", "memory_limit": "1GiB",
             # sec-ops' allowlist may keep this operator out by default: admit it here, so that
             # the test exercises the output bound check itself
-            "allow_extra": ["aten::_reshape_alias"]}
+            "allow_extra": ["unsafe:aten::_reshape_alias"]}
 
 
 class RawSession:

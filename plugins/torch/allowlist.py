@@ -1,36 +1,34 @@
 """Which operators a host will run, resolved by qualified overload name only.
 
 Operators never travel as code: the app names one (``aten::add.Tensor``) and the host looks the
-name up here. The built-in list is every ``aten`` overload registered with the dispatcher whose
-arguments are plain data (tensors, numbers, strings, devices, dtypes), minus operators with side
-effects outside the session (files, printing, raw storages, streams, process-global caches).
-Other namespaces (``torchvision::nms``, an app's ``torch.library`` ops) are allowed only when the
-host's ``executor.allow_extra`` names them; ``executor.deny`` removes names. Entries are either a
-full overload name (``ns::op.overload``) or an operator name covering all overloads (``ns::op``).
+name up here. The built-in list is *positive*: the operator overloads that real inference models
+send (``allowlist_ops.txt`` beside this module, derived by ``python -m bench.oplist`` from the
+correctness suite, the benchmark and a wide set of torchvision/timm/transformers models under
+each grad mode; docs/allowlist.md says how), each with a reason class. Anything else is refused
+unless the host's ``executor.allow_extra`` names it (``ns::op.overload``, ``ns::op`` for all
+overloads, ``ns::*`` for a namespace). Internal or unsafe operators (``rrtod/opnames.py``: views
+of any size, unchecked indexing, raw storages, files, nested/mkldnn/sparse internals) are refused
+even then, unless the entry is marked ``unsafe:``. ``executor.deny`` removes names. Operators the
+list or a namespace entry admits must also take only plain data (tensors, numbers, strings,
+devices, dtypes); an operator named explicitly in ``allow_extra`` is the operator's own choice.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 
 import torch
 
-# Base names (no overload) never allowed, whatever the configuration says about aten.
-BUILTIN_DENY: frozenset[str] = frozenset(
-    {
-        "aten::from_file",  # reads a file on the host
-        "aten::save",
-        "aten::_print",  # writes to the host's stdout
-        "aten::set_",  # rebinds raw storages
-        "aten::set",
-        "aten::set_data",
-        "aten::record_stream",
-        "aten::_cufft_set_plan_cache_max_size",  # process-global state
-        "aten::_cufft_clear_plan_cache",
-        "aten::_sleep",
-    }
-)
+from rrtod.opnames import is_name, parse_entry, split, unsafe_reason
+
+__all__ = ["Allowlist", "BuiltinEntry", "OpNotAllowed", "builtin_entries", "builtin_names",
+           "split"]
+
+LIST_PATH = Path(__file__).with_name("allowlist_ops.txt")
 
 # Argument types that carry only data. Anything else (Storage, Stream, Any, Dict, classes) is out.
 _SAFE_TYPE = re.compile(
@@ -38,18 +36,63 @@ _SAFE_TYPE = re.compile(
     r"(Tensor|int|float|bool|str|complex|number|Device|ScalarType|Layout|MemoryFormat|Generator|SymInt)"
     r"\]*$"
 )
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
+
+
+# Creation operators whose outputs hold whatever the allocator held before: on CUDA the caching
+# allocator hands out blocks another session freed (its camera frames, its activations). The host
+# zeroes their outputs before anyone can read them.
+UNINITIALIZED: frozenset[str] = frozenset(
+    {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted"}
+)
+
+
+class ZeroFilled:
+    """An uninitialized-creation operator whose tensor outputs start zeroed. Behaves as the
+    OpOverload it wraps (schema, name) for the executor."""
+
+    __slots__ = ("op",)
+
+    def __init__(self, op: torch._ops.OpOverload):
+        self.op = op
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.op, name)
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        out = self.op(*args, **kwargs)
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                # an inference tensor may be written only in inference mode, a leaf that
+                # requires grad only without autograd
+                with torch.inference_mode() if t.is_inference() else torch.no_grad():
+                    t.zero_()
+        return out
 
 
 class OpNotAllowed(Exception):
     """The operator is not on this host's allowlist (or does not exist here)."""
 
 
-def split(name: str) -> tuple[str, str, str]:
-    """``ns::op.overload`` -> (ns, op, overload); overload ``default`` when absent."""
-    ns, _, rest = name.partition("::")
-    op, _, overload = rest.partition(".")
-    return ns, op, overload or "default"
+@dataclass(frozen=True)
+class BuiltinEntry:
+    """One line of the built-in list: why an inference model needs the operator."""
+
+    name: str  # ns::op.overload
+    reason: str  # reason class, e.g. "conv/matmul"
+    modes: str  # grad modes it was seen under
+    seen_in: str  # model families it was seen in
+
+
+@cache
+def builtin_entries() -> dict[str, BuiltinEntry]:
+    """The committed positive list, by full overload name."""
+    out: dict[str, BuiltinEntry] = {}
+    for line in LIST_PATH.read_text(encoding="utf-8").splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        name, reason, modes, seen = (line.split() + ["", "", ""])[:4]
+        out[name] = BuiltinEntry(name, reason, modes, seen)
+    return out
 
 
 def _lookup(name: str) -> torch._ops.OpOverload | None:
@@ -91,19 +134,24 @@ def _safe_schema(op: torch._ops.OpOverload) -> bool:
     return True
 
 
+def _covers(entries: frozenset[str], name: str) -> bool:
+    """``entries`` name ``name`` exactly, by operator (all overloads) or by namespace."""
+    return (name in entries or name.split(".", 1)[0] in entries
+            or name.split("::", 1)[0] + "::*" in entries)
+
+
 class Allowlist:
     """Resolves names to operators for one host configuration; caches each decision."""
 
     def __init__(self, allow_extra: Iterable[str] = (), deny: Iterable[str] = ()):
-        self.allow_extra = frozenset(allow_extra)
-        self.deny = frozenset(deny) | BUILTIN_DENY
-        self._cache: dict[str, torch._ops.OpOverload | str] = {}
+        parsed = [parse_entry(e) for e in allow_extra]
+        self.allow_extra = frozenset(n for n, marked in parsed if not marked)
+        self.allow_unsafe = frozenset(n for n, marked in parsed if marked)
+        self.deny = frozenset(deny)
+        self.builtin = builtin_entries()
+        self._cache: dict[str, torch._ops.OpOverload | ZeroFilled | str] = {}
 
-    def _listed(self, names: frozenset[str], name: str) -> bool:
-        base = name.split(".", 1)[0]
-        return name in names or base in names
-
-    def resolve(self, name: str) -> torch._ops.OpOverload:
+    def resolve(self, name: str) -> torch._ops.OpOverload | ZeroFilled:
         """The operator named ``name``; raises OpNotAllowed saying why not."""
         hit = self._cache.get(name)
         if hit is None:
@@ -114,21 +162,30 @@ class Allowlist:
             raise OpNotAllowed(hit)
         return hit
 
-    def _decide(self, name: str) -> torch._ops.OpOverload | str:
-        if not _NAME.match(name):
+    def _decide(self, name: str) -> torch._ops.OpOverload | ZeroFilled | str:
+        if not is_name(name):
             return f"{name[:200]!r} is not a qualified operator name"
-        if self._listed(self.deny, name):
+        if _covers(self.deny, name):
             return f"operator {name} is denied on this host"
-        extra = self._listed(self.allow_extra, name)
-        if not name.startswith("aten::") and not extra:
-            return (f"operator {name} is not allowed on this host "
-                    "(add it to executor.allow_extra to forward it)")
-        op = _lookup(name)
+        ns, op_name, overload = split(name)
+        full = f"{ns}::{op_name}.{overload}"
+        why = unsafe_reason(full)
+        if why is not None:
+            if not _covers(self.allow_unsafe, full):
+                return (f"operator {name} is internal or unsafe ({why}); refused (a host "
+                        f"enables it only with executor.allow_extra: ['unsafe:{ns}::{op_name}'])")
+            explicit = True
+        else:
+            explicit = (full in self.allow_extra or f"{ns}::{op_name}" in self.allow_extra)
+            if not explicit and full not in self.builtin and not _covers(self.allow_extra, full):
+                return (f"operator {name} is not on this host's allowlist (no inference model "
+                        "needs it; executor.allow_extra adds it)")
+        op = _lookup(full)
         if op is None:
             return f"operator {name} does not exist on this host"
-        if not extra and not _safe_schema(op):
+        if not explicit and not _safe_schema(op):
             return f"operator {name} takes arguments that cannot be forwarded safely"
-        return op
+        return ZeroFilled(op) if op_name in UNINITIALIZED else op
 
     def allows(self, name: str) -> bool:
         try:
@@ -139,12 +196,6 @@ class Allowlist:
 
 
 def builtin_names() -> list[str]:
-    """Every operator overload the built-in allowlist admits (for docs and `rrtoctl`)."""
+    """Every operator overload the built-in allowlist admits on this host (docs, `rrtoctl`)."""
     allow = Allowlist()
-    out = []
-    for name in sorted(_all_names()):
-        if name.startswith("aten::"):
-            full = name if "." in name else name + ".default"
-            if allow.allows(full):
-                out.append(full)
-    return out
+    return sorted(n for n in builtin_entries() if allow.allows(n))
