@@ -18,7 +18,6 @@ JSON says how many inferences ran) so a slow system cannot stall the whole bench
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import time

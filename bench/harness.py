@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import stats
-from bench.link import LINKS, LinkProcess, LinkSpec, MeasureServer, measure
 from bench.energy import RobotMeter
+from bench.link import LINKS, LinkProcess, LinkSpec, MeasureServer, measure
 from rrtod.config import PowerConfig
 from rrtod.grpc_options import CHANNEL_OPTIONS, POLLING_EXPERIMENTS, SERVER_OPTIONS
 
@@ -361,9 +361,9 @@ def run_cell(env: LinkEnv | None, model: str, system: str, plan: Plan) -> dict[s
             cell["shim"] = shim
             window = shim_window(shim, result["warmup"], result["iters"])
             if window is not None:
-                cell["round_trips_by_inference"] = window["round_trips"]
-                per_inf["round_trips"] = sum(window["round_trips"]) / n
-                per_inf["push_waits"] = sum(window["push_waits"]) / n
+                cell["shim_by_inference"] = window
+                per_inf["round_trips"] = sum(window.get("round_trips") or [0]) / n
+                per_inf["push_waits"] = sum(window.get("push_waits") or [0]) / n
         cell["per_inference"] = per_inf
     except CellError as e:
         cell.update(status="failed", error=str(e))
@@ -373,17 +373,17 @@ def run_cell(env: LinkEnv | None, model: str, system: str, plan: Plan) -> dict[s
 
 
 def shim_window(shim: dict[str, Any], warmup: int, iters: int) -> dict[str, list[int]] | None:
-    """The shim's per-inference counts (``by_inference``) of the measured inferences: the app's
-    inferences ``warmup + 1 .. warmup + iters`` (the shim numbers them from 1). None when the
-    shim did not report them all."""
+    """The shim's per-inference counts (``by_inference``: round trips, push waits, replays) of
+    the measured inferences, the app's ``warmup + 1 .. warmup + iters`` (the shim numbers them
+    from 1). None when the shim did not report every one of them."""
     by = shim.get("by_inference") or {}
-    rows = dict(zip(by.get("index") or [], zip(by.get("round_trips") or [],
-                                               by.get("push_waits") or [], strict=False),
-                    strict=False))
+    index = by.get("index") or []
     wanted = range(warmup + 1, warmup + iters + 1)
-    if not iters or any(i not in rows for i in wanted):
+    at = {i: k for k, i in enumerate(index)}
+    if not iters or any(i not in at for i in wanted):
         return None
-    return {"round_trips": [rows[i][0] for i in wanted], "push_waits": [rows[i][1] for i in wanted]}
+    return {key: [values[at[i]] for i in wanted] for key, values in by.items()
+            if key != "index" and isinstance(values, list) and len(values) == len(index)}
 
 
 def _energy_per_inference(warm: dict[str, Any] | None, end: dict[str, Any] | None

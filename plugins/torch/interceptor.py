@@ -30,16 +30,18 @@ from torch import nn
 from .client import RemoteSession
 from .proxy import RemoteTensor
 
+BY_INFERENCE = ("round_trips", "push_waits", "replays")
+
 
 class _Open:
     """An inference whose outputs the app has not read completely yet."""
 
-    __slots__ = ("index", "start_ns", "end_ns", "unread", "round_trips", "push_waits")
+    __slots__ = ("index", "start_ns", "end_ns", "unread", "counters")
 
     def __init__(self, index: int, start_ns: int, end_ns: int, unread: set[int],
-                 round_trips: int, push_waits: int):
+                 counters: tuple[int, ...]):
         self.index, self.start_ns, self.end_ns, self.unread = index, start_ns, end_ns, unread
-        self.round_trips, self.push_waits = round_trips, push_waits  # counters at its start
+        self.counters = counters  # the session's counters at its start (see _counters)
 
 
 def _handles(value: Any, found: set[int]) -> set[int]:
@@ -69,10 +71,9 @@ class TorchInterceptor:
         # its models' forward computation. Modules are offloaded by the device of their state.
         self.device_type = "cuda" if torch.cuda.is_available() else "cpu"
         self._open: dict[int, _Open] = {}  # thread id -> its inference awaiting output reads
-        # RRTO_STATS=1: per finished inference (by index), the round trips the app waited
-        # through and how many of them were waits for pushed outputs
+        # RRTO_STATS=1: per finished inference (by index), what ``_counters`` counts
         self.stats_enabled = os.environ.get("RRTO_STATS", "0") not in ("", "0")
-        self.round_trips_by_inference: dict[int, tuple[int, int]] = {}
+        self.by_inference: dict[int, tuple[int, ...]] = {}
 
     def install(self) -> None:
         self.session.on_read = self._read
@@ -96,10 +97,9 @@ class TorchInterceptor:
         out.update({k[:-3] + "_s": v / 1e9 for k, v in c.items() if k.endswith("_ns")})
         out.setdefault("shim_s", 0.0)
         out["inferences"] = self._index
-        by = sorted(self.round_trips_by_inference.items())
+        by = sorted(self.by_inference.items())
         out["by_inference"] = {"index": [i for i, _ in by],
-                               "round_trips": [rt for _, (rt, _) in by],
-                               "push_waits": [pw for _, (_, pw) in by]}
+                               **{k: [row[j] for _, row in by] for j, k in enumerate(BY_INFERENCE)}}
         out["mode"] = self.session.mode
         replayer = getattr(self.session, "replay", None)
         if replayer is not None and isinstance(getattr(replayer, "counters", None), dict):
@@ -130,7 +130,7 @@ class TorchInterceptor:
                 self._index += 1
                 index = self._index
             open_ = _Open(index, self._tls.start, end, _handles(output, set()),
-                          *self._tls.counters)
+                          self._tls.counters)
             if open_.unread:
                 self._open[threading.get_ident()] = open_
             else:
@@ -143,9 +143,17 @@ class TorchInterceptor:
         open_ = self._open.pop(threading.get_ident(), None)
         if open_ is not None:
             self._close(open_)
-        c = self.session.counters
-        self._tls.counters = (c["round_trips"] + c["replay_replies"], c["push_waits"])
+        self._tls.counters = self._counters()
         self._tls.start = time.monotonic_ns()
+
+    def _counters(self) -> tuple[int, ...]:
+        """The session's counts that ``stats()["by_inference"]`` gives per inference
+        (``BY_INFERENCE``): replies the app waited for (a replayed inference's pushed outputs
+        are one), the waits among them for pushed outputs, and replays started."""
+        c = self.session.counters
+        replay = getattr(self.session, "replay", None)
+        replays = replay.counters["replays"] if replay is not None else 0
+        return (c["round_trips"] + c["replay_replies"], c["push_waits"], replays)
 
     def _read(self, handle_id: int) -> None:
         """The app read a proxy (``RemoteSession.download``): extends its thread's open
@@ -161,10 +169,8 @@ class TorchInterceptor:
 
     def _close(self, open_: _Open) -> None:
         if self.stats_enabled:
-            c = self.session.counters
-            self.round_trips_by_inference[open_.index] = (
-                c["round_trips"] + c["replay_replies"] - open_.round_trips,
-                c["push_waits"] - open_.push_waits)
+            self.by_inference[open_.index] = tuple(
+                now - then for now, then in zip(self._counters(), open_.counters, strict=True))
         try:
             self.session.channel.mark(open_.index, open_.start_ns, open_.end_ns)
         except OSError:
