@@ -120,15 +120,13 @@ class LinkEnv:
         stack.callback(self.measure_server.close)
         targets: dict[str, str] = {"measure": self.measure_server.address}
         needs_daemons = any(s in DAEMON_SYSTEMS for s in systems)
+        # Daemons and the NTO server start side by side (each imports torch: seconds): their
+        # addresses are chosen before they start, so nothing waits for another's start-up.
         if needs_daemons:
             from rrtod.launch import Launcher
 
             self.launcher = stack.enter_context(Launcher())
-            try:
-                self.gpu = self.launcher.start("gpu", roles=["gpu"])
-                targets["gpu"] = self.gpu.listen
-            except Exception as e:  # noqa: BLE001 - recorded per cell, the run goes on
-                self.daemon_error = f"GPU daemon did not start: {e}"
+            self.gpu = self.launcher.start("gpu", roles=["gpu"], wait=False)
         if "nto" in systems:
             self.nto_proc = subprocess.Popen([sys.executable, "-m", "bench.nto", "serve"],
                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -139,6 +137,13 @@ class LinkEnv:
             if line[:1] != ["READY"]:
                 raise RuntimeError("NTO server did not start")
             targets["nto"] = f"127.0.0.1:{line[1]}"
+        if self.gpu is not None:
+            try:
+                self.gpu.wait_notify("READY=1")
+                targets["gpu"] = self.gpu.listen
+            except Exception as e:  # noqa: BLE001 - recorded per cell, the run goes on
+                self.daemon_error = f"GPU daemon did not start: {e}"
+                self.gpu = None
         names = list(targets)
         if spec.emulated:
             self.link = stack.enter_context(LinkProcess(spec, list(targets.values())))
@@ -151,10 +156,13 @@ class LinkEnv:
         # One robot daemon per daemon system, each with its own state dir, all on the same GPU
         # daemon and link: sequences that a per-op session recorded must not be restored into an
         # rrto session (the result would depend on the order of the cells).
-        for system in (s for s in DAEMON_SYSTEMS if s in systems and self.gpu is not None):
+        starting = {system: self.launcher.start(
+                        f"robot-{system}", roles=["robot"], wait=False,
+                        hosts=[{"name": "gpu", "address": self.addresses["gpu"]}])
+                    for system in DAEMON_SYSTEMS if system in systems and self.gpu is not None}
+        for system, robot in starting.items():
             try:
-                robot = self.launcher.start(f"robot-{system}", roles=["robot"],
-                                            hosts=[{"name": "gpu", "address": self.addresses["gpu"]}])
+                robot.wait_notify("READY=1")
                 robot.wait_for(lambda s: s["hosts"] and s["hosts"][0]["state"] == "up",
                                timeout=30, what="GPU host up")
                 self.robots[system] = robot
