@@ -167,6 +167,7 @@ def plot(doc: dict[str, Any], path: Path) -> Path | None:
     fig, axes = plt.subplots(1, max(len(links), 1), figsize=(4.5 * max(len(links), 1), 4), squeeze=False,
                              sharey=True)
     width = 0.8 / len(systems)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]  # one per system, every panel
     for ax, link in zip(axes[0], links, strict=False):
         for j, system in enumerate(systems):
             xs, ys, errs, wrong = [], [], [], []
@@ -180,23 +181,31 @@ def plot(doc: dict[str, Any], path: Path) -> Path | None:
                     errs.append(max(cell["latency"]["p90"] - cell["latency"]["median"], 0))
                     wrong.append(cell["status"] != "ok")
             if xs:
-                bars = ax.bar(xs, ys, width, yerr=[[0] * len(errs), errs], label=system, capsize=2)
+                bars = ax.bar(xs, ys, width, yerr=[[0] * len(errs), errs], label=system, capsize=2,
+                              color=colors[j % len(colors)])
                 for bar, bad in zip(bars, wrong, strict=True):
                     if bad:  # outputs differ from local: failed, and drawn so
+                        bar.set_facecolor("white")
                         bar.set_hatch("xx")
                         bar.set_edgecolor("red")
-                        ax.annotate("✗ outputs", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                                    color="red", ha="center", va="bottom", fontsize=7,
-                                    rotation=90)
+                        ax.annotate("✗", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                                    color="red", ha="center", va="bottom", fontsize=12,
+                                    fontweight="bold")
         ax.set_title(link)
         ax.set_yscale("log")
         ax.set_xticks(range(len(models)), models, rotation=30, ha="right")
         ax.grid(axis="y", which="both", alpha=0.3)
     axes[0][0].set_ylabel("latency per inference, ms (median, bar to p90)")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(systems), fontsize=8, frameon=False)
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=colors[j % len(colors)], label=s) for j, s in enumerate(systems)]
+    if any(wrong_outputs(c) for c in doc["cells"]):
+        handles.append(Patch(facecolor="white", edgecolor="red", hatch="xx",
+                             label="FAILED: outputs ≠ local"))
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 3 * len(links)),
+               fontsize=8, frameon=False)
     fig.suptitle(f"rrtod benchmark {doc['started']}", fontsize=10)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.tight_layout(rect=(0, 0.06 if len(handles) <= 3 * len(links) else 0.11, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
