@@ -9,14 +9,19 @@ tests, straight against a ``TorchExecutor``.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from rrto.v1 import local_pb2, ops_pb2
 from rrtod import framing
-from rrtod.framing import FramedSocket, send_parts, session_prefix
+from rrtod.framing import FramedSocket, encode, send_parts, session_prefix
 
 from .codec import EncodedFrame
+
+# An inference mark travels with the app's next write (its next inference's start, usually
+# within a millisecond), or after this long without one (a paused app, the last inference).
+MARK_DELAY_S = 0.005
 
 OnDown = Callable[[ops_pb2.SessionDown], None]
 OnLost = Callable[[str], None]
@@ -32,6 +37,7 @@ class Channel(Protocol):
     # SerializeToString and WhichOneof)
     def send(self, frames: list[ops_pb2.SessionUp]) -> None: ...
     def mark(self, index: int, start_ns: int, end_ns: int) -> None: ...
+    def flush_marks(self) -> None: ...
     def close(self) -> None: ...
 
 
@@ -69,6 +75,9 @@ class SocketChannel:
         self.sock.sock.settimeout(None)
         self._wlock = threading.Lock()
         self._closed = False
+        self._marks: list[bytes] = []  # encoded, not sent yet (under _wlock)
+        self._mark_due = threading.Event()
+        self._flusher: threading.Thread | None = None
 
     def start(self, on_down: OnDown, on_lost: OnLost) -> None:
         self._on_down, self._on_lost = on_down, on_lost
@@ -108,13 +117,44 @@ class SocketChannel:
             body = up.SerializeToString()
             parts += (session_prefix(len(body)), body)
         with self._wlock:
+            if self._marks:  # queued inference marks go first, in the same write
+                parts[:0] = self._marks
+                self._marks = []
             send_parts(self.sock.sock, parts)
 
     def mark(self, index: int, start_ns: int, end_ns: int) -> None:
-        msg = local_pb2.LocalRequest(mark=local_pb2.InferenceMark(
-            index=index, start_ns=start_ns, end_ns=end_ns))
+        """Queue an inference mark for the next write. A mark ends with the app's last read of
+        an inference's outputs, right before its next inference starts: written at once, the
+        robot daemon would do its energy bookkeeping just when that start arrives, on the
+        replayed inference's critical path (+0.3-0.6 ms per mlp inference measured here).
+        Sent with the next frames, it is accounted after they are relayed. A paused app's
+        marks go out after ``MARK_DELAY_S`` (from a helper thread)."""
+        wire = encode(local_pb2.LocalRequest(mark=local_pb2.InferenceMark(
+            index=index, start_ns=start_ns, end_ns=end_ns)))
         with self._wlock:
-            self.sock.send(msg)
+            self._marks.append(wire)
+        if self._flusher is None:
+            self._flusher = threading.Thread(target=self._flush_later, name="rrto-marks",
+                                             daemon=True)
+            self._flusher.start()
+        self._mark_due.set()
+
+    def _flush_later(self) -> None:
+        while not self._closed:
+            self._mark_due.wait()
+            self._mark_due.clear()
+            time.sleep(MARK_DELAY_S)
+            try:
+                self.flush_marks()
+            except OSError:
+                return  # the connection is gone: the reader reports it
+
+    def flush_marks(self) -> None:
+        """Write queued marks now (the delay passed, or the app exits)."""
+        with self._wlock:
+            if self._marks:
+                parts, self._marks = self._marks, []
+                send_parts(self.sock.sock, parts)
 
     def close(self) -> None:
         self._closed = True
@@ -147,6 +187,9 @@ class LoopbackChannel:
 
     def mark(self, index: int, start_ns: int, end_ns: int) -> None:
         self.marks.append((index, start_ns, end_ns))
+
+    def flush_marks(self) -> None:
+        pass
 
     def lose(self, reason: str = "host vanished") -> None:
         """Simulate a host that disappears."""

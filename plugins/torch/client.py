@@ -53,6 +53,9 @@ class _Dead:
     def mark(self, index: int, start_ns: int, end_ns: int) -> None:
         pass
 
+    def flush_marks(self) -> None:
+        pass
+
 
 class _Waiter:
     __slots__ = ("event", "value", "error")

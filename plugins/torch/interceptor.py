@@ -181,6 +181,10 @@ class TorchInterceptor:
         while self._open:
             _, open_ = self._open.popitem()
             self._close(open_)
+        try:
+            self.session.channel.flush_marks()  # the helper thread does not outlive exit
+        except (OSError, AttributeError):
+            pass
 
     # -- offloading --------------------------------------------------------------------------
     def offload(self, module: nn.Module) -> None:
