@@ -360,7 +360,10 @@ def run_cell(env: LinkEnv | None, model: str, system: str, plan: Plan) -> dict[s
             per_inf["replayed"] = (_replays(done.get("session")) - _replays(at_warm)) / n
             per_inf["record"] = (done.get("session") or at_warm).get("record")
             sid = at_warm.get("id")
-            end = ((after.get("power") or {}).get("sessions") or {}).get(sid) or done.get("power")
+            # A mark reaches the daemon with the app's next write: between the two snapshots it
+            # received the marks of the last warm-up inference and of all measured ones but the
+            # last, as many as were measured.
+            end = done.get("power") or ((after.get("power") or {}).get("sessions") or {}).get(sid)
             cell["power_meter"] = (after.get("power") or {}).get("meter")
             per_inf.update(_energy_figures(cell["power_meter"],
                                            *_energy_per_inference(warm.get("power"), end)))

@@ -9,7 +9,6 @@ tests, straight against a ``TorchExecutor``.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -18,10 +17,6 @@ from rrtod import framing
 from rrtod.framing import FramedSocket, encode, send_parts, session_prefix
 
 from .codec import EncodedFrame
-
-# An inference mark travels with the app's next write (its next inference's start, usually
-# within a millisecond), or after this long without one (a paused app, the last inference).
-MARK_DELAY_S = 0.005
 
 OnDown = Callable[[ops_pb2.SessionDown], None]
 OnLost = Callable[[str], None]
@@ -76,8 +71,6 @@ class SocketChannel:
         self._wlock = threading.Lock()
         self._closed = False
         self._marks: list[bytes] = []  # encoded, not sent yet (under _wlock)
-        self._mark_due = threading.Event()
-        self._flusher: threading.Thread | None = None
 
     def start(self, on_down: OnDown, on_lost: OnLost) -> None:
         self._on_down, self._on_lost = on_down, on_lost
@@ -123,34 +116,21 @@ class SocketChannel:
             send_parts(self.sock.sock, parts)
 
     def mark(self, index: int, start_ns: int, end_ns: int) -> None:
-        """Queue an inference mark for the next write. A mark ends with the app's last read of
-        an inference's outputs, right before its next inference starts: written at once, the
-        robot daemon would do its energy bookkeeping just when that start arrives, on the
-        replayed inference's critical path (+0.3-0.6 ms per mlp inference measured here).
-        Sent with the next frames, it is accounted after they are relayed. A paused app's
-        marks go out after ``MARK_DELAY_S`` (from a helper thread)."""
+        """Queue an inference mark for the app's next write. A mark ends with the app's last
+        read of an inference's outputs, just before its next inference starts. Written at once,
+        it woke the robot daemon for its energy bookkeeping right when that start arrived, on
+        the replayed inference's critical path (+0.3-0.6 ms per mlp inference here); a helper
+        thread that wrote it a little later cost more still (its wake-ups take the GIL from the
+        app thread: up to +8 ms on this loaded 2-core machine). With the next frames, it costs
+        nothing and is accounted after they are relayed. So the daemon learns of an inference
+        when the app sends its next one (or exits: ``flush_marks``)."""
         wire = encode(local_pb2.LocalRequest(mark=local_pb2.InferenceMark(
             index=index, start_ns=start_ns, end_ns=end_ns)))
         with self._wlock:
             self._marks.append(wire)
-        if self._flusher is None:
-            self._flusher = threading.Thread(target=self._flush_later, name="rrto-marks",
-                                             daemon=True)
-            self._flusher.start()
-        self._mark_due.set()
-
-    def _flush_later(self) -> None:
-        while not self._closed:
-            self._mark_due.wait()
-            self._mark_due.clear()
-            time.sleep(MARK_DELAY_S)
-            try:
-                self.flush_marks()
-            except OSError:
-                return  # the connection is gone: the reader reports it
 
     def flush_marks(self) -> None:
-        """Write queued marks now (the delay passed, or the app exits)."""
+        """Write queued marks now (the app exits)."""
         with self._wlock:
             if self._marks:
                 parts, self._marks = self._marks, []
