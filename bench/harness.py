@@ -327,6 +327,7 @@ def run_cell(env: LinkEnv | None, model: str, system: str, plan: Plan) -> dict[s
                     wall_s=wall, latency=stats.summarize(result["latency_ms"]),
                     cpu_ms_per_inference=stats.summarize(result["cpu_ms"])["median"])
         warm, done = snaps["warm"], snaps["done"]
+        mean_s = cell["latency"]["mean"] / 1e3
         if "t" in warm and "t" in done:
             cell["window_s"] = done["t"] - warm["t"]
             if env is not None and env.link is not None and env.link.trace is not None:
@@ -345,7 +346,7 @@ def run_cell(env: LinkEnv | None, model: str, system: str, plan: Plan) -> dict[s
                 cell["power_meter"] = meter[0].name
                 session = meter[0].per_inference([tuple(s) for s in result["spans_ns"]])
                 per_inf.update(_energy_figures(meter[0].name, session.get("energy_per_inference_j"),
-                                               session.get("mean_inference_s")))
+                                               session.get("mean_inference_s"), mean_s))
         if before is not None and robot is not None:
             after = robot.wait_for(lambda s: not s["sessions"], timeout=30, what="session end")
             totals = {k: after["finished"][k] - before["finished"][k] for k in COUNTERS}
@@ -366,7 +367,7 @@ def run_cell(env: LinkEnv | None, model: str, system: str, plan: Plan) -> dict[s
             end = done.get("power") or ((after.get("power") or {}).get("sessions") or {}).get(sid)
             cell["power_meter"] = (after.get("power") or {}).get("meter")
             per_inf.update(_energy_figures(cell["power_meter"],
-                                           *_energy_per_inference(warm.get("power"), end)))
+                                           *_energy_per_inference(warm.get("power"), end), mean_s))
         shim = parse_shim_stats(stderr)
         if shim:
             cell["shim"] = shim
@@ -415,14 +416,15 @@ def _energy_per_inference(warm: dict[str, Any] | None, end: dict[str, Any] | Non
     return joules / n, (seconds / n if seconds > 0 else None)
 
 
-def _energy_figures(meter: str | None, joules: float | None, seconds: float | None
-                    ) -> dict[str, Any]:
-    """Energy per inference, the span it covers, and the robot's mean power over it. The model
-    meter's robot never draws less than its standby power (4.04 W in the RRTO paper): a figure
-    below that means the span missed part of the inference, and is flagged."""
-    out: dict[str, Any] = {"energy_j": joules, "energy_span_s": seconds}
-    if joules is not None and seconds:
-        out["robot_power_w"] = joules / seconds
+def _energy_figures(meter: str | None, joules: float | None, span_s: float | None,
+                    latency_s: float) -> dict[str, Any]:
+    """Energy per inference, the marks' mean span, and the robot's mean power over an inference
+    as the app timed it (energy / mean latency). The model meter's robot never draws less than
+    its standby power (4.04 W in the RRTO paper): a figure below that means the energy missed
+    part of the inference (as it did when marks ended with ``forward()``), and is flagged."""
+    out: dict[str, Any] = {"energy_j": joules, "energy_span_s": span_s}
+    if joules is not None and latency_s > 0:
+        out["robot_power_w"] = joules / latency_s
         if meter == "model":
             out["power_below_standby"] = out["robot_power_w"] < STANDBY_W * 0.999
     return out

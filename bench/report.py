@@ -120,7 +120,7 @@ def markdown(doc: dict[str, Any], json_name: str | None = None) -> str:
             "Replayed: share of measured inferences the daemon saw replayed (record/replay "
             "active). Energy: the robot's energy per measured inference from its call to the app's "
             "last read of its outputs, by the robot daemon's power meter (per-op, rrto) or the same "
-            "meter run by the harness around the NTO client; robot W is that energy over that time, "
+            "meter run by the harness around the NTO client; robot W is that energy over the app's mean latency, "
             "and ⚠ marks a figure below the model's standby power (a span that missed part of the "
             "inference). Limit: measured RTT + these bytes at the link's rate over the measured "
             "window (a trace's mean over it) + host compute (the NTO server's own compute time in "
