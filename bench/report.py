@@ -112,21 +112,21 @@ def markdown(doc: dict[str, Any], json_name: str | None = None) -> str:
                    f"{_kb(up)} | {_kb(down)} | {_energy(pi)} | {_f(pi.get('robot_power_w'))} | "
                    f"{_f(c.get('cpu_ms_per_inference'))} | {_pct(pi.get('replayed'))} | "
                    f"{limit} | {_outputs(c)} |")
-    out += ["", "Bytes are what the emulated link carried per measured inference (gRPC framing "
-            "included); on loopback, what the app or daemon counted. Round trips, over the measured "
-            "inferences only: 1 per call for NTO; for per-op/rrto the replies the app waited for as "
-            "the shim counted them (a replayed inference's pushed outputs are one), then the robot "
-            "daemon's frames to the app per inference. "
-            "Replayed: share of measured inferences the daemon saw replayed (record/replay "
-            "active). Energy: the robot's energy per measured inference from its call to the app's "
-            "last read of its outputs, by the robot daemon's power meter (per-op, rrto) or the same "
-            "meter run by the harness around the NTO client; robot W is that energy over the app's "
-            "mean latency, and ⚠ marks a figure below the model's standby power (a span that "
-            "missed part of the inference). Limit: measured RTT + these bytes at the link's rate over the measured "
-            "window (a trace's mean over it) + host compute (the NTO server's own compute time in "
-            "the same link's run; else the local median); \"!\" marks a limit above the cell's "
-            "median, which is then no bound. Outputs = local: every inference's outputs (warm-up "
-            "and measured, how many in brackets) equal local execution's.", ""]
+    out += ["", "Bytes are what the emulated link carried per measured inference (gRPC framing included);"
+            " on loopback, what the app or daemon counted. Round trips, over the measured inferences "
+            "only: 1 per call for NTO; for per-op/rrto the replies the app waited for as the shim "
+            "counted them (a replayed inference's pushed outputs are one), then the robot daemon's "
+            "frames to the app per inference. Replayed: share of measured inferences the daemon saw "
+            "replayed (record/replay active). Energy: the robot's energy per measured inference from "
+            "its call to the app's last read of its outputs, by the robot daemon's power meter "
+            "(per-op, rrto) or the same meter run by the harness around the NTO client; robot W is "
+            "that energy over the app's mean latency, and ⚠ marks a figure below the model's standby "
+            "power (a span that missed part of the inference). Limit: measured RTT + these bytes at "
+            "the link's rate over the measured window (a trace's mean over it) + host compute (the "
+            "NTO server's own compute time in the same link's run; else the local median); \"!\" "
+            "marks a limit above the cell's median, which is then no bound. Outputs = local: every "
+            "inference's outputs (warm-up and measured, how many in brackets) equal local "
+            "execution's.", ""]
     out += ["## Ratios and targets (medians, same run)", "",
             "| link | model | rrto/nto | per-op/rrto | penalty removed | shim µs/op | targets |",
             "|---|---|---|---|---|---|---|"]
