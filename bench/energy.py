@@ -42,7 +42,10 @@ class RobotMeter:
             self.acct.sample()
 
     def stop(self) -> None:
-        """Last sample (call while the app process is still alive: its CPU time counts)."""
+        """Last sample (call while the app process is still alive: its CPU time counts).
+        Once only: later calls do nothing."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         self._thread.join()
         self.acct.sample()

@@ -315,12 +315,17 @@ def run_cell(env: LinkEnv | None, model: str, system: str, plan: Plan) -> dict[s
                 snap["power"] = ((status.get("power") or {}).get("sessions") or {}).get(sid)
             if env.link is not None:
                 snap["link_bytes"] = env.link.carried()
-                if phase == "warm":
-                    env.link.reset_origin()  # every system sees the trace from its start
+                if phase == "warm":  # every system sees the trace from its start
+                    snap["origin"] = env.link.reset_origin()
 
-        result, stderr, wall = run_app(cmd, extra_env, plan.cell_timeout_s,
-                                       {"warm": lambda pid: snapshot("warm", pid),
-                                        "done": lambda pid: snapshot("done", pid)}, plan.budget_s)
+        try:
+            result, stderr, wall = run_app(cmd, extra_env, plan.cell_timeout_s,
+                                           {"warm": lambda pid: snapshot("warm", pid),
+                                            "done": lambda pid: snapshot("done", pid)},
+                                           plan.budget_s)
+        finally:
+            for m in meter:
+                m.stop()  # also when the app failed before its last pause
         n = max(result["iters"], 1)
         cell.update(samples={k: result[k] for k in ("latency_ms", "cpu_ms", "warmup_ms")},
                     iters=result["iters"], warmup=result["warmup"], digests=result["digests"],
@@ -332,7 +337,8 @@ def run_cell(env: LinkEnv | None, model: str, system: str, plan: Plan) -> dict[s
             cell["window_s"] = done["t"] - warm["t"]
             if env is not None and env.link is not None and env.link.trace is not None:
                 # the trace restarted at the warm snapshot: its mean over the measured window
-                cell["window_mbps"] = env.link.expected_mbps(warm["t"], done["t"])
+                cell["window_mbps"] = env.link.expected_mbps(warm.get("origin", warm["t"]),
+                                                             done["t"])
         per_inf: dict[str, Any] = {}
         if "link_bytes" in warm and "link_bytes" in done:
             per_inf["link_bytes_up"] = (done["link_bytes"][0] - warm["link_bytes"][0]) / n
