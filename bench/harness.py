@@ -372,8 +372,11 @@ def run_cell(env: LinkEnv | None, model: str, system: str, plan: Plan) -> dict[s
             # last, as many as were measured.
             end = done.get("power") or ((after.get("power") or {}).get("sessions") or {}).get(sid)
             cell["power_meter"] = (after.get("power") or {}).get("meter")
+            # the app's latencies of the inferences whose marks are in that bucket
+            bucket_ms = result["warmup_ms"][-1:] + result["latency_ms"][:-1]
             per_inf.update(_energy_figures(cell["power_meter"],
-                                           *_energy_per_inference(warm.get("power"), end), mean_s))
+                                           *_energy_per_inference(warm.get("power"), end),
+                                           sum(bucket_ms) / len(bucket_ms) / 1e3))
         shim = parse_shim_stats(stderr)
         if shim:
             cell["shim"] = shim
