@@ -227,7 +227,8 @@ def summary(doc: dict[str, Any]) -> str:
     out = [f"Full run of {doc['started']} (commit {str(m.get('git_commit'))[:10]}, "
            f"{m['cpu_count']} CPUs, torch {m['versions']['torch']}; the GPU host computes on the "
            "same CPU): median ms per inference, batch 1. Every cell, p90/p99, bytes, energy "
-           f"({energy_label(doc)}) and the targets: [bench/results/latest.md](bench/results/latest.md).", "",
+           f"— {energy_label(doc)} — and the targets: "
+           "[bench/results/latest.md](bench/results/latest.md).", "",
            "![median latency per system and link](bench/results/latest.png)", "",
            "| link | model | local | per-op | nto | rrto | rrto/nto | penalty removed |",
            "|---|---|---:|---:|---:|---:|---:|---:|"]
