@@ -5,8 +5,9 @@ Nothing here knows about rrtod: ``python bench/app.py --model NAME`` computes lo
 fresh deterministic input ("grab a frame", untimed), runs the model in ``inference_mode`` and
 reads every output back as bytes (timed: the app needs its results). It prints ONE JSON line:
 per-inference latency (perf_counter) and process CPU time (process_time), warm-up latencies
-apart, and a checksum of the outputs of the warm-up and the first measured inference so local
-and offloaded runs can be compared exactly.
+apart, and a digest of every inference's outputs (warm-up and measured) so the harness compares
+each one with local execution: an offloading bug that shows only from the n-th inference on
+(stale outputs, say) cannot hide behind a correct prefix.
 
 ``--sync`` lets the harness read the daemon's counters at the end of the warm-up: the app prints
 ``{"phase": "warm"}`` and waits for a line on stdin; ``--sync-end`` does the same (``done``) after
@@ -17,7 +18,6 @@ JSON says how many inferences ran) so a slow system cannot stall the whole bench
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import time
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 
 import torch  # noqa: E402
 
-from bench.models import MODELS, outputs_of  # noqa: E402
+from bench.models import MODELS, output_digest, outputs_of  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,10 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     spec = MODELS[args.model]
     model = spec.make()
     inputs = spec.inputs(args.warmup + args.iters)
-    digest = hashlib.sha256()
+    digests: list[str] = []
     warm_ms: list[float] = []
     lat_ms: list[float] = []
     cpu_ms: list[float] = []
+    spans_ns: list[tuple[int, int]] = []  # CLOCK_MONOTONIC, as the daemon's inference marks
     started = time.perf_counter()
     with torch.inference_mode():
         for i, x in enumerate(inputs):
@@ -54,22 +55,21 @@ def main(argv: list[str] | None = None) -> int:
                     print(json.dumps({"phase": "warm", "warmup_ms": warm_ms}), flush=True)
                     sys.stdin.readline()
                 started = time.perf_counter()
-            c0, t0 = time.process_time(), time.perf_counter()
+            c0, m0, t0 = time.process_time(), time.monotonic_ns(), time.perf_counter()
             out = [o.numpy().tobytes() for o in outputs_of(model(x))]
-            t1, c1 = time.perf_counter(), time.process_time()
-            if i <= args.warmup:  # a prefix every run has, whatever its budget cut off
-                for part in out:
-                    digest.update(part)
+            t1, m1, c1 = time.perf_counter(), time.monotonic_ns(), time.process_time()
+            digests.append(output_digest(out))
             if i < args.warmup:
                 warm_ms.append((t1 - t0) * 1e3)
                 continue
             lat_ms.append((t1 - t0) * 1e3)
             cpu_ms.append((c1 - c0) * 1e3)
+            spans_ns.append((m0, m1))
             if args.budget_s is not None and t1 - started > args.budget_s:
                 break
     print(json.dumps({"model": args.model, "iters": len(lat_ms), "warmup": args.warmup,
                       "warmup_ms": warm_ms, "latency_ms": lat_ms, "cpu_ms": cpu_ms,
-                      "checksum": digest.hexdigest()[:16],
+                      "digests": digests, "spans_ns": spans_ns,
                       "torch_threads": torch.get_num_threads()}), flush=True)
     if args.sync_end:
         print(json.dumps({"phase": "done"}), flush=True)

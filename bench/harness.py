@@ -27,7 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import stats
+from bench.energy import RobotMeter
 from bench.link import LINKS, LinkProcess, LinkSpec, MeasureServer, measure
+from rrtod.config import PowerConfig
+from rrtod.grpc_options import CHANNEL_OPTIONS, POLLING_EXPERIMENTS, SERVER_OPTIONS
 
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "bench" / "app.py"
@@ -43,11 +46,17 @@ MODE_ENV = {"per-op": {"RRTO_MODE": "sync", "RRTO_REPLAY": "0", **_SHIM_ENV},
             "rrto": {"RRTO_MODE": "stream", "RRTO_REPLAY": "1", **_SHIM_ENV}}
 
 
-# Set for every process of a run (app, NTO server, daemons) unless the caller set them: several
-# processes share 2 cores here, and libgomp's default active wait keeps idle torch worker
-# threads spinning, stealing the core from whichever process computes (a 2 ms detector frame
-# measured 93 ms beside one busy process; with PASSIVE, 2 ms). Same for every system: recorded.
-PROCESS_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+# Set for every process of a run (apps, NTO server and client, daemons, link proxy) unless the
+# caller set them, and recorded in the JSON:
+# - OMP_WAIT_POLICY: several processes share 2 cores here, and libgomp's default active wait
+#   keeps idle torch worker threads spinning, stealing the core from whichever process computes
+#   (a 2 ms detector frame measured 93 ms beside one busy process; with PASSIVE, 2 ms).
+# - GRPC_EXPERIMENTS: the gRPC engine the daemons choose for themselves (rrtod/grpc_options.py)
+#   when nobody set it. Set here, every gRPC process of the run uses it, NTO's included: nto
+#   alone measured 0.94 -> 0.71 ms (loopback mlp) with it, so leaving it to the daemons would
+#   compare rrto with a slower reference.
+PROCESS_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "GRPC_EXPERIMENTS": POLLING_EXPERIMENTS}
+RECORDED_ENV = (*PROCESS_ENV, "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 @dataclass
@@ -111,15 +120,13 @@ class LinkEnv:
         stack.callback(self.measure_server.close)
         targets: dict[str, str] = {"measure": self.measure_server.address}
         needs_daemons = any(s in DAEMON_SYSTEMS for s in systems)
+        # Daemons and the NTO server start side by side (each imports torch: seconds): their
+        # addresses are chosen before they start, so nothing waits for another's start-up.
         if needs_daemons:
             from rrtod.launch import Launcher
 
             self.launcher = stack.enter_context(Launcher())
-            try:
-                self.gpu = self.launcher.start("gpu", roles=["gpu"])
-                targets["gpu"] = self.gpu.listen
-            except Exception as e:  # noqa: BLE001 - recorded per cell, the run goes on
-                self.daemon_error = f"GPU daemon did not start: {e}"
+            self.gpu = self.launcher.start("gpu", roles=["gpu"], wait=False)
         if "nto" in systems:
             self.nto_proc = subprocess.Popen([sys.executable, "-m", "bench.nto", "serve"],
                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -130,6 +137,13 @@ class LinkEnv:
             if line[:1] != ["READY"]:
                 raise RuntimeError("NTO server did not start")
             targets["nto"] = f"127.0.0.1:{line[1]}"
+        if self.gpu is not None:
+            try:
+                self.gpu.wait_notify("READY=1")
+                targets["gpu"] = self.gpu.listen
+            except Exception as e:  # noqa: BLE001 - recorded per cell, the run goes on
+                self.daemon_error = f"GPU daemon did not start: {e}"
+                self.gpu = None
         names = list(targets)
         if spec.emulated:
             self.link = stack.enter_context(LinkProcess(spec, list(targets.values())))
@@ -142,10 +156,13 @@ class LinkEnv:
         # One robot daemon per daemon system, each with its own state dir, all on the same GPU
         # daemon and link: sequences that a per-op session recorded must not be restored into an
         # rrto session (the result would depend on the order of the cells).
-        for system in (s for s in DAEMON_SYSTEMS if s in systems and self.gpu is not None):
+        starting = {system: self.launcher.start(
+                        f"robot-{system}", roles=["robot"], wait=False,
+                        hosts=[{"name": "gpu", "address": self.addresses["gpu"]}])
+                    for system in DAEMON_SYSTEMS if system in systems and self.gpu is not None}
+        for system, robot in starting.items():
             try:
-                robot = self.launcher.start(f"robot-{system}", roles=["robot"],
-                                            hosts=[{"name": "gpu", "address": self.addresses["gpu"]}])
+                robot.wait_notify("READY=1")
                 robot.wait_for(lambda s: s["hosts"] and s["hosts"][0]["state"] == "up",
                                timeout=30, what="GPU host up")
                 self.robots[system] = robot
@@ -176,6 +193,7 @@ def _live_session(status: dict[str, Any], pid: int) -> dict[str, Any] | None:
     return sessions[-1] if sessions else None
 
 
+STANDBY_W = PowerConfig().model["standby"]  # the model meter's floor (the RRTO paper's robot)
 COUNTERS = ("ops_forwarded", "frames_up", "frames_down", "bytes_up", "bytes_down", "inferences")
 
 
@@ -277,11 +295,19 @@ def run_cell(env: LinkEnv | None, model: str, system: str, plan: Plan) -> dict[s
         robot = env.robots.get(system) if env is not None else None
         before = robot.ctl("status") if daemon and robot is not None else None
 
+        meter: list[Any] = []  # NTO: the robot's meter around the client (bench/energy.py)
+
         def snapshot(phase: str, pid: int) -> None:
             """Counters at the end of the warm-up and after the last measured inference."""
+            snaps[phase]["t"] = time.monotonic()
             if env is None or system == "local":
                 return
             snap = snaps[phase]
+            if system == "nto":
+                if phase == "warm":
+                    meter.append(RobotMeter(pid))
+                elif meter:
+                    meter[0].stop()
             if daemon and robot is not None:
                 status = robot.ctl("status")
                 snap["session"] = _live_session(status, pid)
@@ -289,18 +315,30 @@ def run_cell(env: LinkEnv | None, model: str, system: str, plan: Plan) -> dict[s
                 snap["power"] = ((status.get("power") or {}).get("sessions") or {}).get(sid)
             if env.link is not None:
                 snap["link_bytes"] = env.link.carried()
-                if phase == "warm":
-                    env.link.reset_origin()  # every system sees the trace from its start
+                if phase == "warm":  # every system sees the trace from its start
+                    snap["origin"] = env.link.reset_origin()
 
-        result, stderr, wall = run_app(cmd, extra_env, plan.cell_timeout_s,
-                                       {"warm": lambda pid: snapshot("warm", pid),
-                                        "done": lambda pid: snapshot("done", pid)}, plan.budget_s)
+        try:
+            result, stderr, wall = run_app(cmd, extra_env, plan.cell_timeout_s,
+                                           {"warm": lambda pid: snapshot("warm", pid),
+                                            "done": lambda pid: snapshot("done", pid)},
+                                           plan.budget_s)
+        finally:
+            for m in meter:
+                m.stop()  # also when the app failed before its last pause
         n = max(result["iters"], 1)
         cell.update(samples={k: result[k] for k in ("latency_ms", "cpu_ms", "warmup_ms")},
-                    iters=result["iters"], checksum=result["checksum"], wall_s=wall,
-                    latency=stats.summarize(result["latency_ms"]),
+                    iters=result["iters"], warmup=result["warmup"], digests=result["digests"],
+                    wall_s=wall, latency=stats.summarize(result["latency_ms"]),
                     cpu_ms_per_inference=stats.summarize(result["cpu_ms"])["median"])
         warm, done = snaps["warm"], snaps["done"]
+        mean_s = cell["latency"]["mean"] / 1e3
+        if "t" in warm and "t" in done:
+            cell["window_s"] = done["t"] - warm["t"]
+            if env is not None and env.link is not None and env.link.trace is not None:
+                # the trace restarted at the warm snapshot: its mean over the measured window
+                cell["window_mbps"] = env.link.expected_mbps(warm.get("origin", warm["t"]),
+                                                             done["t"])
         per_inf: dict[str, Any] = {}
         if "link_bytes" in warm and "link_bytes" in done:
             per_inf["link_bytes_up"] = (done["link_bytes"][0] - warm["link_bytes"][0]) / n
@@ -310,6 +348,11 @@ def run_cell(env: LinkEnv | None, model: str, system: str, plan: Plan) -> dict[s
             per_inf.update(round_trips=result["round_trips_per_inference"],
                            bytes_up=result["bytes_up_per_inference"],
                            bytes_down=result["bytes_down_per_inference"])
+            if meter:
+                cell["power_meter"] = meter[0].name
+                session = meter[0].per_inference([tuple(s) for s in result["spans_ns"]])
+                per_inf.update(_energy_figures(meter[0].name, session.get("energy_per_inference_j"),
+                                               session.get("mean_inference_s"), mean_s))
         if before is not None and robot is not None:
             after = robot.wait_for(lambda s: not s["sessions"], timeout=30, what="session end")
             totals = {k: after["finished"][k] - before["finished"][k] for k in COUNTERS}
@@ -319,19 +362,29 @@ def run_cell(env: LinkEnv | None, model: str, system: str, plan: Plan) -> dict[s
             at_done = done.get("session") or totals  # fallback: the whole session's totals
             steady = {k: at_done.get(k, 0) - at_warm.get(k, 0) for k in COUNTERS}
             per_inf.update({k: v / n for k, v in steady.items() if k != "inferences"})
-            per_inf["round_trips"] = per_inf["frames_down"]
+            per_inf["daemon_replies"] = per_inf["frames_down"]  # frames to the app, beside
             per_inf["daemon_inferences"] = steady["inferences"]
             per_inf["replayed"] = (_replays(done.get("session")) - _replays(at_warm)) / n
             per_inf["record"] = (done.get("session") or at_warm).get("record")
             sid = at_warm.get("id")
-            end = ((after.get("power") or {}).get("sessions") or {}).get(sid) or done.get("power")
+            # A mark reaches the daemon with the app's next write: between the two snapshots it
+            # received the marks of the last warm-up inference and of all measured ones but the
+            # last, as many as were measured.
+            end = done.get("power") or ((after.get("power") or {}).get("sessions") or {}).get(sid)
             cell["power_meter"] = (after.get("power") or {}).get("meter")
-            per_inf["energy_j"] = _energy_per_inference(warm.get("power"), end)
+            # the app's latencies of the inferences whose marks are in that bucket
+            bucket_ms = result["warmup_ms"][-1:] + result["latency_ms"][:-1]
+            per_inf.update(_energy_figures(cell["power_meter"],
+                                           *_energy_per_inference(warm.get("power"), end),
+                                           sum(bucket_ms) / len(bucket_ms) / 1e3))
         shim = parse_shim_stats(stderr)
         if shim:
             cell["shim"] = shim
-            if "round_trips" in shim and shim.get("inferences"):
-                per_inf["round_trips"] = shim["round_trips"] / shim["inferences"]
+            window = shim_window(shim, result["warmup"], result["iters"])
+            if window is not None:
+                cell["shim_by_inference"] = window
+                per_inf["round_trips"] = sum(window.get("round_trips") or [0]) / n
+                per_inf["push_waits"] = sum(window.get("push_waits") or [0]) / n
         cell["per_inference"] = per_inf
     except CellError as e:
         cell.update(status="failed", error=str(e))
@@ -340,16 +393,50 @@ def run_cell(env: LinkEnv | None, model: str, system: str, plan: Plan) -> dict[s
     return cell
 
 
-def _energy_per_inference(warm: dict[str, Any] | None, end: dict[str, Any] | None) -> float | None:
-    """Energy per measured inference from the daemon's accountant (None when it has none)."""
-    if not end or not end.get("inferences") or end.get("energy_per_inference_j") is None:
+def shim_window(shim: dict[str, Any], warmup: int, iters: int) -> dict[str, list[int]] | None:
+    """The shim's per-inference counts (``by_inference``: round trips, push waits, replays) of
+    the measured inferences, the app's ``warmup + 1 .. warmup + iters`` (the shim numbers them
+    from 1). None when the shim did not report every one of them."""
+    by = shim.get("by_inference") or {}
+    index = by.get("index") or []
+    wanted = range(warmup + 1, warmup + iters + 1)
+    at = {i: k for k, i in enumerate(index)}
+    if not iters or any(i not in at for i in wanted):
         return None
-    total = end["energy_per_inference_j"] * end["inferences"]
+    return {key: [values[at[i]] for i in wanted] for key, values in by.items()
+            if key != "index" and isinstance(values, list) and len(values) == len(index)}
+
+
+def _energy_per_inference(warm: dict[str, Any] | None, end: dict[str, Any] | None
+                          ) -> tuple[float | None, float | None]:
+    """(joules, seconds) per measured inference from the daemon's accountant: its totals at the
+    end less those at the end of the warm-up (None, None when it has none)."""
+    if not end or not end.get("inferences") or end.get("energy_per_inference_j") is None:
+        return None, None
+
+    def totals(s: dict[str, Any]) -> tuple[int, float, float]:
+        return (s["inferences"], s["energy_per_inference_j"] * s["inferences"],
+                (s.get("mean_inference_s") or 0.0) * s["inferences"])
+    n, joules, seconds = totals(end)
     if warm and warm.get("inferences") and warm.get("energy_per_inference_j") is not None:
-        n = end["inferences"] - warm["inferences"]
-        if n > 0:
-            return (total - warm["energy_per_inference_j"] * warm["inferences"]) / n
-    return total / end["inferences"]
+        wn, wj, ws = totals(warm)
+        if n - wn > 0:
+            n, joules, seconds = n - wn, joules - wj, seconds - ws
+    return joules / n, (seconds / n if seconds > 0 else None)
+
+
+def _energy_figures(meter: str | None, joules: float | None, span_s: float | None,
+                    latency_s: float) -> dict[str, Any]:
+    """Energy per inference, the marks' mean span, and the robot's mean power over an inference
+    as the app timed it (energy / mean latency). The model meter's robot never draws less than
+    its standby power (4.04 W in the RRTO paper): a figure below that means the energy missed
+    part of the inference (as it did when marks ended with ``forward()``), and is flagged."""
+    out: dict[str, Any] = {"energy_j": joules, "energy_span_s": span_s}
+    if joules is not None and latency_s > 0:
+        out["robot_power_w"] = joules / latency_s
+        if meter == "model":
+            out["power_below_standby"] = out["robot_power_w"] < STANDBY_W * 0.999
+    return out
 
 
 def machine() -> dict[str, Any]:
@@ -367,6 +454,44 @@ def machine() -> dict[str, Any]:
             "cpu_count": os.cpu_count(), "python": platform.python_version(),
             "versions": {d: version(d) for d in ("torch", "grpcio", "rrtod", "numpy")},
             "git_commit": commit.stdout.strip() or None}
+
+
+def window_rates(cell: dict[str, Any], spec: LinkSpec) -> tuple[float | None, float | None]:
+    """The link's rate (up, down) over the cell's measured window: a trace link's mean over the
+    window (the trace restarts when it begins), a fixed-rate link's rate; on an unlimited link,
+    what the bulk transfers measured."""
+    if spec.trace:
+        rate = cell.get("window_mbps")
+        if rate:
+            return rate, rate
+    elif spec.mbps:
+        return spec.mbps, spec.mbps
+    m = cell.get("link_measurement") or {}
+    return m.get("up_mbps"), m.get("down_mbps")
+
+
+def check_outputs(cells: list[dict[str, Any]]) -> None:
+    """Compare every inference's output digest (warm-up and measured) with local's for the
+    same inference; a cell with any difference has failed, whatever its speed."""
+    local = {c["model"]: c.get("digests") for c in cells
+             if c["system"] == "local" and c.get("digests")}
+    for c in cells:
+        want, got = local.get(c["model"]), c.get("digests")
+        if c["system"] == "local" or got is None or want is None:
+            continue
+        compared = min(len(want), len(got))
+        bad = [i for i in range(compared) if want[i] != got[i]]
+        c["outputs_compared"] = compared
+        c["outputs_unchecked"] = len(got) - compared  # local ran fewer (its budget ran out)
+        c["output_mismatches"] = bad
+        c["outputs_match_local"] = not bad
+        if bad:
+            c["status"] = "failed"
+            first = bad[0] - c.get("warmup", 0)
+            c["error"] = (f"outputs differ from local's at {len(bad)} of {compared} inferences, "
+                          f"first at inference {bad[0]} "
+                          + (f"(warm-up {bad[0]})" if first < 0 else f"(measured {first})")
+                          + (f"; previous error: {c['error']}" if c.get("error") else ""))
 
 
 def finish_cells(cells: list[dict[str, Any]], links: dict[str, Any]) -> list[dict[str, Any]]:
@@ -388,8 +513,12 @@ def finish_cells(cells: list[dict[str, Any]], links: dict[str, Any]) -> list[dic
         pi = c.get("per_inference", {})
         up = pi.get("link_bytes_up", pi.get("bytes_up", 0.0))
         down = pi.get("link_bytes_down", pi.get("bytes_down", 0.0))
-        c["limit_ms"] = stats.physical_limit_ms(m["rtt_ms"], m["up_mbps"], m["down_mbps"], up, down,
-                                                compute)
+        up_rate, down_rate = window_rates(c, LINKS[c["link"]])
+        c["limit_ms"] = stats.physical_limit_ms(m["rtt_ms"], up_rate, down_rate, up, down, compute)
+        c["limit_rates_mbps"] = [up_rate, down_rate]
+        # A bound the cell beat is no bound: shown flagged, never silently.
+        c["limit_above_median"] = (c["limit_ms"] is not None
+                                   and c["limit_ms"] > c["latency"]["median"])
     comps = []
     for link in links:
         for model in dict.fromkeys(c["model"] for c in cells):
@@ -419,7 +548,7 @@ def run(plan: Plan, log: Any = print) -> dict[str, Any]:
         os.environ.setdefault(key, value)
     if plan.threads:
         os.environ["OMP_NUM_THREADS"] = str(plan.threads)
-    process_env = {k: os.environ.get(k) for k in (*PROCESS_ENV, "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    process_env = {k: os.environ.get(k) for k in RECORDED_ENV}
     cells: list[dict[str, Any]] = []
     links: dict[str, Any] = {}
     if "local" in plan.systems:
@@ -455,14 +584,13 @@ def run(plan: Plan, log: Any = print) -> dict[str, Any]:
                     cell = run_cell(env, model, system, plan)
                     log(_line(cell))
                     cells.append(cell)
-    reference = {c["model"]: c.get("checksum") for c in cells if c["system"] == "local"}
-    for c in cells:
-        if c.get("checksum") and reference.get(c["model"]):
-            c["outputs_match_local"] = c["checksum"] == reference[c["model"]]
+    check_outputs(cells)
     comps = finish_cells(cells, links)
     return {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
             "duration_s": time.time() - started, "machine": machine(), "plan": plan.to_dict(),
             "process_env": process_env,
+            "grpc_options": {"nto_server": SERVER_OPTIONS, "nto_channel": CHANNEL_OPTIONS,
+                             "daemons": "rrtod/grpc_options.py (the same lists)"},
             "links": links, "cells": cells, "comparisons": comps}
 
 

@@ -12,6 +12,7 @@ Only plain aten operators are used (no fused fast paths such as
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -288,3 +289,12 @@ QUICK_MODELS = ("mlp", "cnn", "dethead")
 def outputs_of(result: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     """A model's result as a tuple of tensors (the app downloads each)."""
     return result if isinstance(result, tuple) else (result,)
+
+
+def output_digest(parts: list[bytes]) -> str:
+    """One inference's outputs as a short hex digest (every byte of every output, in order)."""
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(len(part).to_bytes(8, "little"))
+        digest.update(part)
+    return digest.hexdigest()[:16]

@@ -17,7 +17,6 @@ server's compute time), then the outputs' raw bytes back to back. Raw bytes both
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import threading
@@ -29,11 +28,13 @@ import grpc
 import numpy as np
 import torch
 
-from bench.models import MODELS, outputs_of
+from bench.models import MODELS, output_digest, outputs_of
+from rrtod.grpc_options import CHANNEL_OPTIONS, SERVER_OPTIONS
 
 METHOD = "/bench.Nto/Infer"
-OPTIONS = [("grpc.max_send_message_length", 256 * 2**20),
-           ("grpc.max_receive_message_length", 256 * 2**20)]
+# The daemons' own channel and server options (message sizes, keepalive), so NTO is tuned at
+# least as well as the peer link it is compared with; the gRPC engine (GRPC_EXPERIMENTS) comes
+# from the process environment the harness gives every process of a run.
 
 
 def encode_outputs(outputs: tuple[torch.Tensor, ...], compute_ms: float = 0.0) -> bytes:
@@ -63,7 +64,7 @@ class Server:
     def __init__(self, port: int = 0):
         self.models: dict[str, torch.nn.Module] = {}
         self.lock = threading.Lock()
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), options=OPTIONS)
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), options=SERVER_OPTIONS)
         handler = grpc.method_handlers_generic_handler("bench.Nto", {
             "Infer": grpc.unary_unary_rpc_method_handler(self.infer)})
         self.server.add_generic_rpc_handlers((handler,))
@@ -94,13 +95,14 @@ def run_client(model: str, target: str, iters: int, warmup: int, budget_s: float
     """The hand-written app: same inputs, loop and JSON as bench/app.py, compute on the host."""
     spec = MODELS[model]
     inputs = spec.inputs(warmup + iters)
-    digest = hashlib.sha256()
+    digests: list[str] = []
     warm_ms: list[float] = []
     lat_ms: list[float] = []
     cpu_ms: list[float] = []
+    spans_ns: list[tuple[int, int]] = []  # CLOCK_MONOTONIC, as the daemon's inference marks
     host_ms: list[float] = []  # the server's compute per inference: the host side of the limit
     up = down = 0
-    with grpc.insecure_channel(target, options=OPTIONS) as channel:
+    with grpc.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
         call = channel.unary_unary(METHOD)
         started = time.perf_counter()
         for i, x in enumerate(inputs):
@@ -110,27 +112,26 @@ def run_client(model: str, target: str, iters: int, warmup: int, budget_s: float
                     sys.stdin.readline()
                 started = time.perf_counter()
                 up = down = 0
-            c0, t0 = time.process_time(), time.perf_counter()
+            c0, m0, t0 = time.process_time(), time.monotonic_ns(), time.perf_counter()
             body = x.contiguous().numpy().tobytes()
             reply = call(body, metadata=(("model", model),), timeout=600)
             outputs, compute_ms = decode_outputs(reply)
             out = [o.numpy().tobytes() for o in outputs]
-            t1, c1 = time.perf_counter(), time.process_time()
+            t1, m1, c1 = time.perf_counter(), time.monotonic_ns(), time.process_time()
             up, down = up + len(body), down + len(reply)
-            if i <= warmup:
-                for part in out:
-                    digest.update(part)
+            digests.append(output_digest(out))
             if i < warmup:
                 warm_ms.append((t1 - t0) * 1e3)
                 continue
             lat_ms.append((t1 - t0) * 1e3)
             cpu_ms.append((c1 - c0) * 1e3)
+            spans_ns.append((m0, m1))
             host_ms.append(compute_ms)
             if budget_s is not None and t1 - started > budget_s:
                 break
     n = max(len(lat_ms), 1)
     return {"model": model, "iters": len(lat_ms), "warmup": warmup, "warmup_ms": warm_ms,
-            "latency_ms": lat_ms, "cpu_ms": cpu_ms, "checksum": digest.hexdigest()[:16],
+            "latency_ms": lat_ms, "cpu_ms": cpu_ms, "digests": digests, "spans_ns": spans_ns,
             "torch_threads": torch.get_num_threads(), "round_trips_per_inference": 1.0,
             "bytes_up_per_inference": up / n, "bytes_down_per_inference": down / n,
             "host_compute_ms": host_ms}

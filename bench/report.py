@@ -1,7 +1,10 @@
 """Writes a run's results: the JSON document (every sample), a markdown table and a PNG plot.
 
-Only cells with status ``ok`` appear in the table and the plot; refused cells (link emulation
-off target) and failed cells are listed below the table with their reason, and kept in the JSON.
+Only cells with status ``ok`` count in the ratios; refused cells (link emulation off target) and
+failed cells are listed below the table with their reason, and kept in the JSON. A cell whose
+outputs differ from local execution on any inference has failed, and shows so wherever its
+latency would be read: its row in the table says FAILED, the README block shows it instead of
+its median, and the plot draws its bar hatched in red with a cross.
 """
 
 from __future__ import annotations
@@ -28,6 +31,35 @@ def _pct(x: float | None) -> str:
 
 def _kb(x: float | None) -> str:
     return "–" if x is None else _f(x / 1e3)
+
+
+def wrong_outputs(cell: dict[str, Any]) -> bool:
+    """A cell that ran but whose outputs differ from local's on some inference."""
+    return cell.get("outputs_match_local") is False and "latency" in cell
+
+
+def _outputs(cell: dict[str, Any]) -> str:
+    if cell.get("outputs_match_local") is None:
+        return "–"
+    n = cell.get("outputs_compared")
+    if cell["outputs_match_local"]:
+        return f"yes ({n})" if n else "yes"
+    return f"**NO: {len(cell.get('output_mismatches') or [])} of {n} differ**"
+
+
+def energy_label(doc: dict[str, Any]) -> str:
+    """What the energy figures are: the model meter's are modelled, not measured."""
+    meters = {c.get("power_meter") for c in doc["cells"] if c.get("power_meter")}
+    if meters == {"model"}:
+        return "modelled (RRTO paper's robot)"
+    return "meter " + ", ".join(sorted(m for m in meters if m)) if meters else "no meter"
+
+
+def _energy(pi: dict[str, Any]) -> str:
+    text = _f(pi.get("energy_j"))
+    if pi.get("power_below_standby"):
+        text += " ⚠"
+    return text
 
 
 def markdown(doc: dict[str, Any], json_name: str | None = None) -> str:
@@ -59,30 +91,42 @@ def markdown(doc: dict[str, Any], json_name: str | None = None) -> str:
     out += ["", "Each remote cell also measured its link right before it ran (in the JSON). Trace "
             "links compare measured throughput with the trace's mean over the same window.", ""]
     out += ["## Latency per inference", "",
-            "| link | model | system | median ms | p90 ms | p99 ms | n | round trips | KB up | "
-            "KB down | energy J | client CPU ms | replayed | limit ms | outputs = local |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| link | model | system | median ms | p90 ms | p99 ms | n | round trips (app / daemon) "
+            f"| KB up | KB down | energy J, {energy_label(doc)} | robot W | client CPU ms | replayed "
+            "| limit ms | outputs = local |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in doc["cells"]:
-        if c["status"] != "ok":
+        if c["status"] != "ok" and not wrong_outputs(c):
             continue
         pi = c.get("per_inference", {})
         lat = c["latency"]
         up = pi.get("link_bytes_up", pi.get("bytes_up"))
         down = pi.get("link_bytes_down", pi.get("bytes_down"))
-        match = c.get("outputs_match_local")
-        out.append(f"| {c['link'] or '(none)'} | {c['model']} | {c['system']} | {_f(lat['median'])} | "
-                   f"{_f(lat['p90'])} | {_f(lat['p99'])} | {lat['n']} | {_f(pi.get('round_trips'))} | "
-                   f"{_kb(up)} | {_kb(down)} | {_f(pi.get('energy_j'))} | "
+        system = c["system"] if c["status"] == "ok" else f"{c['system']} **FAILED**"
+        trips = _f(pi.get("round_trips"))
+        if pi.get("daemon_replies") is not None:
+            trips += f" / {_f(pi['daemon_replies'])}"
+        limit = _f(c.get("limit_ms")) + (" !" if c.get("limit_above_median") else "")
+        out.append(f"| {c['link'] or '(none)'} | {c['model']} | {system} | {_f(lat['median'])} | "
+                   f"{_f(lat['p90'])} | {_f(lat['p99'])} | {lat['n']} | {trips} | "
+                   f"{_kb(up)} | {_kb(down)} | {_energy(pi)} | {_f(pi.get('robot_power_w'))} | "
                    f"{_f(c.get('cpu_ms_per_inference'))} | {_pct(pi.get('replayed'))} | "
-                   f"{_f(c.get('limit_ms'))} | "
-                   f"{'–' if match is None else 'yes' if match else 'NO'} |")
-    out += ["", "Bytes are what the emulated link carried per measured inference (gRPC framing "
-            "included); on loopback, what the app or daemon counted. Round trips: 1 per call for NTO; "
-            "for per-op/rrto the daemon's replies to the app per inference, or the shim's own count. "
-            "Replayed: share of measured inferences the daemon saw replayed (record/replay "
-            "active). Energy: the robot daemon's power meter per measured inference (daemon sessions only). "
-            "Limit: measured RTT + these bytes at the measured rates + host compute (the NTO server's own "
-            "compute time in the same link's run; else the local median).", ""]
+                   f"{limit} | {_outputs(c)} |")
+    out += ["", "Bytes are what the emulated link carried per measured inference (gRPC framing included);"
+            " on loopback, what the app or daemon counted. Round trips, over the measured inferences "
+            "only: 1 per call for NTO; for per-op/rrto the replies the app waited for as the shim "
+            "counted them (a replayed inference's pushed outputs are one), then the robot daemon's "
+            "frames to the app per inference. Replayed: share of measured inferences the daemon saw "
+            "replayed (record/replay active). Energy: the robot's energy per measured inference from "
+            "its call to the app's last read of its outputs, by the robot daemon's power meter "
+            "(per-op, rrto) or the same meter run by the harness around the NTO client; robot W is "
+            "that energy over the app's mean latency, and ⚠ marks a figure below the model's standby "
+            "power (a span that missed part of the inference). Limit: measured RTT + these bytes at "
+            "the link's rate over the measured window (a trace's mean over it) + host compute (the "
+            "NTO server's own compute time in the same link's run; else the local median); \"!\" "
+            "marks a limit above the cell's median, which is then no bound. Outputs = local: every "
+            "inference's outputs (warm-up and measured, how many in brackets) equal local "
+            "execution's.", ""]
     out += ["## Ratios and targets (medians, same run)", "",
             "| link | model | rrto/nto | per-op/rrto | penalty removed | shim µs/op | targets |",
             "|---|---|---|---|---|---|---|"]
@@ -123,27 +167,45 @@ def plot(doc: dict[str, Any], path: Path) -> Path | None:
     fig, axes = plt.subplots(1, max(len(links), 1), figsize=(4.5 * max(len(links), 1), 4), squeeze=False,
                              sharey=True)
     width = 0.8 / len(systems)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]  # one per system, every panel
     for ax, link in zip(axes[0], links, strict=False):
         for j, system in enumerate(systems):
-            xs, ys, errs = [], [], []
+            xs, ys, errs, wrong = [], [], [], []
             for i, model in enumerate(models):
                 cell = next((c for c in doc["cells"] if c["model"] == model and c["system"] == system
-                             and c["status"] == "ok" and (c["link"] == link or system == "local")), None)
+                             and (c["status"] == "ok" or wrong_outputs(c))
+                             and (c["link"] == link or system == "local")), None)
                 if cell:
                     xs.append(i + (j - 1.5) * width)
                     ys.append(cell["latency"]["median"])
                     errs.append(max(cell["latency"]["p90"] - cell["latency"]["median"], 0))
+                    wrong.append(cell["status"] != "ok")
             if xs:
-                ax.bar(xs, ys, width, yerr=[[0] * len(errs), errs], label=system, capsize=2)
+                bars = ax.bar(xs, ys, width, yerr=[[0] * len(errs), errs], label=system, capsize=2,
+                              color=colors[j % len(colors)])
+                for bar, bad in zip(bars, wrong, strict=True):
+                    if bad:  # outputs differ from local: failed, and drawn so
+                        bar.set_facecolor("white")
+                        bar.set_hatch("xx")
+                        bar.set_edgecolor("red")
+                        ax.annotate("✗", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                                    color="red", ha="center", va="bottom", fontsize=12,
+                                    fontweight="bold")
         ax.set_title(link)
         ax.set_yscale("log")
         ax.set_xticks(range(len(models)), models, rotation=30, ha="right")
         ax.grid(axis="y", which="both", alpha=0.3)
     axes[0][0].set_ylabel("latency per inference, ms (median, bar to p90)")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(systems), fontsize=8, frameon=False)
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=colors[j % len(colors)], label=s) for j, s in enumerate(systems)]
+    if any(wrong_outputs(c) for c in doc["cells"]):
+        handles.append(Patch(facecolor="white", edgecolor="red", hatch="xx",
+                             label="FAILED: outputs ≠ local"))
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 3 * len(links)),
+               fontsize=8, frameon=False)
     fig.suptitle(f"rrtod benchmark {doc['started']}", fontsize=10)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.tight_layout(rect=(0, 0.06 if len(handles) <= 3 * len(links) else 0.11, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -156,13 +218,17 @@ README_END = "<!-- bench:end -->"
 def summary(doc: dict[str, Any]) -> str:
     """The README's block: the plot and, per link and model, each system's median latency and
     the two ratios the project is judged on (the whole table: ``bench/results/latest.md``)."""
-    median = {(c["link"], c["model"], c["system"]): c["latency"]["median"]
-              for c in doc["cells"] if c["status"] == "ok"}
+    median: dict[tuple[Any, str, str], Any] = {
+        (c["link"], c["model"], c["system"]): c["latency"]["median"]
+        for c in doc["cells"] if c["status"] == "ok"}
+    median.update({(c["link"], c["model"], c["system"]): "FAILED (outputs ≠ local)"
+                   for c in doc["cells"] if wrong_outputs(c)})
     m = doc["machine"]
     out = [f"Full run of {doc['started']} (commit {str(m.get('git_commit'))[:10]}, "
            f"{m['cpu_count']} CPUs, torch {m['versions']['torch']}; the GPU host computes on the "
-           "same CPU): median ms per inference, batch 1. Every cell, p90/p99, bytes, energy and "
-           "the targets: [bench/results/latest.md](bench/results/latest.md).", "",
+           "same CPU): median ms per inference, batch 1. Every cell, p90/p99, bytes, energy "
+           f"— {energy_label(doc)} — and the targets: "
+           "[bench/results/latest.md](bench/results/latest.md).", "",
            "![median latency per system and link](bench/results/latest.png)", "",
            "| link | model | local | per-op | nto | rrto | rrto/nto | penalty removed |",
            "|---|---|---:|---:|---:|---:|---:|---:|"]
@@ -170,11 +236,15 @@ def summary(doc: dict[str, Any]) -> str:
         link, model = comp["link"], comp["model"]
         if not any((link, model, s) in median for s in ("per-op", "nto", "rrto")):
             continue
-        row = [_f(median.get((None, model, "local")))]
-        row += [_f(median.get((link, model, s))) for s in ("per-op", "nto", "rrto")]
+        row = [_cell(median.get((None, model, "local")))]
+        row += [_cell(median.get((link, model, s))) for s in ("per-op", "nto", "rrto")]
         out.append(f"| {link} | {model} | {' | '.join(row)} | {_f(comp['rrto_over_nto'])} | "
                    f"{_f(comp['penalty_removed'])} |")
     return "\n".join(out)
+
+
+def _cell(value: Any) -> str:
+    return f"**{value}**" if isinstance(value, str) else _f(value)
 
 
 def update_readme(readme: Path, doc: dict[str, Any]) -> bool:

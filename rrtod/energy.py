@@ -350,8 +350,21 @@ class EnergyAccountant:
     def sample(self) -> None:
         """Read the meter once, here (blocking meters included) and account. ``run()`` calls this
         machinery periodically; tests call it directly with an injected clock."""
+        before = self._clock()
         joules = self.meter.read()
-        self.ingest(self._clock(), joules)
+        self.ingest(self._stamp(before), joules)
+
+    def _stamp(self, before: int) -> int:
+        """When a reading that began at ``before`` was taken: the meter's own time if it says
+        (``read_ns``: an estimator integrates up to the moment it reads its clock), else midway
+        through the read. A stamp taken after the read misplaced the series by however long
+        this thread was preempted meanwhile: up to a millisecond on a loaded machine, 10% of a
+        3 ms inference's energy."""
+        after = self._clock()
+        at = getattr(self.meter, "read_ns", None)
+        if isinstance(at, int) and before <= at <= after:
+            return at
+        return (before + after) // 2
 
     async def run(self) -> None:
         """Sample at ``sample_hz`` until cancelled. A failing read is logged and skipped: a
@@ -382,8 +395,9 @@ class EnergyAccountant:
                 joules = await asyncio.to_thread(self.meter.read)
                 stamp = (before + self._clock()) // 2
             else:
+                before = self._clock()
                 joules = self.meter.read()
-                stamp = self._clock()
+                stamp = self._stamp(before)
         except Exception as exc:
             self._read_errors += 1
             if self._read_errors == 1 or self._read_errors % 100 == 0:

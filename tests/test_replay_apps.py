@@ -89,6 +89,9 @@ def per_replayed_inference(daemon: Any, name: str, tmp: Path) -> dict[str, float
         after = finished(daemon)
         assert stats["replays"] == runs and stats["mismatches"] == 0, stats
         assert stats["round_trips"] == 1, stats  # the BlobQuery of the weights, nothing else
+        # and each replayed inference's pushed outputs: one reply per inference
+        assert stats["replay_replies"] == runs, stats
+        assert stats["by_inference"]["replays"] == [1] * runs, stats
         totals.append({
             "wire": sum(after[k] - before[k] for k in ("bytes_up", "bytes_down")),
             "tensors_up": stats["bytes_up"],
@@ -125,10 +128,21 @@ def test_replayed_gru_sends_its_input_once_and_little_else(fresh, tmp_path):
     assert per["wire"] - per["tensors"] <= 1024, per
 
 
-def test_changing_input_shape_is_forwarded_then_replays_again(fresh, tmp_path):
-    stats = same_as_local("replay_shapes", fresh, tmp=tmp_path)
-    # 12 inferences: the three 40x40 ones never match the 32x32 sequence; the last three replay.
-    assert stats["replays"] >= 3 + 3, stats
+@pytest.mark.parametrize("name", ["replay_shapes", "replay_shapes_conv"])
+def test_changing_input_shape_is_forwarded_then_replays_again(fresh, name, tmp_path):
+    """12 inferences: six at 32x32, three at 40x40, three at 32x32. Exactly these replay: the
+    32x32 ones from the first the sequence was found for (the 4th at the latest) to the 6th,
+    none of the 40x40 ones (their inputs do not fit the recorded metadata), and the last three.
+    ``replay_shapes_conv``'s output shape follows its input, so a 40x40 input replayed on the
+    32x32 sequence could not even run; ``replay_shapes`` pools to a fixed size, and there only
+    the exact count tells. (Paced, as a sensor loop: when the search finishes is no race.)"""
+    stats = same_as_local(name, fresh, "--pace", "20", tmp=tmp_path)
+    replayed = stats["by_inference"]["replays"]
+    first = replayed.index(1)
+    assert first <= 3, stats
+    assert replayed == [0] * first + [1] * (6 - first) + [0, 0, 0] + [1, 1, 1], stats
+    assert stats["replays"] == sum(replayed) == 6 - first + 3, stats
+    assert stats["mismatches"] == 0 and stats["failed"] == 0, stats
     assert stats["calls"] > 0
 
 

@@ -222,7 +222,7 @@ class ModelMeter:
         self._procs = ProcessCpu(clock, cores) if cpu is None else None
         self._cpu: Callable[[], float] = cpu if cpu is not None else self._procs  # type: ignore[assignment]
         self.state = "standby"
-        self._last_t = clock()
+        self._last_t = self.read_ns = clock()
         self._joules = 0.0
 
     @staticmethod
@@ -237,7 +237,7 @@ class ModelMeter:
         now = self._clock()
         busy = self._cpu()
         self._joules += self.power_w(self.state, busy) * max(0, now - self._last_t) / 1e9
-        self._last_t = now
+        self._last_t = self.read_ns = now  # the moment the figure is for (EnergyAccountant)
 
     def set_state(self, state: str) -> None:
         """The machine's state changed now: close the interval at the old state's power."""

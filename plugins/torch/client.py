@@ -53,6 +53,9 @@ class _Dead:
     def mark(self, index: int, start_ns: int, end_ns: int) -> None:
         pass
 
+    def flush_marks(self) -> None:
+        pass
+
 
 class _Waiter:
     __slots__ = ("event", "value", "error")
@@ -212,6 +215,8 @@ class RemoteSession:
         self._tls = threading.local()
         self._threads = itertools.count(0)
         self.counters = collections.Counter()
+        # Told of every proxy the app reads (the interceptor ends inference marks with them).
+        self.on_read: Any = None
         # Record/replay (plugins/torch/replay.py): sequences pushed by the robot daemon.
         self.replay = ReplayClient(self) if replay and ReplayClient is not None else None
         channel.start(self._on_down, self._on_lost)
@@ -358,6 +363,13 @@ class RemoteSession:
 
     # -- downloads ---------------------------------------------------------------------------
     def download(self, proxy: RemoteTensor) -> torch.Tensor:
+        """The value of ``proxy`` (an app's data read)."""
+        value = self._download(proxy)
+        if self.on_read is not None:
+            self.on_read(proxy._rrto_handle.id)
+        return value
+
+    def _download(self, proxy: RemoteTensor) -> torch.Tensor:
         h = proxy._rrto_handle
         if not h.bound and h.local is not None:  # persistent, never used remotely: exact copy
             return self._shape_like(h.local, proxy)

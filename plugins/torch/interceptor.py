@@ -5,7 +5,13 @@ first time a module is called (a global forward pre-hook, so every thread sees i
 parameters and buffers become persistent proxies, and everything computed from them follows on
 the host. Plain CPU pre-processing never touches a proxy and stays local; its results are
 uploaded where they meet model compute. The outermost module call of each thread is one
-inference: its start and end go to the daemon as an ``InferenceMark``.
+inference; it goes to the daemon as an ``InferenceMark`` spanning from the call to the app's last
+read of its outputs. Under replay (and streaming) ``forward()`` returns proxies at once and the
+app waits later, when it reads them: a mark that ended with ``forward()`` would leave that wait,
+and its energy, outside the inference. So the mark waits until every tensor the call returned
+has been read (or the thread starts its next inference, or the app exits), and ends with the
+last read. Per inference the shim also keeps the round trips the app waited through, so a
+benchmark can count those of any window of inferences (``stats()["by_inference"]``).
 """
 
 from __future__ import annotations
@@ -24,6 +30,32 @@ from torch import nn
 from .client import RemoteSession
 from .proxy import RemoteTensor
 
+BY_INFERENCE = ("round_trips", "push_waits", "replays")
+
+
+class _Open:
+    """An inference whose outputs the app has not read completely yet."""
+
+    __slots__ = ("index", "start_ns", "end_ns", "unread", "counters")
+
+    def __init__(self, index: int, start_ns: int, end_ns: int, unread: set[int],
+                 counters: tuple[int, ...]):
+        self.index, self.start_ns, self.end_ns, self.unread = index, start_ns, end_ns, unread
+        self.counters = counters  # the session's counters at its start (see _counters)
+
+
+def _handles(value: Any, found: set[int]) -> set[int]:
+    """Ids of the proxies in a module's result (tensors, lists, tuples, dicts)."""
+    if isinstance(value, RemoteTensor):
+        found.add(value._rrto_handle.id)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _handles(v, found)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _handles(v, found)
+    return found
+
 
 class TorchInterceptor:
     """Installed once per app process; ``uninstall`` restores plain local execution."""
@@ -38,10 +70,16 @@ class TorchInterceptor:
         # What is offloaded (DESIGN.md): the app's accelerator work; on a robot without one,
         # its models' forward computation. Modules are offloaded by the device of their state.
         self.device_type = "cuda" if torch.cuda.is_available() else "cpu"
+        self._open: dict[int, _Open] = {}  # thread id -> its inference awaiting output reads
+        # RRTO_STATS=1: per finished inference (by index), what ``_counters`` counts
+        self.stats_enabled = os.environ.get("RRTO_STATS", "0") not in ("", "0")
+        self.by_inference: dict[int, tuple[int, ...]] = {}
 
     def install(self) -> None:
-        if os.environ.get("RRTO_STATS", "0") not in ("", "0"):
+        self.session.on_read = self._read
+        if self.stats_enabled:
             atexit.register(self.print_stats)
+        atexit.register(self.close_marks)  # registered last, so it runs before print_stats
         self._hooks.append(nn.modules.module.register_module_forward_pre_hook(self._pre))
         self._hooks.append(nn.modules.module.register_module_forward_hook(
             self._post, always_call=True))
@@ -59,6 +97,9 @@ class TorchInterceptor:
         out.update({k[:-3] + "_s": v / 1e9 for k, v in c.items() if k.endswith("_ns")})
         out.setdefault("shim_s", 0.0)
         out["inferences"] = self._index
+        by = sorted(self.by_inference.items())
+        out["by_inference"] = {"index": [i for i, _ in by],
+                               **{k: [row[j] for _, row in by] for j, k in enumerate(BY_INFERENCE)}}
         out["mode"] = self.session.mode
         replayer = getattr(self.session, "replay", None)
         if replayer is not None and isinstance(getattr(replayer, "counters", None), dict):
@@ -76,7 +117,7 @@ class TorchInterceptor:
         depth = getattr(self._tls, "depth", 0)
         self._tls.depth = depth + 1
         if depth == 0:
-            self._tls.start = time.monotonic_ns()
+            self._begin()
         if not getattr(module, "_rrto_offloaded", False):
             self.offload(module)
 
@@ -84,13 +125,66 @@ class TorchInterceptor:
         depth = getattr(self._tls, "depth", 1) - 1
         self._tls.depth = depth
         if depth == 0:
+            end = time.monotonic_ns()
             with self._lock:
                 self._index += 1
                 index = self._index
-            try:
-                self.session.channel.mark(index, self._tls.start, time.monotonic_ns())
-            except OSError:
-                pass  # a lost connection is reported by the next forwarded call
+            open_ = _Open(index, self._tls.start, end, _handles(output, set()),
+                          self._tls.counters)
+            if open_.unread:
+                self._open[threading.get_ident()] = open_
+            else:
+                self._close(open_)
+
+    # -- inference marks -----------------------------------------------------------------------
+    def _begin(self) -> None:
+        """A thread's outermost module call: its previous inference, if still open, ends with
+        the last read the app made of it (it never read some of its outputs)."""
+        open_ = self._open.pop(threading.get_ident(), None)
+        if open_ is not None:
+            self._close(open_)
+        self._tls.counters = self._counters()
+        self._tls.start = time.monotonic_ns()
+
+    def _counters(self) -> tuple[int, ...]:
+        """The session's counts that ``stats()["by_inference"]`` gives per inference
+        (``BY_INFERENCE``): replies the app waited for (a replayed inference's pushed outputs
+        are one), the waits among them for pushed outputs, and replays started."""
+        c = self.session.counters
+        replay = getattr(self.session, "replay", None)
+        replays = replay.counters["replays"] if replay is not None else 0
+        return (c["round_trips"] + c["replay_replies"], c["push_waits"], replays)
+
+    def _read(self, handle_id: int) -> None:
+        """The app read a proxy (``RemoteSession.download``): extends its thread's open
+        inference to now; the read of the last unread output closes it."""
+        open_ = self._open.get(threading.get_ident())
+        if open_ is None:
+            return
+        open_.end_ns = time.monotonic_ns()
+        open_.unread.discard(handle_id)
+        if not open_.unread:
+            del self._open[threading.get_ident()]
+            self._close(open_)
+
+    def _close(self, open_: _Open) -> None:
+        if self.stats_enabled:
+            self.by_inference[open_.index] = tuple(
+                now - then for now, then in zip(self._counters(), open_.counters, strict=True))
+        try:
+            self.session.channel.mark(open_.index, open_.start_ns, open_.end_ns)
+        except OSError:
+            pass  # a lost connection is reported by the next forwarded call
+
+    def close_marks(self) -> None:
+        """At exit: inferences whose outputs were not all read end with their last read."""
+        while self._open:
+            _, open_ = self._open.popitem()
+            self._close(open_)
+        try:
+            self.session.channel.flush_marks()  # the helper thread does not outlive exit
+        except (OSError, AttributeError):
+            pass
 
     # -- offloading --------------------------------------------------------------------------
     def offload(self, module: nn.Module) -> None:

@@ -206,6 +206,7 @@ class ReplayClient:
         self._inference = itertools.count(0)
         self._pushed: dict[int, ops_pb2.TensorData] = {}
         self._aborted: dict[int, int] = {}  # inference base -> position of its mismatch
+        self._replied_bases: set[int] = set()  # inferences whose reply the app has read
         self._waiting: dict[int, threading.Event] = {}
         self._give_up: list[int] = []  # sequences the host failed: the robot records again
         self._lock = threading.Lock()
@@ -518,6 +519,7 @@ class ReplayClient:
         with self._lock:
             data = self._pushed.pop(oid, None)
             if data is not None:
+                self._replied(oid, waited=False)
                 return data
             if not self._expects(oid):
                 return None
@@ -527,7 +529,24 @@ class ReplayClient:
             if self.session.lost is not None:
                 return None
         with self._lock:
-            return self._pushed.pop(oid, None)
+            data = self._pushed.pop(oid, None)
+            if data is not None:
+                self._replied(oid, waited=True)
+            return data
+
+    def _replied(self, oid: int, waited: bool) -> None:
+        """A pushed output was read (under the lock). The first one read of an inference is
+        the reply to its start frame (``replay_replies``): one round trip the app's inference
+        depended on, whether or not it arrived before the app read it; ``push_waits`` counts
+        those the app had to wait for. (``round_trips`` stays the replies to requests.)"""
+        base = REPLAY_BASE + ((oid - REPLAY_BASE) // SPAN) * SPAN
+        if base in self._replied_bases:
+            return
+        self._replied_bases.add(base)
+        counters = self.session.counters
+        counters["replay_replies"] += 1
+        if waited:
+            counters["push_waits"] += 1
 
     def _expects(self, oid: int) -> bool:
         """Whether the host will push ``oid``: an output of the sequence, finalised before
@@ -547,3 +566,4 @@ class ReplayClient:
                 del self._pushed[oid]
             for b in [b for b in self._aborted if b < base]:
                 del self._aborted[b]
+            self._replied_bases = {b for b in self._replied_bases if b >= base}

@@ -1,0 +1,93 @@
+"""The shim's inference marks span from the outermost module call to the app's last read of
+what it returned. Under replay (and streaming) ``forward()`` returns proxies at once and the app
+waits when it reads them; a mark that ended with ``forward()`` left that wait, and its energy,
+outside the inference (the benchmark's rrto energy was ~10x too low). Also: per inference, the
+round trips the app waited through, for a benchmark's measured window."""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import torch
+from torch import nn
+
+from rrto_plugins.torch.interceptor import TorchInterceptor
+from rrto_plugins.torch.proxy import Handle, new_proxy
+
+
+class _Channel:
+    def __init__(self) -> None:
+        self.marks: list[tuple[int, int, int]] = []
+
+    def mark(self, index: int, start_ns: int, end_ns: int) -> None:
+        self.marks.append((index, start_ns, end_ns))
+
+
+class _Session:
+    """What the interceptor uses of a RemoteSession."""
+
+    def __init__(self) -> None:
+        self.channel = _Channel()
+        self.counters: collections.Counter[str] = collections.Counter()
+        self.replay = None
+        self.on_read = None
+        self.mode = "stream"
+
+
+def _proxy(session: _Session, oid: int) -> torch.Tensor:
+    return new_proxy(Handle(session, oid), (2,), (1,), 0, torch.float32, "cpu")  # type: ignore[arg-type]
+
+
+def _interceptor(monkeypatch) -> tuple[TorchInterceptor, _Session, nn.Module]:
+    monkeypatch.setenv("RRTO_STATS", "1")
+    session = _Session()
+    icpt = TorchInterceptor(session)  # type: ignore[arg-type]
+    session.on_read = icpt._read  # what install() does, without global hooks
+    model = nn.Linear(2, 2)
+    for m in model.modules():
+        object.__setattr__(m, "_rrto_offloaded", True)
+    return icpt, session, model
+
+
+def _infer(icpt: TorchInterceptor, model: nn.Module, output: object) -> int:
+    icpt._pre(model, ())
+    icpt._post(model, (), output)
+    return time.monotonic_ns()
+
+
+def test_mark_ends_with_the_last_read_of_the_outputs(monkeypatch) -> None:
+    icpt, session, model = _interceptor(monkeypatch)
+    a, b = _proxy(session, 11), _proxy(session, 12)
+    returned = _infer(icpt, model, (a, b))
+    assert session.channel.marks == []  # outputs unread: the inference is not over
+    session.counters["round_trips"] += 1  # the app waits for a reply meanwhile
+    icpt._read(11)
+    icpt._read(99)  # another proxy read in between: the app is still at it
+    assert session.channel.marks == []
+    time.sleep(0.002)
+    icpt._read(12)
+    ((index, start, end),) = session.channel.marks
+    assert index == 1 and start < returned < end
+    assert end - returned >= 2_000_000  # the wait before the last read is inside the mark
+    assert icpt.stats()["by_inference"] == {"index": [1], "round_trips": [1], "push_waits": [0],
+                                            "replays": [0]}
+
+
+def test_unread_outputs_end_at_the_next_inference_or_at_exit(monkeypatch) -> None:
+    icpt, session, model = _interceptor(monkeypatch)
+    _infer(icpt, model, _proxy(session, 21))
+    icpt._read(22)  # read something else: extends the open inference
+    read_at = time.monotonic_ns()
+    _infer(icpt, model, {"out": [_proxy(session, 31)]})  # outputs in a dict of lists
+    ((first, _, end),) = session.channel.marks
+    assert first == 1 and end <= read_at
+    icpt.close_marks()  # at exit
+    assert [m[0] for m in session.channel.marks] == [1, 2]
+
+
+def test_outputs_that_are_not_proxies_end_the_mark_with_forward(monkeypatch) -> None:
+    icpt, session, model = _interceptor(monkeypatch)
+    returned = _infer(icpt, model, torch.zeros(2))  # e.g. computed locally
+    ((_, start, end),) = session.channel.marks
+    assert start <= end <= returned
