@@ -131,10 +131,15 @@ def render_sequences(p: dict[str, Any]) -> str:
 def operator_listing(config_path: str | None) -> dict[str, Any]:
     """This host's operator allowlist, read locally (no daemon needed): the built-in positive
     list with each entry's reason class, and the config's additions and removals."""
-    from rrto_plugins.torch.allowlist import builtin_entries  # imports torch: only here
+    from rrtod.hookspecs import InterceptionBackend
+    from rrtod.plugins import discover
 
     ex = config_mod.load(config_path).config.executor
-    return {"builtin": [vars(e) for e in builtin_entries().values()],
+    record = discover().get("interception", ex.backend)
+    # the backend's own list (imports torch: only here)
+    listed = (record.operators() if isinstance(record, InterceptionBackend) and record.operators
+              else [])
+    return {"builtin": [vars(e) for e in listed],
             "allow_extra": list(ex.allow_extra), "deny": list(ex.deny)}
 
 

@@ -39,6 +39,9 @@ class InterceptionBackend(PluginRecord):
     (``executor``: runs forwarded operators on the GPU daemon)."""
 
     executor: Callable[..., Any] | None = None
+    # The operators its executor admits by default, as records with ``name``, ``reason``,
+    # ``modes`` and ``seen_in`` (``rrtoctl ops``); None: the backend does not say.
+    operators: Callable[[], list[Any]] | None = None
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,26 @@ from typing import Any
 
 import pytest
 
+from rrto.v1 import local_pb2, ops_pb2
+from rrtod.framing import FramedSocket
 from rrtod.launch import Launcher, free_port  # noqa: F401 - re-exported for tests
+
+# A daemon whose apps and sessions use the suite's ``echo`` backend (tests/testkit), and the
+# frames an app sends it: shared by the daemon, security and socket-limit tests.
+ECHO = {"intercept": {"backend": "echo"}, "executor": {"backend": "echo"}}
+
+
+def open_app(sock: str, app: str = "test-app") -> tuple[FramedSocket, local_pb2.LocalReply]:
+    conn = FramedSocket(sock, timeout=10)
+    conn.send(local_pb2.LocalRequest(app_hello=local_pb2.AppHello(app=app, pid=os.getpid(),
+                                                                   executor="echo")))
+    return conn, conn.recv(local_pb2.LocalReply)
+
+
+def call(seq: int, op: str = "aten::add.Tensor", sync: bool = False) -> local_pb2.LocalRequest:
+    return local_pb2.LocalRequest(session=ops_pb2.SessionUp(
+        call=ops_pb2.OpCall(seq=seq, op=op, sync=sync)))
+
 
 REPO = Path(__file__).resolve().parent.parent
 TESTKIT = REPO / "tests" / "testkit"

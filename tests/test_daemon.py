@@ -18,21 +18,7 @@ import yaml
 from rrto.v1 import local_pb2, ops_pb2
 from rrtod.framing import HEADER, FramedSocket
 
-from .conftest import BIN, free_port
-
-ECHO = {"intercept": {"backend": "echo"}, "executor": {"backend": "echo"}}
-
-
-def open_app(sock: str, app: str = "test-app") -> tuple[FramedSocket, local_pb2.LocalReply]:
-    conn = FramedSocket(sock, timeout=10)
-    conn.send(local_pb2.LocalRequest(app_hello=local_pb2.AppHello(app=app, pid=os.getpid(),
-                                                                   executor="echo")))
-    return conn, conn.recv(local_pb2.LocalReply)
-
-
-def call(seq: int, op: str = "aten::add.Tensor", sync: bool = False) -> local_pb2.LocalRequest:
-    return local_pb2.LocalRequest(session=ops_pb2.SessionUp(
-        call=ops_pb2.OpCall(seq=seq, op=op, sync=sync)))
+from .conftest import BIN, ECHO, call, free_port, open_app
 
 
 def test_status_and_plugins(rrtod_daemon):

@@ -31,9 +31,8 @@ from rrtod.access import AccessPolicy
 from rrtod.config import from_mapping
 from rrtod.tls import certificate_identity
 
-from .conftest import free_port
+from .conftest import ECHO, call, free_port, open_app
 from .pki import CA, Issued
-from .test_daemon import ECHO, call, open_app
 
 ROBOT_1 = "spiffe://fleet/robot-1"
 ROBOT_2 = "spiffe://fleet/robot-2"

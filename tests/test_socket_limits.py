@@ -16,7 +16,7 @@ from rrto.v1 import local_pb2
 from rrto_plugins.torch.channel import SocketChannel
 from rrtod.framing import HEADER, FramedSocket
 
-from .test_daemon import ECHO, open_app
+from .conftest import ECHO, open_app
 
 
 def rss(pid: int) -> int:

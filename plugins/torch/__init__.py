@@ -31,6 +31,13 @@ def make_executor(ctx: Any) -> Any:
     return TorchExecutor(ctx)
 
 
+def builtin_operators() -> list[Any]:
+    """``InterceptionBackend.operators``: the positive allowlist with each entry's reasons."""
+    from .allowlist import builtin_entries
+
+    return list(builtin_entries().values())
+
+
 @hookimpl
 def rrto_interception_backends() -> list[InterceptionBackend]:
     return [
@@ -38,6 +45,7 @@ def rrto_interception_backends() -> list[InterceptionBackend]:
             name="torch",
             factory=make_interceptor,
             executor=make_executor,
+            operators=builtin_operators,
             description="PyTorch: forwards every aten operator of an app's models to a GPU host",
         )
     ]
