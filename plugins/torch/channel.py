@@ -64,6 +64,8 @@ def hello_argv(argv: list[str]) -> list[str]:
 class SocketChannel:
     """The robot daemon's unix socket: ``AppHello`` -> ``AppWelcome``, then session frames."""
 
+    _marks: list[bytes] | tuple[()] = ()  # queued inference marks (a list once connected)
+
     def __init__(self, path: str, app: str, pid: int, argv: list[str], executor: str = "torch",
                  timeout: float = 10.0):
         self.sock = FramedSocket(path, timeout=timeout)
