@@ -28,7 +28,8 @@ SWITCHES: dict[str, str] = {
     "RRTO_REPLAY": "0/false/no/off: forwarding only for this app (overrides `intercept.replay`)",
     "RRTO_DISABLE_PLUGINS": "comma-separated plugin names that neither the daemon nor the shim "
                             "loads",
-    "RRTO_STATS": "1: the shim prints its counters as JSON on stderr at exit",
+    "RRTO_STATS": "1/true/yes/on: the shim prints its counters (whole run and per inference) "
+                  "as JSON on stderr at exit",
     "RRTO_EVENT_LOOP": "`asyncio`: the daemon runs the standard event loop instead of uvloop",
     "RRTO_HOP_TRACE": "a directory: daemons and shim write per-hop timestamps there "
                       "(bench.plumbing)",

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import atexit
 import json
-import os
 import sys
 import threading
 import time
@@ -26,6 +25,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from rrtod.switches import SwitchError, flag
 
 from .client import RemoteSession
 from .proxy import RemoteTensor
@@ -72,7 +73,10 @@ class TorchInterceptor:
         self.device_type = "cuda" if torch.cuda.is_available() else "cpu"
         self._open: dict[int, _Open] = {}  # thread id -> its inference awaiting output reads
         # RRTO_STATS=1: per finished inference (by index), what ``_counters`` counts
-        self.stats_enabled = os.environ.get("RRTO_STATS", "0") not in ("", "0")
+        try:
+            self.stats_enabled = flag("RRTO_STATS", False)
+        except SwitchError:
+            self.stats_enabled = False  # a diagnostic switch must not break the app
         self.by_inference: dict[int, tuple[int, ...]] = {}
 
     def install(self) -> None:
