@@ -104,16 +104,8 @@ def written_args(op: Any) -> tuple[tuple[int, str], ...]:
 def _written_tensors(op: Any, args: list[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []
     for i, name in written_args(op):
-        _flatten(args[i] if i < len(args) else kwargs.get(name), out)
+        sizing.flatten_tensors(args[i] if i < len(args) else kwargs.get(name), out)
     return out
-
-
-def _flatten(value: Any, out: list[torch.Tensor]) -> None:
-    if isinstance(value, torch.Tensor):
-        out.append(value)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _flatten(v, out)
 
 
 def _has_non_tensor(value: Any) -> bool:
@@ -466,7 +458,7 @@ class TorchExecutor:
             with torch.inference_mode():
                 result = op(*args, **kwargs)
             outs: list[torch.Tensor] = []
-            _flatten(result, outs)
+            sizing.flatten_tensors(result, outs)
             for t in outs:
                 check_view(t, what)
             if writes:  # in place: sizes and strides of its arguments may have changed too

@@ -115,12 +115,14 @@ def _to_meta(x: Any, seen: dict[int, torch.Tensor]) -> Any:
     return x
 
 
-def _flatten(value: Any, out: list[torch.Tensor]) -> None:
+def flatten_tensors(value: Any, out: list[torch.Tensor]) -> None:
+    """Append the tensors of an operator's result or argument (nested lists and tuples) to
+    ``out``, in order: what the executor stores and what sizing charges are the same list."""
     if isinstance(value, torch.Tensor):
         out.append(value)
     elif isinstance(value, (list, tuple)):
         for v in value:
-            _flatten(v, out)
+            flatten_tensors(v, out)
 
 
 def _device_arg(op: torch._ops.OpOverload) -> int | None:
@@ -144,7 +146,7 @@ def _meta_bytes(op: torch._ops.OpOverload, args: list[Any], kwargs: dict[str, An
     with torch.inference_mode():
         result = op(*margs, **mkwargs)
     outs: list[torch.Tensor] = []
-    _flatten(result, outs)
+    flatten_tensors(result, outs)
     if any(t.device.type != "meta" for t in outs):
         raise Unsizable(f"operator {op._schema.name} made an output off the meta device: its "
                         "size cannot be checked before it runs")
