@@ -9,8 +9,6 @@ every operator the correctness suite and the benchmark send is on the list.
 from __future__ import annotations
 
 import json
-import queue
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -24,7 +22,7 @@ from rrto_plugins.torch.client import BIND_OP
 from rrtod import opnames
 from rrtod.config import ConfigError, from_mapping, load
 from rrtod.launch import Launcher
-from tests.conftest import TEST_DEFAULTS
+from tests.conftest import TEST_DEFAULTS, RawPeerSession
 
 REPO = Path(__file__).resolve().parent.parent
 OBSERVED = REPO / "bench" / "results" / "oplist"
@@ -37,29 +35,12 @@ UNSAFE_OPS = ("aten::_reshape_alias.default", "aten::_reshape_alias_copy.default
               "aten::_index_put_impl_.default")
 
 
-class RawSession:
+class RawSession(RawPeerSession):
     """One Peer.Session stream driven frame by frame, as a hostile robot would."""
 
     def __init__(self, address: str):
-        self.channel = grpc.insecure_channel(address)
-        self.up: queue.Queue[ops_pb2.SessionUp | None] = queue.Queue()
-        self.pending: list[ops_pb2.SessionDown] = []
-        stub = peer_pb2_grpc.PeerStub(self.channel)
-        self.down: Iterator[ops_pb2.SessionDown] = stub.Session(iter(self.up.get, None),
-                                                                timeout=60)
-        self.send(open=ops_pb2.SessionOpen(app="raw", executor="torch"))
-        assert self.recv().WhichOneof("msg") == "ready"
+        super().__init__(address, timeout=60)
         self.seq = 0
-
-    def send(self, **frame: object) -> None:
-        self.up.put(ops_pb2.SessionUp(**frame))
-
-    def recv(self) -> ops_pb2.SessionDown:
-        if not self.pending:
-            down = next(self.down)
-            # the host may batch replies: take them in order
-            self.pending = list(down.batch.frames) if down.WhichOneof("msg") == "batch" else [down]
-        return self.pending.pop(0)
 
     def call(self, op: str, args: list[ops_pb2.Value], out_id: int) -> None:
         self.seq += 1
@@ -72,8 +53,7 @@ class RawSession:
 
     def close(self) -> None:
         self.send(close=ops_pb2.Close())
-        self.up.put(None)
-        self.channel.close()
+        super().close()
 
 
 def ints(*xs: int) -> ops_pb2.Value:

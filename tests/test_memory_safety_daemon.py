@@ -8,7 +8,6 @@ psutil): a refused request must not have allocated first.
 from __future__ import annotations
 
 import json
-import queue
 import time
 
 import grpc
@@ -18,7 +17,7 @@ import pytest
 from rrto.v1 import ops_pb2, peer_pb2, peer_pb2_grpc
 from rrtod.grpc_options import CHANNEL_OPTIONS
 from rrtod.launch import Launcher
-from tests.conftest import TEST_DEFAULTS
+from tests.conftest import TEST_DEFAULTS, RawPeerSession
 
 MiB = 1 << 20
 EXECUTOR = {"device": "cpu", "memory_quota": "512MiB", "memory_limit": "1GiB",
@@ -27,25 +26,11 @@ EXECUTOR = {"device": "cpu", "memory_quota": "512MiB", "memory_limit": "1GiB",
             "allow_extra": ["unsafe:aten::_reshape_alias"]}
 
 
-class RawSession:
+class RawSession(RawPeerSession):
     """A session opened by hand on the GPU daemon's peer port, frame by frame."""
 
     def __init__(self, address: str, quota: int = 0):
-        self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-        self.frames: queue.Queue[ops_pb2.SessionUp | None] = queue.Queue()
-        self.replies = peer_pb2_grpc.PeerStub(self.channel).Session(iter(self.frames.get, None))
-        self.pending: list[ops_pb2.SessionDown] = []
-        self.send(open=ops_pb2.SessionOpen(app="raw", executor="torch", memory_quota=quota))
-        assert self.recv().WhichOneof("msg") == "ready"
-
-    def send(self, **frame: object) -> None:
-        self.frames.put(ops_pb2.SessionUp(**frame))
-
-    def recv(self) -> ops_pb2.SessionDown:
-        while not self.pending:
-            down = next(self.replies)
-            self.pending = list(down.batch.frames) if down.WhichOneof("msg") == "batch" else [down]
-        return self.pending.pop(0)
+        super().__init__(address, quota, options=tuple(CHANNEL_OPTIONS))
 
     def call(self, op: str, args: list[ops_pb2.Value], out_ids=(), seq=1, out_meta=(),
              sync=True) -> ops_pb2.SessionDown | None:
@@ -53,9 +38,6 @@ class RawSession:
                                       out_meta=list(out_meta), sync=sync))
         return self.recv() if sync else None
 
-    def close(self) -> None:
-        self.frames.put(None)
-        self.channel.close()
 
 
 def ints(*v: int) -> ops_pb2.Value:
