@@ -1,6 +1,6 @@
 """Energy per inference for a cell without a robot daemon (NTO), measured like the daemon does.
 
-The robot daemon's accountant (``rrtod.energy``) attributes the robot's energy to each inference
+The robot daemon's accountant (``rrtod.robot.energy``) attributes the robot's energy to each inference
 from the app's marks. The hand-written NTO client has no daemon, so the harness runs the same
 accountant with the meter the robot daemon would pick (``power.meter: auto`` with the default
 ``power`` section: the ``model`` meter on machines without a sensor), tracks the client process
@@ -16,7 +16,7 @@ import threading
 from typing import Any
 
 from rrtod.config import PowerConfig
-from rrtod.energy import EnergyAccountant, select_meter
+from rrtod.robot.energy import EnergyAccountant, select_meter
 
 SESSION = "nto"
 

@@ -9,7 +9,7 @@ Logs:
   first inference, a constant grid, in-place writes, several downloads), and a 10k-operator log
   of a recurrent app that carries its state into the next inference (no sequence exists).
 
-Each log is fed frame by frame into a ``rrtod.recorder.Recorder`` with the daemon's default
+Each log is fed frame by frame into a ``rrtod.robot.recorder.Recorder`` with the daemon's default
 search budget; a search runs whenever the recorder says one is due (synchronously here; the
 daemon runs it in a worker thread). Reported per log and search: inferences until found, the
 steady-state inference replay would start with, searches run, candidates verification rejected
@@ -44,9 +44,9 @@ from typing import Any
 from rrto.v1 import ops_pb2
 from rrto_plugins.search.dds import DataDependencySearch
 from rrto_plugins.search.period import PeriodSearch
-from rrtod.oplog import OpLog
-from rrtod.recorder import Recorder, SearchBudget
-from rrtod.search import search_log
+from rrtod.robot.oplog import OpLog
+from rrtod.robot.recorder import Recorder, SearchBudget
+from rrtod.robot.search import search_log
 
 REPO = Path(__file__).resolve().parent.parent
 APPS = REPO / "tests" / "apps"
@@ -354,7 +354,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "## Search budget on logs where nothing can be found (state carried across inferences)",
         "",
         "Without a budget a search runs after every download on the growing log; with the "
-        "default budget (`rrtod.recorder.SearchBudget`) searches back off exponentially once "
+        "default budget (`rrtod.robot.recorder.SearchBudget`) searches back off exponentially once "
         "failed searches have scanned its eager allowance.",
         "",
         "| log: budget | frames recorded | searches | entries scanned | search time (s) "

@@ -29,8 +29,8 @@ from rrtod.config import Config, ConfigError, LoadedConfig
 from rrtod.grpc_options import prefer_polling_engine
 from rrtod.local_server import Cred, LocalServer
 from rrtod.plugins import PluginError, Registry, discover
+from rrtod.robot.sequences import SequenceStore
 from rrtod.sdnotify import Notifier
-from rrtod.sequences import SequenceStore
 
 log = structlog.get_logger("rrtod")
 
@@ -78,12 +78,12 @@ class Daemon:
         loop = asyncio.get_running_loop()
         Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
         if "gpu" in cfg.roles:
-            from rrtod.gpu import GpuRole
+            from rrtod.gpu.service import GpuRole
 
             self.gpu = GpuRole(cfg, self.registry)
             await self.gpu.start()
         if "robot" in cfg.roles:
-            from rrtod.robot import RobotRole
+            from rrtod.robot.role import RobotRole
 
             self.energy = self._start_energy()
             self.robot = RobotRole(cfg, self.registry, self.energy)
@@ -107,7 +107,7 @@ class Daemon:
 
     def _start_energy(self) -> Any:
         try:
-            from rrtod.energy import EnergyAccountant, select_meter
+            from rrtod.robot.energy import EnergyAccountant, select_meter
         except ImportError:
             return None
         try:

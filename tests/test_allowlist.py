@@ -213,8 +213,8 @@ def test_uninitialized_creation_never_returns_freed_bytes(tmp_path):
     """``empty`` hands out whatever the allocator held: a block another session freed. The
     host zeroes it. (Without that, about one ``empty`` in seven here returned the 7s.)"""
     from rrto_plugins.torch.executor import TorchExecutor
-    from rrtod.blobstore import BlobStore
     from rrtod.executor import ExecutorContext
+    from rrtod.gpu.blobstore import BlobStore
 
     ex = TorchExecutor(ExecutorContext(device="cpu", memory_quota=1 << 20, allow_extra=(),
                                        deny=(), blobs=BlobStore(tmp_path / "b", 1 << 20),

@@ -8,7 +8,7 @@ import torch
 
 from rrto.v1 import ops_pb2
 from rrto_plugins.torch import codec
-from rrtod.blobstore import BlobError, BlobStore, content_hash, hash_of
+from rrtod.gpu.blobstore import BlobError, BlobStore, content_hash, hash_of
 
 ME, OTHER = "robot-a", "robot-b"
 

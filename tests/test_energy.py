@@ -10,11 +10,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from rrto_plugins.power.model import ModelMeter
-from rrtod import energy
 from rrtod.config import PowerConfig
-from rrtod.energy import EnergyAccountant, MeterError, SumMeter, machine_state, select_meter
 from rrtod.hookspecs import PowerMeterRecord
 from rrtod.plugins import PluginError, discover
+from rrtod.robot import energy
+from rrtod.robot.energy import EnergyAccountant, MeterError, SumMeter, machine_state, select_meter
 
 S = 1_000_000_000  # ns per second
 

@@ -14,8 +14,8 @@ import torch
 from rrto.v1 import ops_pb2
 from rrto_plugins.torch import codec
 from rrto_plugins.torch.executor import TorchExecutor
-from rrtod.blobstore import BlobStore
 from rrtod.executor import ExecutorContext, HostMemory
+from rrtod.gpu.blobstore import BlobStore
 
 MiB = 1 << 20
 

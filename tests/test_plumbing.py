@@ -12,9 +12,9 @@ import pytest
 from rrto.v1 import local_pb2, ops_pb2
 from rrtod import framing
 from rrtod.framing import FrameError, FrameReader, encode, session_prefix
-from rrtod.gpu import HostSession, Outbox
+from rrtod.gpu.service import HostSession, Outbox
 from rrtod.grpc_options import BATCH_BYTES
-from rrtod.robot import RobotRole
+from rrtod.robot.role import RobotRole
 
 
 def fetch(seq: int) -> local_pb2.LocalRequest:
@@ -206,7 +206,7 @@ def test_read_ahead_waits_for_the_worker_beyond_its_cap(monkeypatch) -> None:
     """Frames queued for the worker are capped in bytes: beyond the cap the stream is not
     read until the worker has executed some of them (gRPC flow control then holds the robot
     back), instead of queueing without bound."""
-    import rrtod.gpu as gpu
+    import rrtod.gpu.service as gpu
 
     monkeypatch.setattr(gpu, "READ_AHEAD_BYTES", 100)
 

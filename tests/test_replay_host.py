@@ -7,7 +7,7 @@ from __future__ import annotations
 import struct
 
 from rrto.v1 import ops_pb2
-from rrtod.replay_host import HostReplayer
+from rrtod.gpu.replay import HostReplayer
 
 SRC = ops_pb2.SeqSource
 

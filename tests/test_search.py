@@ -10,8 +10,8 @@ import pytest
 from rrto.v1 import ops_pb2
 from rrto_plugins.search.dds import DataDependencySearch
 from rrto_plugins.search.period import PeriodSearch, tail_periods, z_function
-from rrtod.oplog import OpLog
-from rrtod.search import Candidate, best, search_log, verify
+from rrtod.robot.oplog import OpLog
+from rrtod.robot.search import Candidate, best, search_log, verify
 
 META = ops_pb2.TensorMeta(dtype="float32", shape=[1, 8], stride=[8, 1], device="cpu")
 

@@ -27,8 +27,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rrto.v1 import local_pb2, ops_pb2, peer_pb2, peer_pb2_grpc
-from rrtod.access import AccessPolicy
 from rrtod.config import from_mapping
+from rrtod.gpu.access import AccessPolicy
 from rrtod.tls import certificate_identity
 
 from .conftest import ECHO, call, free_port, open_app

@@ -163,7 +163,7 @@ def test_releases_free_host_memory(offload):
 
 
 def test_persistent_tensors_uploaded_once_across_sessions(tmp_path):
-    from rrtod.blobstore import BlobStore
+    from rrtod.gpu.blobstore import BlobStore
     blobs = BlobStore(tmp_path / "blobs", 1 << 30)
     m = mlp()
     first = loopback(tmp_path, blobs=blobs)

@@ -8,7 +8,7 @@ import torch
 from rrto.v1 import ops_pb2
 from rrto_plugins.torch import codec
 from rrto_plugins.torch.allowlist import Allowlist, builtin_names
-from rrtod.oplog import released_ids
+from rrtod.robot.oplog import released_ids
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64,

@@ -8,8 +8,8 @@ import torch
 from rrto.v1 import ops_pb2
 from rrto_plugins.torch import codec
 from rrto_plugins.torch.executor import TorchExecutor
-from rrtod.blobstore import BlobStore, hash_of
 from rrtod.executor import ExecutorContext
+from rrtod.gpu.blobstore import BlobStore, hash_of
 
 
 def make(tmp_path, quota=1 << 20, **kw) -> TorchExecutor:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from rrtod.energy import STATES, machine_state
+from rrtod.robot.energy import STATES, machine_state
 
 __all__ = ["STATES", "Meter", "MeterUnavailable", "machine_state"]
 

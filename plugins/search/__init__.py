@@ -1,5 +1,5 @@
 """Sequence searches: find one inference's operator sequence in an op log, with no hint from
-the app. Each proposes candidates; ``rrtod.search.verify`` decides."""
+the app. Each proposes candidates; ``rrtod.robot.search.verify`` decides."""
 
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ period, shortest first, the periodic tail of the log is found with one vectorise
 within it, block starts are limited to start candidates, calls whose tensors are all fresh
 uploads, persistent tensors or values that existed before the steady state (never values the
 previous block wrote). Starts right after a download (where an app begins its next inference)
-are proposed first. Candidates are yielded lazily: ``rrtod.search.search_log`` stops at the
-first one that ``rrtod.search.verify`` accepts.
+are proposed first. Candidates are yielded lazily: ``rrtod.robot.search.search_log`` stops at the
+first one that ``rrtod.robot.search.verify`` accepts.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from rrtod.oplog import LoggedCall, resolve_reads
-from rrtod.search import Candidate
+from rrtod.robot.oplog import LoggedCall, resolve_reads
+from rrtod.robot.search import Candidate
 
 
 class DataDependencySearch:

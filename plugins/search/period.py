@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from rrtod.oplog import LoggedCall
-from rrtod.search import Candidate
+from rrtod.robot.oplog import LoggedCall
+from rrtod.robot.search import Candidate
 
 
 def z_function(seq: list[int]) -> list[int]:

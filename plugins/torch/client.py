@@ -24,7 +24,7 @@ import torch.utils._mode_utils
 from torch._subclasses.fake_tensor import DynamicOutputShapeException
 
 from rrto.v1 import ops_pb2
-from rrtod.blobstore import content_hash
+from rrtod.gpu.blobstore import content_hash
 
 from . import codec
 from .channel import Channel
@@ -317,7 +317,7 @@ class RemoteSession:
     def release_now(self, at_least: int) -> None:
         """Send pending releases now, if there are ``at_least``: while the app waits for a
         replayed output, the host can free what the app dropped before it computes on (see
-        rrtod/replay_host.py); a few releases are not worth a message of their own."""
+        rrtod/gpu/replay.py); a few releases are not worth a message of their own."""
         if len(self.released) >= at_least:
             self.send_frames([])
 

@@ -98,7 +98,7 @@ def release_of(ids: Iterable[int]) -> ops_pb2.Release:
     for i in sorted(ids):
         gaps.append(i - last)
         last = i
-    return ops_pb2.Release(gaps=gaps)  # read back by rrtod.oplog.released_ids
+    return ops_pb2.Release(gaps=gaps)  # read back by rrtod.robot.oplog.released_ids
 
 
 class EncodedFrame:

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 
 from rrto.v1 import ops_pb2
-from rrtod.blobstore import BlobError, hash_of
 from rrtod.executor import ExecutorContext
-from rrtod.oplog import released_ids
+from rrtod.gpu.blobstore import BlobError, hash_of
+from rrtod.robot.oplog import released_ids
 
 from . import codec, sizing
 from .allowlist import Allowlist, OpNotAllowed
@@ -290,7 +290,7 @@ class TorchExecutor:
             "bytes_queued": self.store.queued,
         }
 
-    # -- replies queued for the client (rrtod/gpu.py Outbox) ---------------------------------
+    # -- replies queued for the client (rrtod/gpu/service.py Outbox) ---------------------------------
     def charge_reply(self, nbytes: int) -> str | None:
         """A reply of ``nbytes`` waits to be sent: count it against the session's quota and
         the host's limit. The reason when there is no room (the client does not read)."""
@@ -303,7 +303,7 @@ class TorchExecutor:
     def refund_reply(self, nbytes: int) -> None:
         self.store.unqueue_reply(nbytes)
 
-    # -- replay support (rrtod/replay_host.py) ------------------------------------------------
+    # -- replay support (rrtod/gpu/replay.py) ------------------------------------------------
     def snapshot(self, ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Copies of live tensors a replayed call is about to overwrite in place (``relu_``
         on an earlier output, a running statistic). Unknown ids have nothing to protect."""
@@ -414,7 +414,7 @@ class TorchExecutor:
         return self._execute(decode, what, [_layout(m) for m in call.out_meta], list(call.out_ids),
                              call.seq, call.sync, call.want_meta, counts)
 
-    # -- replay fast path (rrtod/replay_host.py) ----------------------------------------------
+    # -- replay fast path (rrtod/gpu/replay.py) ----------------------------------------------
     def prepare(self, call: ops_pb2.OpCall) -> PreparedCall:
         """``call`` decoded once for replay: a replayed inference then only fills in its
         tensors (``run_prepared``) instead of decoding a protobuf call per operator. Raises

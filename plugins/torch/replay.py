@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from rrto.v1 import ops_pb2
-from rrtod.oplog import iter_tensor_refs
+from rrtod.robot.oplog import iter_tensor_refs
 
 from . import codec
 from .proxy import Handle, RemoteTensor, new_proxy

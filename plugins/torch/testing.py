@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rrtod.blobstore import BlobStore
 from rrtod.executor import ExecutorContext
+from rrtod.gpu.blobstore import BlobStore
 
 from .channel import LoopbackChannel
 from .executor import TorchExecutor

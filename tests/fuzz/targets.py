@@ -16,7 +16,7 @@ peer_session       the GPU daemon's Session stream (SessionOpen, then     none e
                    SessionUp frames and batches) into a TorchExecutor      SessionDown(error)
                    and HostReplayer; the unary requests' messages          DecodeError (raw)
 codec              plugins/torch/codec decode_value, from_tensor_data      CodecError
-replay_defs        replay_host.compile_sequence, then HostReplayer         ValueError/KeyError
+replay_defs        gpu.replay.compile_sequence, then HostReplayer         ValueError/KeyError
                    replays of the definition with a TorchExecutor          (compile); none after
 =================  =====================================================  ====================
 """
@@ -37,15 +37,15 @@ from rrto.v1 import local_pb2, ops_pb2, peer_pb2
 from rrto_plugins.search.dds import DataDependencySearch
 from rrto_plugins.torch import codec
 from rrto_plugins.torch.executor import TorchExecutor
-from rrtod.blobstore import BlobStore
 from rrtod.config import SocketLimitsConfig
 from rrtod.executor import ExecutorContext
 from rrtod.framing import HEADER, ByteBudget, FrameError, FrameReader, encode, read_frame
-from rrtod.gpu import REPLAY_FRAMES
+from rrtod.gpu.blobstore import BlobStore
+from rrtod.gpu.replay import HostReplayer, compile_sequence
+from rrtod.gpu.service import REPLAY_FRAMES
 from rrtod.local_server import STREAM_LIMIT, Connection, LocalServer
-from rrtod.recorder import Recorder
-from rrtod.replay_host import HostReplayer, compile_sequence
-from rrtod.robot import AppSession, RobotRole
+from rrtod.robot.recorder import Recorder
+from rrtod.robot.role import AppSession, RobotRole
 
 from . import TARGET_NAMES
 from .protogen import Builder
@@ -279,7 +279,7 @@ def replay_defs(data: bytes) -> None:
     builder = Builder(fdp, budget=200)
     d = builder.build(ops_pb2.SequenceDef)
     if fdp.ConsumeBool():  # as many sources as tensor arguments: past the first check
-        from rrtod.oplog import iter_tensor_refs
+        from rrtod.robot.oplog import iter_tensor_refs
 
         n = sum(1 for call in d.calls for _ in iter_tensor_refs(call))
         del d.sources[n:]

@@ -28,7 +28,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from rrtod.oplog import LoggedCall, resolve_reads
+from rrtod.robot.oplog import LoggedCall, resolve_reads
 
 # (op position in block, ref position in op) -> where the tensor comes from
 Source = tuple[str, object]

@@ -9,7 +9,7 @@ The service listens on a unix socket beside the app socket (``peer.sock``, with 
 file mode) and, only when ``listen`` names one, on a TCP port secured by ``tls``. Every peer
 method except the standard health service (left open for load balancers and probes: it tells
 only whether the daemon serves) first establishes who calls (``rrtod.tls.peer_identity``) and
-whether the access rules admit them (``rrtod.access``), and refuses the call otherwise.
+whether the access rules admit them (``rrtod.gpu.access``), and refuses the call otherwise.
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from rrto.v1 import ops_pb2, peer_pb2, peer_pb2_grpc
 from rrtod import __version__, framing
-from rrtod.access import AccessPolicy, Grant
 from rrtod.config import Config
 from rrtod.executor import Executor, ExecutorContext, HostMemory
+from rrtod.gpu.access import AccessPolicy, Grant
+from rrtod.gpu.replay import HostReplayer
 from rrtod.grpc_options import BATCH_BYTES, SERVER_OPTIONS
 from rrtod.local_server import _in_use
 from rrtod.plugins import PluginError, Registry
-from rrtod.replay_host import HostReplayer
 from rrtod.tls import LOCAL, peer_identity, server_credentials
 
 log = structlog.get_logger("rrtod.gpu")
@@ -307,7 +307,7 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
 
     # ----- lifecycle -----
     async def start(self) -> None:
-        from rrtod.blobstore import BlobStore  # the torch backend's weight cache, framework-neutral
+        from rrtod.gpu.blobstore import BlobStore  # the torch backend's weight cache, framework-neutral
 
         if self.device == "auto":  # importing torch takes seconds: not on the event loop
             self.device = await asyncio.to_thread(_probe_device)

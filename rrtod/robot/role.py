@@ -30,9 +30,9 @@ from rrtod.framing import (
     session_prefix,
 )
 from rrtod.grpc_options import BATCH_BYTES
-from rrtod.host_link import HostLink
 from rrtod.plugins import Registry
-from rrtod.recorder import Recorder
+from rrtod.robot.host_link import HostLink
+from rrtod.robot.recorder import Recorder
 
 log = structlog.get_logger("rrtod.robot")
 
