@@ -77,7 +77,7 @@ def build(fn: Callable[[], torch.nn.Module]) -> torch.nn.Module:
 def offloaded(sock: str, fn: Callable, make: Callable, mode: str, grad: str,
               runs: int) -> dict[str, Any]:
     from rrto_plugins.torch import make_interceptor
-    from rrto_plugins.torch.channel import SocketChannel
+    from rrtod.shim.channel import SocketChannel
 
     channel = SocketChannel(sock, app="bench-forwarding", pid=os.getpid(), argv=sys.argv)
     try:  # plain forwarding: keep record/replay out of these figures

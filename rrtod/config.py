@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from rrtod import opnames
-from rrtod.framing import MAX_FRAME
+from rrtod.wire import MAX_FRAME
 
 DEFAULT_PATH = Path("/etc/rrto/rrtod.yaml")
 ENV_PATH = "RRTO_CONFIG"

@@ -1,4 +1,6 @@
-"""Length-prefixed protobuf frames on a SOCK_STREAM unix socket.
+"""Stream I/O of length-prefixed protobuf frames on a SOCK_STREAM unix socket: readers,
+writers, receive budgets, hop tracing. What a frame is (``HEADER``, ``MAX_FRAME``, the session
+envelope) is declared in ``rrtod.wire``; this module moves frames.
 
 Each frame is a 4-byte little-endian length, then that many bytes of one serialized message.
 A framed socket costs ~0.05 ms a round trip here against ~0.5 ms for gRPC (shared/NOTES.md), which
@@ -15,13 +17,12 @@ import atexit
 import json
 import os
 import socket
-import struct
 import time
 
 from google.protobuf.message import DecodeError, Message
 
-HEADER = struct.Struct("<I")
-MAX_FRAME = 1 << 30  # 1 GiB: larger than any single tensor we ship in one frame
+from rrtod.wire import HEADER, MAX_FRAME
+
 READ_CHUNK = 1 << 18  # what a relay reads at once: a burst of small frames, or a large one's head
 JOIN_BYTES = 64 << 10  # writes up to this size are joined into one buffer, larger ones not
 
@@ -194,14 +195,6 @@ class FrameReader:
                 self.budget.give(missing)
 
 
-def session_prefix(length: int) -> bytes:
-    """Header and field tag of a ``LocalRequest``/``LocalReply`` whose ``session`` (field 2 in
-    both) holds ``length`` bytes of a serialized frame: lets the shim and the robot daemon wrap
-    a frame's bytes without copying the message into the envelope first."""
-    tag = b"\x12" + _varint(length)
-    return HEADER.pack(len(tag) + length) + tag
-
-
 def send_parts(sock: socket.socket, parts: list[bytes]) -> None:
     """``sendall`` of the parts' concatenation; large ones are not copied into one buffer
     first (a fresh buffer of a few MB costs more than the syscalls)."""
@@ -217,18 +210,6 @@ def send_parts(sock: socket.socket, parts: list[bytes]) -> None:
             else:
                 views[0] = views[0][sent:]
                 sent = 0
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
 
 
 class FramedSocket:

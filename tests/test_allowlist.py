@@ -18,10 +18,10 @@ import torch
 from rrto.v1 import ops_pb2, peer_pb2, peer_pb2_grpc
 from rrto_plugins.torch import codec
 from rrto_plugins.torch.allowlist import Allowlist, builtin_entries, builtin_names
-from rrto_plugins.torch.client import BIND_OP
 from rrtod import opnames
 from rrtod.config import ConfigError, from_mapping, load
 from rrtod.launch import Launcher
+from rrtod.wire import BIND_OP
 from tests.conftest import TEST_DEFAULTS, RawPeerSession
 
 REPO = Path(__file__).resolve().parent.parent

@@ -8,7 +8,8 @@ import torch
 
 from rrto.v1 import ops_pb2
 from rrto_plugins.torch import codec
-from rrtod.gpu.blobstore import BlobError, BlobStore, content_hash, hash_of
+from rrtod.gpu.blobstore import BlobError, BlobStore
+from rrtod.wire import hash_of
 
 ME, OTHER = "robot-a", "robot-b"
 
@@ -136,13 +137,6 @@ def test_shared_mode_shows_every_entry_to_everyone(tmp_path):
     key, data = blob(1)
     store.put(key, data, ME)
     assert store.has(key, OTHER) and store.get(key, OTHER).data == data.data
-
-
-def test_hash_is_blake3_256_of_dtype_shape_and_bytes():
-    import blake3
-
-    assert content_hash("float32", [2], b"\0" * 8) == blake3.blake3(b"float32:2;" + b"\0" * 8).digest()
-    assert len(content_hash("float32", [2], b"\0" * 8)) == 32
 
 
 def test_files_of_older_versions_are_removed_at_start(tmp_path):

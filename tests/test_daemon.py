@@ -16,7 +16,8 @@ from pathlib import Path
 import yaml
 
 from rrto.v1 import local_pb2, ops_pb2
-from rrtod.framing import HEADER, FramedSocket
+from rrtod.framing import FramedSocket
+from rrtod.wire import HEADER
 
 from .conftest import BIN, ECHO, call, free_port, open_app
 

@@ -10,8 +10,8 @@ import types
 import pytest
 
 from rrto.v1 import local_pb2, ops_pb2
-from rrtod import framing
-from rrtod.framing import FrameError, FrameReader, encode, session_prefix
+from rrtod import framing, wire
+from rrtod.framing import FrameError, FrameReader, encode
 from rrtod.gpu.service import HostSession, Outbox
 from rrtod.grpc_options import BATCH_BYTES
 from rrtod.robot.role import RobotRole
@@ -28,13 +28,6 @@ def reader_of(*chunks: bytes, eof: bool = True) -> asyncio.StreamReader:
     if eof:
         reader.feed_eof()
     return reader
-
-
-def test_session_prefix_is_the_envelope() -> None:
-    for up in (ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=1)),
-               ops_pb2.SessionUp(blob=ops_pb2.BlobPut(hash=b"x" * 70000))):
-        body = up.SerializeToString()
-        assert session_prefix(len(body)) + body == encode(local_pb2.LocalRequest(session=up))
 
 
 def test_frame_reader_returns_what_arrived_together() -> None:
@@ -60,7 +53,7 @@ def test_frame_reader_large_frame_and_errors() -> None:
             got += frames
         assert got == [big, fetch(7)]
         # Good frames before a malformed one are returned first; the next read raises.
-        bad = framing.HEADER.pack(3) + b"\xff\xff\xff"
+        bad = wire.HEADER.pack(3) + b"\xff\xff\xff"
         r = FrameReader(reader_of(encode(fetch(1)) + bad), local_pb2.LocalRequest)
         assert [f.session.fetch.seq for f in await r.read()] == [1]
         with pytest.raises(FrameError):
@@ -68,7 +61,7 @@ def test_frame_reader_large_frame_and_errors() -> None:
         r = FrameReader(reader_of(encode(fetch(1))[:-1]), local_pb2.LocalRequest)
         with pytest.raises(FrameError, match="inside a frame"):
             await r.read()
-        r = FrameReader(reader_of(framing.HEADER.pack(framing.MAX_FRAME + 1)),
+        r = FrameReader(reader_of(wire.HEADER.pack(wire.MAX_FRAME + 1)),
                         local_pb2.LocalRequest)
         with pytest.raises(FrameError, match="exceeds"):
             await r.read()

@@ -13,8 +13,9 @@ import psutil
 import pytest
 
 from rrto.v1 import local_pb2
-from rrto_plugins.torch.channel import SocketChannel
-from rrtod.framing import HEADER, FramedSocket
+from rrtod.framing import FramedSocket
+from rrtod.shim.channel import SocketChannel
+from rrtod.wire import HEADER
 
 from .conftest import ECHO, open_app
 

@@ -8,7 +8,6 @@ import torch
 from rrto.v1 import ops_pb2
 from rrto_plugins.torch import codec
 from rrto_plugins.torch.allowlist import Allowlist, builtin_names
-from rrtod.robot.oplog import released_ids
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64,
@@ -71,21 +70,6 @@ def test_allowlist_refuses_files_storages_and_foreign_namespaces():
     assert "aten::addmm.default" in names and not any("from_file" in n for n in names)
 
 
-def test_release_is_gap_encoded_and_reads_both_encodings():
-    base = 1 << 52  # a replayed inference's ids
-    ids = [base + 7, base + 3, base + 4, 12, base + 200]
-    msg = codec.release_of(ids)
-    assert not msg.ids and sorted(released_ids(msg)) == sorted(ids)
-    wire = ops_pb2.Release.FromString(msg.SerializeToString())
-    assert sorted(released_ids(wire)) == sorted(ids)
-    # One byte per id close to the one before, against eight each as plain ids.
-    many = [base + 2 * i for i in range(100)]
-    assert len(codec.release_of(many).SerializeToString()) < 120
-    assert len(ops_pb2.Release(ids=many).SerializeToString()) > 700
-    assert released_ids(ops_pb2.Release(ids=[5, 9])) == [5, 9]  # the plain list too
-    assert released_ids(codec.release_of([])) == []
-
-
 @pytest.mark.parametrize("t", [
     torch.randn(1, 3, 64, 64),  # 48 KiB: beyond one join, sent from the tensor's memory
     torch.arange(12.0).reshape(3, 4).t(),  # non-contiguous: uploaded C-contiguous
@@ -121,7 +105,7 @@ def test_socket_channel_writes_encoded_frames_in_order():
     import threading
 
     from rrto.v1 import local_pb2
-    from rrto_plugins.torch.channel import SocketChannel
+    from rrtod.shim.channel import SocketChannel
 
     a, b = socket.socketpair()
     channel = SocketChannel.__new__(SocketChannel)  # the hello is not what is tested here

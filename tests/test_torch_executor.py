@@ -9,7 +9,8 @@ from rrto.v1 import ops_pb2
 from rrto_plugins.torch import codec
 from rrto_plugins.torch.executor import TorchExecutor
 from rrtod.executor import ExecutorContext
-from rrtod.gpu.blobstore import BlobStore, hash_of
+from rrtod.gpu.blobstore import BlobStore
+from rrtod.wire import hash_of
 
 
 def make(tmp_path, quota=1 << 20, **kw) -> TorchExecutor:

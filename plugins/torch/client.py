@@ -24,10 +24,10 @@ import torch.utils._mode_utils
 from torch._subclasses.fake_tensor import DynamicOutputShapeException
 
 from rrto.v1 import ops_pb2
-from rrtod.gpu.blobstore import content_hash
+from rrtod.shim.channel import Channel
+from rrtod.wire import BIND_OP, content_hash, release_of
 
 from . import codec
-from .channel import Channel
 from .errors import HostLost, OffloadError, RemoteOpError
 from .proxy import Handle, RemoteTensor, new_proxy
 
@@ -36,7 +36,6 @@ try:  # record/replay builds on this client (plugins/torch/replay.py)
 except ImportError:  # a tree without it: plain forwarding
     MISS, ReplayClient = object(), None
 
-BIND_OP = "aten::alias.default"  # see RemoteSession._bind
 _GRAD = {"inference": ops_pb2.INFERENCE_MODE, "no_grad": ops_pb2.NO_GRAD,
          "grad": ops_pb2.GRAD_ENABLED}
 # Operators answered without the host: they only relabel a handle.
@@ -277,7 +276,7 @@ class RemoteSession:
             frames = []
             if self.released:
                 ids, self.released = self.released, []
-                frames.append(ops_pb2.SessionUp(release=codec.release_of(ids)))
+                frames.append(ops_pb2.SessionUp(release=release_of(ids)))
             if numbered:  # a call or fetch: number it in send order
                 self._seq += 1
                 getattr(up, up.WhichOneof("msg")).seq = self._seq
@@ -304,7 +303,7 @@ class RemoteSession:
                 raise HostLost(self.lost)
             if self.released:
                 ids, self.released = self.released, []
-                frames = [ops_pb2.SessionUp(release=codec.release_of(ids)), *frames]
+                frames = [ops_pb2.SessionUp(release=release_of(ids)), *frames]
             if not frames:
                 return
             try:

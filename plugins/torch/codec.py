@@ -8,12 +8,13 @@ into uploads, and the host can turn refs back into its own tensors.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from rrto.v1 import ops_pb2
+from rrtod.wire import EncodedFrame, upload_frame
 
 # dtype <-> wire name (torch's own name without "torch.").
 DTYPES: dict[str, torch.dtype] = {
@@ -91,63 +92,12 @@ def tensor_data(t: torch.Tensor, device: str | None = None) -> ops_pb2.TensorDat
     return ops_pb2.TensorData(meta=meta, data=bytes(raw_bytes(cpu)))
 
 
-def release_of(ids: Iterable[int]) -> ops_pb2.Release:
-    """A ``Release`` of ``ids``, as gaps between the sorted ids: a replayed inference drops
-    hundreds of ids near 2^52, which cost a byte each this way instead of eight."""
-    gaps, last = [], 0
-    for i in sorted(ids):
-        gaps.append(i - last)
-        last = i
-    return ops_pb2.Release(gaps=gaps)  # read back by rrtod.robot.oplog.released_ids
-
-
-class EncodedFrame:
-    """A ``SessionUp`` already in wire form, as parts: the bytes of a large upload stay in the
-    tensor's own memory until the socket copies them (building the message instead copies
-    them once per nesting level, then to serialize: ~47 us for a 48 KiB input here, ~9 us
-    this way). Channels that take messages get it back through ``SerializeToString``."""
-
-    __slots__ = ("parts", "size", "kind")
-
-    def __init__(self, parts: list[Any], kind: str):
-        self.parts = parts
-        self.size = sum(len(p) for p in parts)
-        self.kind = kind
-
-    def SerializeToString(self) -> bytes:  # noqa: N802 - the protobuf message method
-        return b"".join(self.parts)
-
-    def WhichOneof(self, name: str) -> str:  # noqa: N802
-        return self.kind
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _len_key(message: Any, field: str) -> bytes:
-    """The key of a length-delimited field (wire type 2), by its number in the schema."""
-    return _varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | 2)
-
-
-_ARG_KEY = _len_key(ops_pb2.SessionUp, "arg")
-_SLOT_KEY = _varint(ops_pb2.ReplayArg.DESCRIPTOR.fields_by_name["slot"].number << 3)
-_TENSOR_KEY = _len_key(ops_pb2.ReplayArg, "tensor")
-_UPLOAD_KEY = _len_key(ops_pb2.TensorRef, "upload")
-_META_KEY = _len_key(ops_pb2.TensorData, "meta")
-_DATA_KEY = _len_key(ops_pb2.TensorData, "data")
-
-
 def replay_upload(slot: int, t: torch.Tensor, meta_cache: dict[Any, bytes]) -> EncodedFrame:
     """``SessionUp(arg=ReplayArg(slot, tensor=TensorRef(upload=tensor_data(t))))``, encoded
-    without copying ``t``'s bytes. ``meta_cache`` keeps the serialized metadata per (dtype,
-    shape, device): an app's inputs have the same few, inference after inference (replay
-    only uploads inputs with the metadata its sequences recorded, so the cache stays small)."""
+    without copying ``t``'s bytes (``wire.upload_frame``). ``meta_cache`` keeps the serialized
+    metadata per (dtype, shape, device): an app's inputs have the same few, inference after
+    inference (replay only uploads inputs with the metadata its sequences recorded, so the
+    cache stays small)."""
     cpu = t.detach()
     if cpu.device.type != "cpu":
         cpu = cpu.cpu()
@@ -159,15 +109,7 @@ def replay_upload(slot: int, t: torch.Tensor, meta_cache: dict[Any, bytes]) -> E
         m.storage_offset = 0
         m.requires_grad = False
         meta = meta_cache[key] = m.SerializeToString()
-    data = raw_bytes(cpu)
-    tensor_data = _META_KEY + _varint(len(meta)) + meta + _DATA_KEY + _varint(len(data))
-    size = len(tensor_data) + len(data)
-    ref = _UPLOAD_KEY + _varint(size)
-    size += len(ref)
-    arg = _SLOT_KEY + _varint(slot) + _TENSOR_KEY + _varint(size)
-    size += len(arg)
-    head = _ARG_KEY + _varint(size) + arg + ref + tensor_data
-    return EncodedFrame([head, data] if len(data) else [head], "arg")
+    return upload_frame(slot, meta, raw_bytes(cpu))
 
 
 def from_tensor_data(msg: ops_pb2.TensorData, device: str | torch.device = "cpu") -> torch.Tensor:

@@ -25,18 +25,13 @@ import torch
 
 from rrto.v1 import ops_pb2
 from rrtod.executor import ExecutorContext
-from rrtod.gpu.blobstore import BlobError, hash_of
-from rrtod.robot.oplog import released_ids
+from rrtod.gpu.blobstore import BlobError
+from rrtod.wire import BIND_OP, HOST_ID_BASE, hash_of, released_ids
 
 from . import codec, sizing
 from .allowlist import Allowlist, OpNotAllowed
 from .bounds import BadView, check_view
 from .store import QuotaExceeded, TensorStore
-
-# The client binds a persistent tensor to its id with a bind-only alias call (client._bind).
-BIND_OP = "aten::alias.default"
-# Ids the host assigns to outputs the client did not name (data-dependent output counts).
-HOST_ID_BASE = 1 << 62
 
 
 class CallFailed(Exception):

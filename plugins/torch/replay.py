@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from rrto.v1 import ops_pb2
-from rrtod.robot.oplog import iter_tensor_refs
+from rrtod.wire import HOST_ID_BASE, REPLAY_BASE, SPAN, iter_tensor_refs
 
 from . import codec
 from .proxy import Handle, RemoteTensor, new_proxy
@@ -34,9 +34,6 @@ _PRODUCED, _INPUT, _PERSISTENT = SRC.PRODUCED, SRC.INPUT, SRC.PERSISTENT
 MISS = object()  # dispatch: not answered by replay, forward it
 _T = object()  # a tensor's place in an argument structure
 
-# Replayed outputs take ids from their own range: base = REPLAY_BASE + inference * SPAN.
-REPLAY_BASE = 1 << 52
-SPAN = 1 << 20
 GIVE_UP_AFTER = 3  # consecutive mismatches before a sequence is dropped
 RELEASE_EARLY_AT = 32  # released values worth a frame of their own while waiting for a push
 
@@ -362,7 +359,7 @@ class ReplayClient:
                     return None
             if len(found) != len(step.slots):
                 return None
-        frames: list[Any] | None = None  # messages, or codec.EncodedFrame for uploads
+        frames: list[Any] | None = None  # messages, or wire.EncodedFrame for uploads
         bind: dict[int, Handle] | None = None  # committed only if the whole call matches
         sent: list[tuple[int, tuple[Any, ...], memoryview]] | None = None  # likewise
         bindings = act.seq.bindings
@@ -504,7 +501,7 @@ class ReplayClient:
 
     # ----- downloads -----
     def is_replayed(self, oid: int) -> bool:
-        return oid >= REPLAY_BASE and oid < (1 << 62)
+        return REPLAY_BASE <= oid < HOST_ID_BASE
 
     def take(self, oid: int) -> ops_pb2.TensorData | None:
         """The pushed value of a replayed output, waiting for it; None when it is not pushed

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from rrtod.executor import ExecutorContext
 from rrtod.gpu.blobstore import BlobStore
+from rrtod.shim.channel import LoopbackChannel
 
-from .channel import LoopbackChannel
 from .executor import TorchExecutor
 from .interceptor import TorchInterceptor
 

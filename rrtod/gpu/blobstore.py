@@ -1,7 +1,8 @@
 """The GPU daemon's content-addressed weight cache on disk.
 
 Persistent tensors (parameters, buffers) are named by a hash of their content, so a restarted app
-offers the same names and uploads nothing the host already has. The hash is BLAKE3-256: a robot
+offers the same names and uploads nothing the host already has. The name is
+``rrtod.wire.content_hash`` (the app's client computes it too), BLAKE3-256: a robot
 must not be able to make another robot's weights resolve to its own bytes, so the name has to be
 collision-resistant (xxh3, used before, is not). BLAKE3 is the fastest such hash here
 (``python -m bench.hashes``: ~0.3-0.7 ms/MB against ~1.2-1.4 for SHA-256 and ~2.6-3.4 for
@@ -28,13 +29,12 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
-import blake3
 import structlog
 from google.protobuf.message import DecodeError
 
 from rrto.v1 import ops_pb2
+from rrtod.wire import HASH_BYTES, hash_of
 
-HASH_BYTES = 32
 OWNERS = ".owners"
 
 log = structlog.get_logger("rrtod.blobs")
@@ -42,22 +42,6 @@ log = structlog.get_logger("rrtod.blobs")
 
 class BlobError(ValueError):
     """A blob that does not match its name, or one the cache cannot hold."""
-
-
-def content_hash(dtype: str, shape: list[int] | tuple[int, ...], data: bytes | memoryview) -> bytes:
-    """BLAKE3-256 over the dtype, the shape and the raw C-contiguous bytes. The app's shim names
-    its weights with this same function.
-
-    dtype and shape are part of the name because the same bytes reinterpreted are another tensor.
-    """
-    h = blake3.blake3()
-    h.update(f"{dtype}:{','.join(str(int(s)) for s in shape)};".encode())
-    h.update(data)
-    return h.digest(HASH_BYTES)
-
-
-def hash_of(tensor: ops_pb2.TensorData) -> bytes:
-    return content_hash(tensor.meta.dtype, list(tensor.meta.shape), tensor.data)
 
 
 class _Entry:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rrto.v1 import ops_pb2
-from rrtod.robot.oplog import iter_tensor_refs, released_ids
+from rrtod.wire import iter_tensor_refs, released_ids
 
 Emit = Callable[[ops_pb2.SessionDown], None]
 SRC = ops_pb2.SeqSource

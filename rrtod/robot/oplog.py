@@ -18,12 +18,11 @@ calls) from snapshots of the lists, so the relay may keep appending meanwhile.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import accumulate
 from typing import Any
 
 from rrto.v1 import ops_pb2
+from rrtod.wire import iter_tensor_refs
 
 Ref = tuple[str, Any]
 # For a live ref: (position of the latest write before the call, output index of that write or
@@ -254,24 +253,3 @@ def _value_sig(value: ops_pb2.Value, refs: list[Ref], metas: dict[int, bytes]) -
     if kind == "c":
         return ("c", value.c.real, value.c.imag)
     return (kind, getattr(value, kind)) if kind else None
-
-
-def released_ids(msg: ops_pb2.Release) -> list[int]:
-    """The ids a ``Release`` names, in either encoding (plain, or gaps between sorted ids)."""
-    return [*msg.ids, *accumulate(msg.gaps)]
-
-
-def iter_tensor_refs(call: ops_pb2.OpCall) -> Iterator[ops_pb2.TensorRef]:
-    """Every TensorRef of a call, in the same order as ``LoggedCall.refs``."""
-    def walk(v: ops_pb2.Value) -> Iterator[ops_pb2.TensorRef]:
-        kind = v.WhichOneof("kind")
-        if kind == "tensor":
-            yield v.tensor
-        elif kind in ("list", "tuple"):
-            for item in getattr(v, kind).items:
-                yield from walk(item)
-
-    for v in call.args:
-        yield from walk(v)
-    for k in sorted(call.kwargs):
-        yield from walk(call.kwargs[k])

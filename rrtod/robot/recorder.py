@@ -26,8 +26,9 @@ import structlog
 import xxhash
 
 from rrto.v1 import ops_pb2
-from rrtod.robot.oplog import LoggedCall, OpLog, iter_tensor_refs
+from rrtod.robot.oplog import LoggedCall, OpLog
 from rrtod.robot.search import Found, SequenceSearch, search_log
+from rrtod.wire import iter_tensor_refs
 
 log = structlog.get_logger("rrtod.recorder")
 SRC = ops_pb2.SeqSource

@@ -27,12 +27,12 @@ from rrtod.framing import (
     FrameError,
     FrameReader,
     encode,
-    session_prefix,
 )
 from rrtod.grpc_options import BATCH_BYTES
 from rrtod.plugins import Registry
 from rrtod.robot.host_link import HostLink
 from rrtod.robot.recorder import Recorder
+from rrtod.wire import session_prefix
 
 log = structlog.get_logger("rrtod.robot")
 

@@ -98,7 +98,7 @@ def activate() -> Any:
     s = settings()
     try:
         record = _backend(s.backend)
-        from rrto_plugins.torch.channel import SocketChannel
+        from rrtod.shim.channel import SocketChannel
 
         app = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
         channel = SocketChannel(s.socket, app=app, pid=os.getpid(), argv=list(sys.argv),

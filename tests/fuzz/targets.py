@@ -14,7 +14,9 @@ local_socket       LocalServer before the hello (AppHello, CtlRequest),   none e
                    then the robot relay and recorder for an app's frames  replies, then close
 peer_session       the GPU daemon's Session stream (SessionOpen, then     none escape:
                    SessionUp frames and batches) into a TorchExecutor      SessionDown(error)
-                   and HostReplayer; the unary requests' messages          DecodeError (raw)
+                   and HostReplayer (reading it with rrtod.wire's
+                   released_ids, iter_tensor_refs, hash_of); the unary
+                   requests' messages                                     DecodeError (raw)
 codec              plugins/torch/codec decode_value, from_tensor_data      CodecError
 replay_defs        gpu.replay.compile_sequence, then HostReplayer         ValueError/KeyError
                    replays of the definition with a TorchExecutor          (compile); none after
@@ -39,13 +41,14 @@ from rrto_plugins.torch import codec
 from rrto_plugins.torch.executor import TorchExecutor
 from rrtod.config import SocketLimitsConfig
 from rrtod.executor import ExecutorContext
-from rrtod.framing import HEADER, ByteBudget, FrameError, FrameReader, encode, read_frame
+from rrtod.framing import ByteBudget, FrameError, FrameReader, encode, read_frame
 from rrtod.gpu.blobstore import BlobStore
 from rrtod.gpu.replay import HostReplayer, compile_sequence
 from rrtod.gpu.service import REPLAY_FRAMES
 from rrtod.local_server import STREAM_LIMIT, Connection, LocalServer
 from rrtod.robot.recorder import Recorder
 from rrtod.robot.role import AppSession, RobotRole
+from rrtod.wire import HEADER, iter_tensor_refs
 
 from . import TARGET_NAMES
 from .protogen import Builder
@@ -279,8 +282,6 @@ def replay_defs(data: bytes) -> None:
     builder = Builder(fdp, budget=200)
     d = builder.build(ops_pb2.SequenceDef)
     if fdp.ConsumeBool():  # as many sources as tensor arguments: past the first check
-        from rrtod.robot.oplog import iter_tensor_refs
-
         n = sum(1 for call in d.calls for _ in iter_tensor_refs(call))
         del d.sources[n:]
         while len(d.sources) < n:

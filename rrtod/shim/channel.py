@@ -1,9 +1,11 @@
-"""How the client's frames reach an executor: the robot daemon's unix socket, or in-process.
+"""How an interception backend's frames reach an executor: the robot daemon's unix socket, or
+in-process. Part of the shim, not of a backend: any backend's client sends ``ops`` frames the
+same way, and ``activate`` opens the socket for whichever backend is configured.
 
-A channel only moves frames. ``send`` writes a batch in order without waiting; replies arrive on
-``on_down`` (from a reader thread for the socket, inline for the loopback) and a lost connection
-on ``on_lost``. Keeping this tiny lets the same client run against real daemons and, in unit
-tests, straight against a ``TorchExecutor``.
+A channel only moves frames (their layout is ``rrtod.wire``'s). ``send`` writes a batch in
+order without waiting; replies arrive on ``on_down`` (from a reader thread for the socket,
+inline for the loopback) and a lost connection on ``on_lost``. Keeping this tiny lets the same
+client run against real daemons and, in unit tests, straight against an executor in process.
 """
 
 from __future__ import annotations
@@ -14,9 +16,8 @@ from typing import Any, Protocol
 
 from rrto.v1 import local_pb2, ops_pb2
 from rrtod import framing
-from rrtod.framing import FramedSocket, encode, send_parts, session_prefix
-
-from .codec import EncodedFrame
+from rrtod.framing import FramedSocket, encode, send_parts
+from rrtod.wire import EncodedFrame, session_prefix
 
 OnDown = Callable[[ops_pb2.SessionDown], None]
 OnLost = Callable[[str], None]
@@ -28,7 +29,7 @@ class Channel(Protocol):
     device: str
 
     def start(self, on_down: OnDown, on_lost: OnLost) -> None: ...
-    # frames: messages, or codec.EncodedFrame (a message in wire form, which also answers
+    # frames: messages, or wire.EncodedFrame (a message in wire form, which also answers
     # SerializeToString and WhichOneof)
     def send(self, frames: list[ops_pb2.SessionUp]) -> None: ...
     def mark(self, index: int, start_ns: int, end_ns: int) -> None: ...

@@ -1,0 +1,213 @@
+"""What crosses each process boundary, declared once: the messages, how they are framed, the
+ids they carry, and the few encodings both ends must agree on byte for byte.
+
+Boundaries (the messages are in proto/rrto/v1/*.proto):
+
+=============================  ================================================================
+app (shim) -> robot daemon     unix socket (``SOCK_STREAM``), frames: ``HEADER`` (4-byte
+                               little-endian length) + one serialized ``local.LocalRequest``:
+                               ``app_hello`` first, then ``session`` (an ``ops.SessionUp``:
+                               call, fetch, release, replay start/arg/cancel, blob query) and
+                               ``mark`` (``InferenceMark``); ``rrtoctl`` sends ``ctl`` instead.
+                               The shim writes a ``session`` envelope around a SessionUp's bytes
+                               with ``session_prefix`` instead of building the envelope.
+robot daemon -> app (shim)     same socket, ``HEADER`` + ``local.LocalReply``: ``welcome``
+                               (``AppWelcome``) or ``error`` to the hello, then ``session`` (an
+                               ``ops.SessionDown``: results, data, pushed replay outputs, errors)
+                               and ``error`` (``HOST_LOST`` ends the session).
+robot daemon -> GPU daemon     gRPC ``peer.Peer.Session`` request stream: ``peer.PeerUp``
+                               (``open`` a ``SessionOpen`` first, then ``frames``: SessionUp
+                               batches, the bytes the app wrote in one go relayed as one
+                               message); unary ``Hello``/``Health``/``QueryBlobs``/``Stats``.
+                               gRPC does the framing (HTTP/2; size limits in grpc_options).
+GPU daemon -> robot daemon     ``peer.Peer.Session`` response stream: ``peer.PeerDown``
+                               (``ready``, then SessionDown batches).
+=============================  ================================================================
+
+Both daemons pass ``SessionUp``/``SessionDown`` through; what they read of them is here: the
+tensor refs of a call (``iter_tensor_refs``), the ids a release names (``released_ids``), the
+weights' content names (``content_hash``). Everything else in an ``ops`` message is the
+interception backend's business (for torch: plugins/torch/codec.py).
+
+Id spaces. A session's tensor store is keyed by uint64 ids that three parties allocate, each in
+its own range, so that no id is ever chosen twice without anyone coordinating:
+
+=======================  ============================  ========================================
+range                    allocated by                  for
+=======================  ============================  ========================================
+0                        nobody                        protobuf's default: an unset id field
+1 .. REPLAY_BASE-1       the app's client, counting    outputs of forwarded calls, uploads,
+                         up from 1                     bound weights (2^52 of them: ~140
+                                                       years at a million calls a second)
+REPLAY_BASE ..           the app's replay client:      the calls of replayed inference k: ids
+HOST_ID_BASE-1           inference k gets              base + local index in its sequence
+                         ``REPLAY_BASE + k * SPAN``    (a sequence names fewer than SPAN ids);
+                                                       the host derives them from the same base
+HOST_ID_BASE ..          the host's executor           outputs the client could not name
+                                                       (data-dependent output counts)
+=======================  ============================  ========================================
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator
+from itertools import accumulate
+from typing import Any
+
+import blake3
+
+from rrto.v1 import local_pb2, ops_pb2
+
+# ----- frames on the unix socket -------------------------------------------------------------
+
+HEADER = struct.Struct("<I")  # each frame: this length, then that many bytes of one message
+MAX_FRAME = 1 << 30  # 1 GiB: larger than any single tensor we ship in one frame
+
+# Single-byte varints, prebuilt: lengths and ids below 128 are most of what is encoded.
+_SMALL = [bytes((i,)) for i in range(0x80)]
+
+
+def varint(n: int) -> bytes:
+    """``n`` as a protobuf base-128 varint (what a uint64 field holds; a negative ``n`` raises
+    ValueError, one of 2^64 or more is the caller's mistake: protobuf would not read it back)."""
+    if 0 <= n < 0x80:
+        return _SMALL[n]
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def len_key(message: Any, field: str) -> bytes:
+    """The key of a length-delimited field (wire type 2) of ``message``, by its schema number."""
+    return varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | 2)
+
+
+def int_key(message: Any, field: str) -> bytes:
+    """The key of a varint field (wire type 0) of ``message``, by its schema number."""
+    return varint(message.DESCRIPTOR.fields_by_name[field].number << 3)
+
+
+# A LocalRequest's and a LocalReply's ``session`` have the same key (tests/test_wire.py), so one
+# prefix serves both.
+_SESSION_KEY = len_key(local_pb2.LocalRequest, "session")
+
+
+def session_prefix(length: int) -> bytes:
+    """Header and field key of a ``LocalRequest``/``LocalReply`` whose ``session`` holds
+    ``length`` bytes of a serialized frame: lets the shim and the robot daemon wrap a frame's
+    bytes without copying the message into the envelope first."""
+    tag = _SESSION_KEY + varint(length)
+    return HEADER.pack(len(tag) + length) + tag
+
+
+class EncodedFrame:
+    """A ``SessionUp`` already in wire form, as parts: the bytes of a large upload stay in the
+    tensor's own memory until the socket copies them (building the message instead copies
+    them once per nesting level, then to serialize: ~47 us for a 48 KiB input here, ~9 us
+    this way). Channels that take messages get it back through ``SerializeToString``."""
+
+    __slots__ = ("parts", "size", "kind")
+
+    def __init__(self, parts: list[Any], kind: str):
+        self.parts = parts
+        self.size = sum(len(p) for p in parts)
+        self.kind = kind
+
+    def SerializeToString(self) -> bytes:  # noqa: N802 - the protobuf message method
+        return b"".join(self.parts)
+
+    def WhichOneof(self, name: str) -> str:  # noqa: N802
+        return self.kind
+
+
+_ARG_KEY = len_key(ops_pb2.SessionUp, "arg")
+_SLOT_KEY = int_key(ops_pb2.ReplayArg, "slot")
+_TENSOR_KEY = len_key(ops_pb2.ReplayArg, "tensor")
+_UPLOAD_KEY = len_key(ops_pb2.TensorRef, "upload")
+_META_KEY = len_key(ops_pb2.TensorData, "meta")
+_DATA_KEY = len_key(ops_pb2.TensorData, "data")
+
+
+def upload_frame(slot: int, meta: bytes, data: Any) -> EncodedFrame:
+    """``SessionUp(arg=ReplayArg(slot, tensor=TensorRef(upload=TensorData(meta, data))))`` in
+    wire form, where ``meta`` is a serialized ``TensorMeta`` and ``data`` the tensor's raw bytes
+    (any buffer; not copied)."""
+    tensor_data = _META_KEY + varint(len(meta)) + meta + _DATA_KEY + varint(len(data))
+    size = len(tensor_data) + len(data)
+    ref = _UPLOAD_KEY + varint(size)
+    size += len(ref)
+    arg = _SLOT_KEY + varint(slot) + _TENSOR_KEY + varint(size)
+    size += len(arg)
+    head = _ARG_KEY + varint(size) + arg + ref + tensor_data
+    return EncodedFrame([head, data] if len(data) else [head], "arg")
+
+
+# ----- ids ---------------------------------------------------------------------------------
+
+REPLAY_BASE = 1 << 52  # replayed inference k's ids: REPLAY_BASE + k * SPAN + local index
+SPAN = 1 << 20
+HOST_ID_BASE = 1 << 62  # ids the host's executor assigns
+# The client binds a persistent tensor (a cached weight) to an id with this operator on a
+# ``TensorRef(persistent=hash, bind_id=id)``; hosts count it as a bind, not as a call.
+BIND_OP = "aten::alias.default"
+
+
+def release_of(ids: Iterable[int]) -> ops_pb2.Release:
+    """A ``Release`` of ``ids``, as gaps between the sorted ids: a replayed inference drops
+    hundreds of ids near 2^52, which cost a byte each this way instead of eight."""
+    gaps, last = [], 0
+    for i in sorted(ids):
+        gaps.append(i - last)
+        last = i
+    return ops_pb2.Release(gaps=gaps)
+
+
+def released_ids(msg: ops_pb2.Release) -> list[int]:
+    """The ids a ``Release`` names, in either encoding (plain, or gaps between sorted ids)."""
+    return [*msg.ids, *accumulate(msg.gaps)]
+
+
+def iter_tensor_refs(call: ops_pb2.OpCall) -> Iterator[ops_pb2.TensorRef]:
+    """Every TensorRef of a call: positional arguments, then keyword arguments by name, each
+    depth first. Recorder, sequences and both replay ends number a call's tensors this way."""
+    def walk(v: ops_pb2.Value) -> Iterator[ops_pb2.TensorRef]:
+        kind = v.WhichOneof("kind")
+        if kind == "tensor":
+            yield v.tensor
+        elif kind in ("list", "tuple"):
+            for item in getattr(v, kind).items:
+                yield from walk(item)
+
+    for v in call.args:
+        yield from walk(v)
+    for k in sorted(call.kwargs):
+        yield from walk(call.kwargs[k])
+
+
+# ----- content names of weights ------------------------------------------------------------
+
+HASH_BYTES = 32
+
+
+def content_hash(dtype: str, shape: list[int] | tuple[int, ...], data: bytes | memoryview) -> bytes:
+    """BLAKE3-256 over the dtype, the shape and the raw C-contiguous bytes: the name of a
+    persistent tensor, chosen by the app's client and checked by the host's weight cache.
+
+    BLAKE3 because a robot must not be able to make another robot's weights resolve to its own
+    bytes (the name has to be collision-resistant), and it is the fastest such hash here
+    (``python -m bench.hashes``). dtype and shape are part of the name because the same bytes
+    reinterpreted are another tensor.
+    """
+    h = blake3.blake3()
+    h.update(f"{dtype}:{','.join(str(int(s)) for s in shape)};".encode())
+    h.update(data)
+    return h.digest(HASH_BYTES)
+
+
+def hash_of(tensor: ops_pb2.TensorData) -> bytes:
+    """``content_hash`` of a tensor value as it travels."""
+    return content_hash(tensor.meta.dtype, list(tensor.meta.shape), tensor.data)

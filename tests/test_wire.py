@@ -1,0 +1,159 @@
+"""The wire contract (rrtod/wire.py): what both ends of each boundary must agree on byte for byte.
+The hand-built encodings are checked against protobuf's own; no torch, no sockets."""
+
+from __future__ import annotations
+
+import random
+
+import blake3
+import pytest
+
+from rrto.v1 import local_pb2, ops_pb2
+from rrtod import wire
+from rrtod.framing import encode
+
+EDGES = sorted({0, 1, 2, 255, 256, 300, (1 << 32) - 1, 1 << 32, 1 << 52, (1 << 52) + 1,
+                1 << 62, (1 << 63) - 1, 1 << 63, (1 << 64) - 1}
+               | {(1 << (7 * k)) + d for k in range(1, 10) for d in (-1, 0)})
+
+
+def protobuf_varint(n: int) -> bytes:
+    """protobuf's encoding of ``n``: a one-element packed uint64 field is key, length, varint."""
+    body = ops_pb2.Release(ids=[n]).SerializeToString()
+    assert body[0] == 0x0A and body[1] == len(body) - 2
+    return body[2:]
+
+
+@pytest.mark.parametrize("n", EDGES)
+def test_varint_is_protobufs_at_the_edges(n: int) -> None:
+    assert wire.varint(n) == protobuf_varint(n)
+
+
+def test_varint_is_protobufs_over_a_range_and_at_random() -> None:
+    rng = random.Random(11)
+    for n in [*range(5000), *(rng.getrandbits(rng.randint(1, 64)) for _ in range(2000))]:
+        assert wire.varint(n) == protobuf_varint(n), n
+
+
+def test_varint_refuses_negative_numbers() -> None:
+    for n in (-1, -128, -(1 << 40)):
+        with pytest.raises(ValueError):
+            wire.varint(n)
+
+
+def test_field_keys_are_protobufs() -> None:
+    fetch = ops_pb2.Fetch(id=5).SerializeToString()  # uint64 id: a varint key
+    assert fetch.startswith(wire.int_key(ops_pb2.Fetch, "id"))
+    release = ops_pb2.Release(gaps=[5]).SerializeToString()  # packed: length-delimited
+    assert release.startswith(wire.len_key(ops_pb2.Release, "gaps"))
+    # One session prefix wraps frames both ways: the envelopes agree on the field's key.
+    assert wire.len_key(local_pb2.LocalRequest, "session") == \
+        wire.len_key(local_pb2.LocalReply, "session")
+
+
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 16383, 16384, 70000])
+def test_session_prefix_is_the_envelope_both_ways(size: int) -> None:
+    up = ops_pb2.SessionUp(blob=ops_pb2.BlobPut(hash=b"x" * size)) if size else ops_pb2.SessionUp()
+    body = up.SerializeToString()
+    framed = wire.session_prefix(len(body)) + body
+    assert framed == encode(local_pb2.LocalRequest(session=up))
+    (length,) = wire.HEADER.unpack_from(framed)
+    assert length == len(framed) - wire.HEADER.size
+    assert local_pb2.LocalRequest.FromString(framed[wire.HEADER.size:]).session == up
+    down = ops_pb2.SessionDown(error=ops_pb2.Error(code="X", message="y" * size))
+    body = down.SerializeToString()
+    reply = local_pb2.LocalReply.FromString((wire.session_prefix(len(body)) + body)[4:])
+    assert reply.WhichOneof("msg") == "session" and reply.session == down
+
+
+@pytest.mark.parametrize("slot", [0, 1, 300])
+@pytest.mark.parametrize("nbytes", [0, 4, 200, 70000])
+def test_upload_frame_is_the_message_it_stands_for(slot: int, nbytes: int) -> None:
+    meta = ops_pb2.TensorMeta(dtype="uint8", shape=[nbytes], device="cpu")
+    data = memoryview(bytes(range(256)) * (nbytes // 256) + bytes(nbytes % 256))
+    frame = wire.upload_frame(slot, meta.SerializeToString(), data)
+    body = frame.SerializeToString()
+    assert frame.size == len(body) and frame.WhichOneof("msg") == "arg"
+    assert ops_pb2.SessionUp.FromString(body) == ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(
+        slot=slot, tensor=ops_pb2.TensorRef(upload=ops_pb2.TensorData(meta=meta, data=bytes(data)))))
+
+
+def test_id_spaces_are_disjoint_and_cover_the_store() -> None:
+    """Client [1, REPLAY_BASE), replay [REPLAY_BASE, HOST_ID_BASE) in whole SPANs, host
+    [HOST_ID_BASE, 2^64): ordered, non-empty, and every replayed inference's span ends before
+    the host's range begins."""
+    client = range(1, wire.REPLAY_BASE)
+    replay = range(wire.REPLAY_BASE, wire.HOST_ID_BASE)
+    host = range(wire.HOST_ID_BASE, 1 << 64)
+    spaces = [client, replay, host]
+    for a, b in zip(spaces, spaces[1:], strict=False):
+        assert len(a) and a.stop == b.start  # adjacent, so disjoint and without a gap
+    assert 0 not in client and 0 not in replay and 0 not in host
+    assert wire.REPLAY_BASE % wire.SPAN == 0 and len(replay) % wire.SPAN == 0
+    last = wire.REPLAY_BASE + (len(replay) // wire.SPAN - 1) * wire.SPAN  # last inference's base
+    assert last + wire.SPAN - 1 in replay and last + wire.SPAN in host
+
+
+def test_release_round_trips_random_id_sets() -> None:
+    rng = random.Random(7)
+    spaces = [(1, 1 << 20), (wire.REPLAY_BASE, wire.REPLAY_BASE + 4 * wire.SPAN),
+              (wire.HOST_ID_BASE, wire.HOST_ID_BASE + 1000), (1, (1 << 64) - 1)]
+    for _ in range(200):
+        lo, hi = rng.choice(spaces)
+        ids = {rng.randrange(lo, hi) for _ in range(rng.randint(0, 300))}
+        msg = wire.release_of(ids)
+        assert not msg.ids
+        back = ops_pb2.Release.FromString(msg.SerializeToString())
+        assert sorted(wire.released_ids(back)) == sorted(ids)
+
+
+def test_release_is_gap_encoded_and_reads_both_encodings() -> None:
+    base = wire.REPLAY_BASE  # a replayed inference's ids
+    ids = [base + 7, base + 3, base + 4, 12, base + 200]
+    msg = wire.release_of(ids)
+    assert not msg.ids and sorted(wire.released_ids(msg)) == sorted(ids)
+    # One byte per id close to the one before, against eight each as plain ids.
+    many = [base + 2 * i for i in range(100)]
+    assert len(wire.release_of(many).SerializeToString()) < 120
+    assert len(ops_pb2.Release(ids=many).SerializeToString()) > 700
+    assert wire.released_ids(ops_pb2.Release(ids=[5, 9])) == [5, 9]  # the plain list too
+    assert wire.released_ids(wire.release_of([])) == []
+
+
+def test_tensor_refs_come_positional_then_keywords_by_name_depth_first() -> None:
+    def ref(i: int) -> ops_pb2.Value:
+        return ops_pb2.Value(tensor=ops_pb2.TensorRef(id=i))
+
+    nested = ops_pb2.Value(list=ops_pb2.ValueList(items=[
+        ref(2), ops_pb2.Value(i=3), ops_pb2.Value(tuple=ops_pb2.ValueList(items=[ref(3)]))]))
+    call = ops_pb2.OpCall(op="aten::x", args=[ref(1), nested, ops_pb2.Value(none=True)],
+                          kwargs={"z": ref(6), "a": ref(4), "m": ops_pb2.Value(list=ops_pb2.ValueList(
+                              items=[ref(5)]))})
+    assert [r.id for r in wire.iter_tensor_refs(call)] == [1, 2, 3, 4, 5, 6]
+    assert list(wire.iter_tensor_refs(ops_pb2.OpCall(op="aten::y"))) == []
+
+
+def test_content_hash_is_blake3_256_of_dtype_shape_and_bytes() -> None:
+    data = b"\0" * 8
+    assert wire.content_hash("float32", [2], data) == \
+        blake3.blake3(b"float32:2;" + data).digest()
+    assert len(wire.content_hash("float32", [2], data)) == wire.HASH_BYTES == 32
+    # Names are stable across versions (weight caches on hosts keep them on disk): pinned.
+    assert wire.content_hash("float32", (2, 1), b"\1" * 8).hex() == \
+        "73dfec8a49287f7cc035a26f53e8d3daac90c972ba530a40ff6b69f566ee6804"
+
+
+def test_content_hash_tells_apart_what_differs() -> None:
+    data = bytes(range(24))
+    base = wire.content_hash("float32", [2, 3], data)
+    assert wire.content_hash("float32", (2, 3), memoryview(data)) == base  # any buffer, any seq
+    others = [wire.content_hash("int32", [2, 3], data),  # same bytes, another dtype
+              wire.content_hash("float32", [3, 2], data),  # another shape
+              wire.content_hash("float32", [6], data),
+              wire.content_hash("float32", [2, 3], data[:-1] + b"\xff")]  # another byte
+    assert len({base, *others}) == 5
+
+
+def test_hash_of_names_a_tensor_value_as_it_travels() -> None:
+    value = ops_pb2.TensorData(meta=ops_pb2.TensorMeta(dtype="float16", shape=[4]), data=b"ab" * 4)
+    assert wire.hash_of(value) == wire.content_hash("float16", [4], b"ab" * 4)
