@@ -73,6 +73,8 @@ def varint(n: int) -> bytes:
     ValueError, one of 2^64 or more is the caller's mistake: protobuf would not read it back)."""
     if 0 <= n < 0x80:
         return _SMALL[n]
+    if 0x80 <= n < 0x4000:  # two bytes: most frame lengths
+        return bytes(((n & 0x7F) | 0x80, n >> 7))
     out = bytearray()
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
