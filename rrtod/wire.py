@@ -7,27 +7,31 @@ Boundaries (the messages are in proto/rrto/v1/*.proto):
 app (shim) -> robot daemon     unix socket (``SOCK_STREAM``), frames: ``HEADER`` (4-byte
                                little-endian length) + one serialized ``local.LocalRequest``:
                                ``app_hello`` first, then ``session`` (an ``ops.SessionUp``:
-                               call, fetch, release, replay start/arg/cancel, blob query) and
-                               ``mark`` (``InferenceMark``); ``rrtoctl`` sends ``ctl`` instead.
-                               The shim writes a ``session`` envelope around a SessionUp's bytes
-                               with ``session_prefix`` instead of building the envelope.
-robot daemon -> app (shim)     same socket, ``HEADER`` + ``local.LocalReply``: ``welcome``
-                               (``AppWelcome``) or ``error`` to the hello, then ``session`` (an
-                               ``ops.SessionDown``: results, data, pushed replay outputs, errors)
-                               and ``error`` (``HOST_LOST`` ends the session).
-robot daemon -> GPU daemon     gRPC ``peer.Peer.Session`` request stream: ``peer.PeerUp``
-                               (``open`` a ``SessionOpen`` first, then ``frames``: SessionUp
-                               batches, the bytes the app wrote in one go relayed as one
-                               message); unary ``Hello``/``Health``/``QueryBlobs``/``Stats``.
-                               gRPC does the framing (HTTP/2; size limits in grpc_options).
-GPU daemon -> robot daemon     ``peer.Peer.Session`` response stream: ``peer.PeerDown``
-                               (``ready``, then SessionDown batches).
+                               call, fetch, release, blob, query, close, replay start/arg/abort)
+                               and ``mark`` (``InferenceMark``); ``rrtoctl`` sends ``ctl``
+                               instead. The shim wraps a SessionUp's bytes in the ``session``
+                               envelope with ``session_prefix`` instead of building the envelope.
+robot daemon -> app (shim)     same socket, ``HEADER`` + ``local.LocalReply``: ``welcome`` or
+                               ``error`` to the hello, then ``session`` (an ``ops.SessionDown``:
+                               results, fetched data and pushed replay outputs, errors, and
+                               ``sequence``: a verified sequence to replay) and ``error``
+                               (``HOST_LOST`` ends the session); ``ctl`` to ``rrtoctl``.
+robot daemon -> GPU daemon     gRPC ``peer.Peer.Session`` request stream of ``ops.SessionUp``:
+                               ``open`` first, then the app's frames (what the app wrote in one
+                               go as one ``batch``) and ``define`` (a sequence found in the op
+                               log). Unary: ``Hello``, ``Ping``, ``QueryBlobs``, ``Stats``.
+                               gRPC frames the messages (HTTP/2; limits in grpc_options).
+GPU daemon -> robot daemon     response stream of ``ops.SessionDown``: ``ready``, then replies
+                               (those ready together as one ``batch``, which the robot daemon
+                               unpacks for the app) and ``defined`` (``SequenceAck``).
 =============================  ================================================================
 
-Both daemons pass ``SessionUp``/``SessionDown`` through; what they read of them is here: the
-tensor refs of a call (``iter_tensor_refs``), the ids a release names (``released_ids``), the
-weights' content names (``content_hash``). Everything else in an ``ops`` message is the
-interception backend's business (for torch: plugins/torch/codec.py).
+The robot daemon relays and records ``SessionUp``/``SessionDown``; the GPU daemon hands them to
+an executor and replays sequences. What the core reads of an ``ops`` message, and what both the
+app's client and the host must compute alike, is here: the tensor refs of a call
+(``iter_tensor_refs``), the ids a release names (``released_ids``), the weights' content names
+(``content_hash``), the reserved bind operator and the id spaces. The values inside (tensors,
+arguments) are the interception backend's business (for torch: plugins/torch/codec.py).
 
 Id spaces. A session's tensor store is keyed by uint64 ids that three parties allocate, each in
 its own range, so that no id is ever chosen twice without anyone coordinating:
@@ -41,7 +45,7 @@ range                    allocated by                  for
                                                        years at a million calls a second)
 REPLAY_BASE ..           the app's replay client:      the calls of replayed inference k: ids
 HOST_ID_BASE-1           inference k gets              base + local index in its sequence
-                         ``REPLAY_BASE + k * SPAN``    (a sequence names fewer than SPAN ids);
+                         ``REPLAY_BASE + k * SPAN``    (a sequence must name fewer than SPAN);
                                                        the host derives them from the same base
 HOST_ID_BASE ..          the host's executor           outputs the client could not name
                                                        (data-dependent output counts)
