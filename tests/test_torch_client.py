@@ -259,3 +259,23 @@ def test_forked_child_runs_locally_without_touching_the_connection(tmp_path):
         assert itc.session.counters["frames"] > frames
     finally:
         itc.uninstall()
+
+
+def test_session_implements_the_interface_its_parts_use(tmp_path):
+    """Proxies, replay, downloads and fallback see the session only as ``session_api.Session``
+    (so they need not import client.py): every member it declares is there, callables too."""
+    from rrto_plugins.torch.session_api import Session
+
+    itc = loopback(tmp_path)
+    try:
+        session = itc.session
+        declared = set(Session.__annotations__) | {
+            n for n, v in vars(Session).items() if callable(v) and not n.startswith("_")}
+        assert {"submit", "send_frames", "bind", "download", "dispatch", "released"} <= declared
+        missing = [n for n in declared if not hasattr(session, n)]
+        assert missing == []
+        not_callable = [n for n, v in vars(Session).items() if callable(v)
+                        and not n.startswith("_") and not callable(getattr(session, n))]
+        assert not_callable == []
+    finally:
+        itc.uninstall()

@@ -586,8 +586,3 @@ class TorchExecutor:
             self.store.put(("blob", key), codec.from_tensor_data(data, self.device))
             self.counters["blob_hits"] += 1
         return iter((ops_pb2.SessionDown(query=ops_pb2.BlobQueryReply(missing=missing)),))
-
-
-def make_executor(ctx: ExecutorContext) -> TorchExecutor:
-    """``InterceptionBackend.executor``: one executor per session."""
-    return TorchExecutor(ctx)

@@ -68,7 +68,7 @@ class TorchInterceptor:
         self._index = 0
         self._hooks: list[Any] = []
         self.offloaded_modules = 0
-        # What is offloaded (DESIGN.md): the app's accelerator work; on a robot without one,
+        # What is offloaded (docs/offloading.md): the app's accelerator work; on a robot without one,
         # its models' forward computation. Modules are offloaded by the device of their state.
         self.device_type = "cuda" if torch.cuda.is_available() else "cpu"
         self._open: dict[int, _Open] = {}  # thread id -> its inference awaiting output reads

@@ -11,13 +11,12 @@ locally); the host's copy is released when the last proxy on it is gone.
 from __future__ import annotations
 
 from time import perf_counter_ns
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map
 
-if TYPE_CHECKING:
-    from .client import RemoteSession
+from .session_api import Session
 
 
 class Handle:
@@ -26,7 +25,7 @@ class Handle:
 
     __slots__ = ("id", "session", "hash", "local", "bound", "__weakref__")
 
-    def __init__(self, session: RemoteSession, id: int, hash: bytes | None = None,
+    def __init__(self, session: Session, id: int, hash: bytes | None = None,
                  local: torch.Tensor | None = None):
         self.id = id
         self.session = session
@@ -41,13 +40,6 @@ class Handle:
                 self.session.released.append(self.id)
         except Exception:  # interpreter shutdown
             pass
-
-
-def _data_read(name: str):
-    def read(self: RemoteTensor, *args: Any, **kwargs: Any) -> Any:
-        real = self._rrto_handle.session.download(self)
-        return getattr(real, name)(*args, **kwargs)
-    return read
 
 
 class RemoteTensor(torch.Tensor):
@@ -119,7 +111,7 @@ def new_proxy(handle: Handle, shape: Any, stride: Any, offset: int, dtype: torch
     return r
 
 
-def _session_of(args: tuple, kwargs: dict | None) -> RemoteSession:
+def _session_of(args: tuple, kwargs: dict | None) -> Session:
     """The session of the first proxy among the arguments (the slow path of dispatch)."""
     for a in args:
         if isinstance(a, RemoteTensor):

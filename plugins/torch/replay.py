@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from time import thread_time_ns
 from typing import Any
@@ -26,7 +25,9 @@ from rrto.v1 import ops_pb2
 from rrtod.wire import HOST_ID_BASE, REPLAY_BASE, SPAN, iter_tensor_refs
 
 from . import codec
+from .metadata import OpInfo, Out, materialize
 from .proxy import Handle, RemoteTensor, new_proxy
+from .session_api import Session
 
 SRC = ops_pb2.SeqSource
 # Source kinds as plain ints: ``SRC.PRODUCED`` is a Python-level enum lookup on every use.
@@ -95,6 +96,27 @@ def _tensor_key(t: torch.Tensor) -> tuple[Any, ...]:
     return (t.dtype, tuple(t.shape), t.stride(), t.storage_offset())
 
 
+# One new tensor of a replayed step's result, as its proxy is made: (local index, shape,
+# stride, offset, dtype); its id is the inference's base + local index. A plain tuple: it is
+# unpacked per replayed operator, and only an exact tuple unpacks on CPython's fast path.
+NewOutput = tuple[int, tuple[int, ...], tuple[int, ...], int, torch.dtype]
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """How a replayed step's result is made, worked out at its first replay (``_plan``).
+
+    Read per replayed operator: a slotted dataclass reads its fields as fast as a tuple's
+    items; a NamedTuple's attribute reads cost more on CPython 3.11."""
+
+    template: Any  # the result's structure, ``metadata.Out`` for each tensor output
+    outs: list[Out]
+    plan: list[int | None]  # per output: local index of its new id, None: the argument itself
+    device: torch.device  # the device the app sees the outputs on
+    single: NewOutput | None  # the result is this one new tensor (the common case)
+    multi: tuple[NewOutput, ...] | None  # the result is a tuple of these new tensors
+
+
 @dataclass
 class Step:
     op: str
@@ -111,10 +133,7 @@ class Step:
     # recorded value, its type, and for a list or tuple its items' types)
     flat: tuple[int, tuple[int, ...], tuple[tuple[int, Any, type, tuple[type, ...] | None],
                                             ...]] | None = None
-    # (result template, outputs, output plan, app device, and when the result is one new
-    # tensor or a tuple of new tensors, (local index, shape, stride, offset, dtype) of it or
-    # of each, else None) once known
-    built: Any = None
+    built: StepPlan | None = None  # once known (the step's first replay)
 
 
 @dataclass
@@ -194,7 +213,7 @@ class Active:
 class ReplayClient:
     """Per session: sequences by thread, the replay in progress per thread, pushed outputs."""
 
-    def __init__(self, session: Any):
+    def __init__(self, session: Session):
         self.session = session
         # thread -> its sequences, newest first (an app that alternates models, or input
         # shapes, has one per variant: the robot records again when none matches for long)
@@ -264,8 +283,10 @@ class ReplayClient:
     def active(self) -> Active | None:
         return getattr(self._tls, "active", None)
 
-    def dispatch(self, func: Any, args: tuple, kwargs: dict, info: Any,
-                 thread: int, grad_mode: int, build: Callable[..., Any]) -> Any:
+    def dispatch(self, func: Any, args: tuple, kwargs: dict, info: OpInfo,
+                 thread: int, grad_mode: int) -> Any:
+        """The result of this call from the sequence in progress (or one it starts), with
+        the frames it needs sent; ``MISS`` when replay does not answer it."""
         if self._give_up:
             self._tell_given_up()
         act = getattr(self._tls, "active", None)
@@ -309,18 +330,18 @@ class ReplayClient:
                 return MISS
             finally:
                 self.planning_ns += thread_time_ns() - t0
-        single = built[4]
+        single = built.single
         if single is not None:  # the common case: one new tensor
             i, shape, stride, offset, dtype = single
             result = new_proxy(Handle(self.session, act.base + i), shape, stride, offset,
-                               dtype, built[3])
-        elif built[5] is not None:  # a tuple of new tensors (native_batch_norm and co.)
-            session, base, device = self.session, act.base, built[3]
+                               dtype, built.device)
+        elif built.multi is not None:  # a tuple of new tensors (native_batch_norm and co.)
+            session, base, device = self.session, act.base, built.device
             result = tuple([new_proxy(Handle(session, base + i), shape, stride, offset, dtype,
                                       device)
-                            for i, shape, stride, offset, dtype in built[5]])
+                            for i, shape, stride, offset, dtype in built.multi])
         else:
-            result = self._outputs(act, built, args, kwargs, info, build)
+            result = self._outputs(act, built, args, kwargs, info)
         act.position += 1
         self.counters["replayed_ops"] += 1
         if act.position == len(act.seq.steps):
@@ -328,7 +349,7 @@ class ReplayClient:
             act.seq.mismatches = 0
         return result
 
-    def _match(self, act: Active, args: tuple, kwargs: dict, info: Any,
+    def _match(self, act: Active, args: tuple, kwargs: dict, info: OpInfo,
                grad_mode: int) -> list[Any] | tuple[()] | None:
         """The frames this call needs (inputs, rebinds), or None when it does not match."""
         step = act.seq.steps[act.position]
@@ -431,21 +452,21 @@ class ReplayClient:
                 frames = []
             for slot, h in bind.items():
                 if not h.bound:  # a weight's first use since the app (re)started
-                    self.session._bind(h)
+                    self.session.bind(h)
                 bindings[slot] = h
                 frames.append(ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(
                     slot=slot, tensor=ops_pb2.TensorRef(id=h.id))))
         return frames if frames is not None else ()
 
-    def _outputs(self, act: Active, built: tuple, args: tuple, kwargs: dict, info: Any,
-                 build: Callable[..., Any]) -> Any:
+    def _outputs(self, act: Active, built: StepPlan, args: tuple, kwargs: dict,
+                 info: OpInfo) -> Any:
         """The result of a step whose outputs are not one new tensor (tuples, in-place)."""
-        tmpl, outs, plan, device = built[:4]
         session, base = self.session, act.base
-        handles = [None if i is None else Handle(session, base + i) for i in plan]
-        return build(tmpl, handles, outs, info, args, kwargs, device)
+        handles = [None if i is None else Handle(session, base + i) for i in built.plan]
+        return materialize(built.template, handles, info, args, kwargs, built.device)
 
-    def _plan(self, step: Step, func: Any, args: tuple, kwargs: dict, info: Any) -> tuple:
+    def _plan(self, step: Step, func: Any, args: tuple, kwargs: dict,
+              info: OpInfo) -> StepPlan:
         """Worked out at the step's first replay and kept: the result's template, and per
         output the local index of its new id (None: the result is the matched argument)."""
         built = self.session.output_template(func, args, kwargs)
@@ -468,14 +489,14 @@ class ReplayClient:
                 raise _Unreplayable  # an existing value returned as new: forward instead
         single = multi = None
         if None not in plan:
-            made = tuple((i, o.shape, o.stride, o.offset, o.dtype)
-                         for i, o in zip(plan, outs, strict=True))
+            made: tuple[NewOutput, ...] = tuple(
+                (i, o.shape, o.stride, o.offset, o.dtype) for i, o in zip(plan, outs, strict=True))
             if len(outs) == 1 and tmpl is outs[0]:
                 single = made[0]
             elif type(tmpl) is tuple and len(tmpl) == len(outs) and all(
                     a is b for a, b in zip(tmpl, outs, strict=True)):
                 multi = made
-        return tmpl, outs, plan, self.session._app_device(args, kwargs), single, multi
+        return StepPlan(tmpl, outs, plan, self.session.app_device(args, kwargs), single, multi)
 
     def _give_up_sequence(self, seq: Sequence) -> None:
         if self._remove(seq.id):

@@ -1,0 +1,54 @@
+"""Reading a proxy's value in the app: the only place where the app waits for a tensor.
+
+A value is served from the cheapest place that has it: a persistent tensor never used on the
+host from the app's own copy; a replayed output from what the host pushed during replay (no
+round trip); anything else from one ``Fetch`` round trip. Whatever the source, the app gets a
+plain tensor with the proxy's shape and strides, and an error the host reported for a streamed
+call is raised here, at the read that depends on it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rrto.v1 import ops_pb2
+
+from . import codec
+from .errors import HostLost
+from .proxy import RemoteTensor
+from .session_api import Session
+
+
+def read_value(session: Session, proxy: RemoteTensor) -> torch.Tensor:
+    """The value of ``proxy``, from the app's copy, a pushed output or a fetch."""
+    h = proxy._rrto_handle
+    if not h.bound and h.local is not None:  # persistent, never used remotely: exact copy
+        return shape_like(h.local, proxy)
+    if session.lost is not None:
+        raise HostLost(f"{session.lost}; the value of this tensor lived on the GPU host")
+    replay = session.replay
+    if replay is not None and replay.is_replayed(h.id):
+        data = replay.take(h.id)  # pushed by the host during replay: no round trip
+        session.raise_async_errors()
+        if data is not None:
+            session.counters["bytes_down"] += len(data.data)
+            return shape_like(codec.from_tensor_data(data), proxy)
+        if session.lost is not None:
+            raise HostLost(f"{session.lost}; the value of this tensor lived on the GPU host")
+    fetch = ops_pb2.Fetch(id=h.id)
+    reply = session.submit(ops_pb2.SessionUp(fetch=fetch), numbered=True, wait=True)
+    session.raise_async_errors()
+    session.counters["bytes_down"] += len(reply.tensor.data)
+    return shape_like(codec.from_tensor_data(reply.tensor), proxy)
+
+
+def shape_like(t: torch.Tensor, proxy: torch.Tensor) -> torch.Tensor:
+    """``t`` detached, with the proxy's shape and strides (what a local tensor would have)."""
+    t = t.detach()
+    if tuple(t.shape) != tuple(proxy.shape):
+        t = t.reshape(proxy.shape)
+    if t.stride() != proxy.stride() and t.numel() > 1:
+        t = torch.empty_strided(proxy.shape, proxy.stride(), dtype=t.dtype).copy_(t)
+    if proxy.requires_grad:
+        t = t.requires_grad_(False)
+    return t

@@ -1,0 +1,70 @@
+"""The app session as its parts see it: what proxies, replay, downloads and local fallback
+may use of ``client.RemoteSession``.
+
+Those parts need the session (a proxy's handle releases its id there; replay sends frames and
+binds weights through it), and the session needs them. Declared here as a ``Protocol``, the
+dependency runs one way: the parts depend on this interface, ``client.py`` on the parts, and
+nothing on ``client.py``'s internals. ``RemoteSession`` implements it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Protocol
+
+import torch
+
+from rrto.v1 import ops_pb2
+
+
+class PushedOutputs(Protocol):
+    """What a download needs of replay: outputs the host pushes without being asked."""
+
+    def is_replayed(self, oid: int) -> bool:
+        """Whether ``oid`` is in the replayed outputs' id range."""
+
+    def take(self, oid: int) -> ops_pb2.TensorData | None:
+        """The pushed value of ``oid``, waiting for it; None: fetch it the usual way."""
+
+
+class Session(Protocol):
+    """One app session's public interface (``client.RemoteSession``)."""
+
+    counters: Counter[str]  # the shim's figures (``TorchInterceptor.stats``)
+    # Ids the app dropped, released on the host with the next frame. Appended from
+    # ``Handle.__del__`` in any thread, possibly while the send lock is held: only append.
+    released: list[int]
+    lost: str | None  # why the connection to the host is gone; None while it is up
+    fallback: str  # "local": run here what the host cannot; "error": raise instead
+    replay: PushedOutputs | None
+
+    # -- the wire -----------------------------------------------------------------------------
+    def submit(self, up: ops_pb2.SessionUp, numbered: bool = False, wait: bool = False,
+               query: bool = False) -> Any:
+        """Send ``up`` (after pending releases); wait for its reply when asked."""
+
+    def send_frames(self, frames: list[Any]) -> None:
+        """Stream ``frames`` in order without waiting (after pending releases)."""
+
+    def release_now(self, at_least: int) -> None:
+        """Send pending releases now, if there are ``at_least``."""
+
+    def raise_async_errors(self) -> None:
+        """Raise the first error the host reported for a streamed call, if any."""
+
+    def bind(self, handle: Any) -> None:
+        """Have the host bind a persistent tensor's cached blob to its id (first use of
+        ``handle``, a ``proxy.Handle``: typed loosely, proxy.py imports this module)."""
+
+    # -- operators and values -----------------------------------------------------------------
+    def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Run one aten operator on proxies (``RemoteTensor.__torch_dispatch__``)."""
+
+    def download(self, proxy: torch.Tensor) -> torch.Tensor:
+        """The value of ``proxy``, a ``RemoteTensor`` (an app's data read)."""
+
+    def output_template(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """(result template, outputs) of a call from meta execution; None when data-dependent."""
+
+    def app_device(self, args: tuple, kwargs: dict) -> torch.device:
+        """The device the app sees a call's outputs on."""
