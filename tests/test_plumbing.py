@@ -14,7 +14,7 @@ from rrtod import framing, wire
 from rrtod.framing import FrameError, FrameReader, encode
 from rrtod.gpu.service import HostSession, Outbox
 from rrtod.grpc_options import BATCH_BYTES
-from rrtod.robot.role import RobotRole
+from rrtod.robot.relay import AppRelay, AppSession
 
 
 def fetch(seq: int) -> local_pb2.LocalRequest:
@@ -77,14 +77,18 @@ class FakeCall:
         self.written.append(message)
 
 
-def relay(requests: list[local_pb2.LocalRequest]) -> tuple[list[ops_pb2.SessionUp], object]:
-    role = object.__new__(RobotRole)
-    role.energy = None
-    session = types.SimpleNamespace(id="s1", frames_up=0, bytes_up=0, calls=0, inferences=0,
-                                    recorder=None, write_lock=asyncio.Lock())
+def app_relay() -> tuple[AppRelay, FakeCall]:
+    """The relay of one session with no recorder or energy meter, its host stream a fake."""
+    host = types.SimpleNamespace(name="h1", address="unix:h1")
+    session = AppSession("s1", local_pb2.AppHello(app="app.py"), (1, 1000, 1000), host)
     call = FakeCall()
-    asyncio.run(role._relay(session, requests, call, None))
-    return call.written, session
+    return AppRelay(session, call, frames=None, writer=None), call
+
+
+def relay(requests: list[local_pb2.LocalRequest]) -> tuple[list[ops_pb2.SessionUp], AppSession]:
+    up, call = app_relay()
+    asyncio.run(up.up(requests))
+    return call.written, up.session
 
 
 def test_relay_sends_a_burst_as_one_message() -> None:
@@ -109,13 +113,9 @@ def test_relay_splits_at_large_frames_and_queries() -> None:
 
 def test_relay_passes_frames_before_a_bad_one() -> None:
     bad = local_pb2.LocalRequest(ctl=local_pb2.CtlRequest(command="status"))
-    role = object.__new__(RobotRole)
-    role.energy = None
-    session = types.SimpleNamespace(id="s1", frames_up=0, bytes_up=0, calls=0, inferences=0,
-                                    recorder=None, write_lock=asyncio.Lock())
-    call = FakeCall()
+    up, call = app_relay()
     with pytest.raises(FrameError, match="unexpected ctl"):
-        asyncio.run(role._relay(session, [fetch(1), bad, fetch(2)], call, None))
+        asyncio.run(up.up([fetch(1), bad, fetch(2)]))
     assert [w.fetch.seq for w in call.written] == [1]
 
 

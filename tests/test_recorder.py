@@ -4,6 +4,8 @@ a search that overruns its time budget counts as failed."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 
 from rrto.v1 import ops_pb2
@@ -132,3 +134,86 @@ def test_a_rerun_within_backoff_does_not_search(tmp_path):
         h = carried(app, h)
     runs = len(rec.search_stats)
     assert rec.search_now() is None and len(rec.search_stats) == runs  # not due: no search
+
+
+class AsyncRelay(Relay):
+    """As the relay schedules searches: a due one is requested, and runs in a worker thread."""
+
+    def __init__(self, recorder: Recorder):
+        super().__init__(recorder)
+        self.pushed: list[ops_pb2.SequenceDef] = []
+
+    def fetch(self, oid: int) -> None:
+        self.seq += 1
+        if self.rec.observe(ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=self.seq, id=oid))):
+            self.rec.request_search(self.push)
+
+    async def push(self, d: ops_pb2.SequenceDef) -> None:
+        self.rec.offered(d)
+        self.pushed.append(d)
+
+
+def test_a_search_requested_while_one_runs_runs_once_more_after_it(tmp_path):
+    """One search at a time: downloads during a search make it look again when it ends (on
+    the longer log), instead of starting a second one."""
+    gate = threading.Event()
+    logs: list[int] = []
+
+    class Gated:
+        def candidates(self, log):
+            logs.append(len(log))
+            gate.wait(10)
+            return DataDependencySearch().candidates(log)
+
+    async def main() -> None:
+        rec = Recorder("app.py", "s1", Gated(), tmp_path / "seq")
+        app = AsyncRelay(rec)
+        cnn(app)  # one inference: not enough to find it
+        while not logs:  # the first search runs, and waits at the gate
+            await asyncio.sleep(0.01)
+        for _ in range(3):
+            cnn(app)  # downloads meanwhile: a rerun, not a second search
+        gate.set()
+        await asyncio.wait_for(rec.search_done(), 10)
+        assert len(logs) == 2 and logs[1] > logs[0]
+        (d,) = app.pushed
+        assert list(rec.sequences) == [d.id] and len(d.calls) == 7
+        assert rec.acknowledged(ops_pb2.SequenceAck(id=d.id, accepted=True)) is d
+
+    asyncio.run(main())
+
+
+def test_close_stops_a_search_and_adds_the_counts_to_the_saved_file(tmp_path):
+    async def main() -> None:
+        rec = Recorder("app.py", "s1", DataDependencySearch(), tmp_path / "seq")
+        app = AsyncRelay(rec)
+        for _ in range(3):
+            cnn(app)
+        await asyncio.wait_for(rec.search_done(), 10)
+        (d,) = app.pushed
+        rec.observe(ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=d.id)))
+        rec.observe(ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=d.id)))
+        rec.close()
+        again = Recorder("app.py", "s2", DataDependencySearch(), tmp_path / "seq")
+        ((summary, saved),) = again.saved
+        assert saved == d and summary["replays"] == 0  # a new session counts afresh
+        (listed,) = again.store.list()
+        assert listed["replays"] == 2 and listed["id"] == d.id
+
+        slow = threading.Event()
+
+        class Blocked:
+            def candidates(self, log):
+                slow.wait(10)
+                return iter(())
+
+        rec = Recorder("app.py", "s3", Blocked(), tmp_path / "seq")
+        app = AsyncRelay(rec)
+        cnn(app)
+        await asyncio.sleep(0.05)
+        rec.close()  # the session ends while its search runs
+        await asyncio.wait_for(rec.search_done(), 10)
+        slow.set()
+        assert app.pushed == []
+
+    asyncio.run(main())

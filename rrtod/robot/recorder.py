@@ -12,10 +12,7 @@ app has shown the persistent tensors (weights) they use.
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import os
-import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -23,17 +20,18 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-import xxhash
 
 from rrto.v1 import ops_pb2
 from rrtod.robot.oplog import LoggedCall, OpLog
 from rrtod.robot.search import Found, SequenceSearch, search_log
+from rrtod.robot.sequences import SequenceStore
 from rrtod.wire import iter_tensor_refs
 
 log = structlog.get_logger("rrtod.recorder")
 SRC = ops_pb2.SeqSource
+# How a definition reaches the host (and, for a drop, the shim): the relay's ``push_sequence``.
+Push = Callable[[ops_pb2.SequenceDef], Awaitable[None]]
 
-Send = Callable[[ops_pb2.SequenceDef], Awaitable[None]]
 # Calls forwarded on a thread with no replay, beyond which its sequences are stale: this many
 # times the longest one's length, plus a margin for occasional extra work between inferences.
 STALE_FACTOR, STALE_MARGIN = 2, 8
@@ -91,19 +89,9 @@ def build_definition(entries: list[LoggedCall], found: Found, persistent: dict[i
     return d
 
 
-def fingerprint(d: ops_pb2.SequenceDef) -> str:
-    """Identifies the model: the content hashes of the persistent tensors the sequence reads."""
-    hashes = sorted({bytes(s.hash) for s in d.sources if s.kind == SRC.PERSISTENT})
-    return xxhash.xxh3_64_hexdigest(b"".join(hashes))
-
-
 def _is_bind(call: ops_pb2.OpCall) -> bool:
     """A bind-only call (a persistent tensor's first use gets its id): not the app's work."""
     return len(call.args) == 1 and call.args[0].tensor.HasField("persistent")
-
-
-def _slug(app: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", os.path.basename(app) or "app")[:64]
 
 
 @dataclass(frozen=True)
@@ -121,36 +109,41 @@ class SearchBudget:
 
 
 class Recorder:
-    """One per app session."""
+    """One per app session: it logs the frames the relay forwards (``observe``), decides when a
+    search is due and runs it off the event loop (``request_search``), tracks the definitions
+    on their way to the host (``offered``, ``acknowledged``) and the sequences in use, and keeps
+    the saved ones (in a ``SequenceStore``) for the app's next start."""
 
     def __init__(self, app: str, session: str, search: SequenceSearch, store_dir: Path,
                  budget: SearchBudget | None = None):
         self.app = app
         self.session = session
         self.search = search
-        self.store_dir = store_dir
+        self.store = SequenceStore(store_dir)
         self.budget = budget or SearchBudget()
         self.log = OpLog(self.budget.max_calls)
         # Search budget state: failed searches since the log was last cleared, the log entries
         # they scanned, and the log position (frames recorded) before which none is due.
         self.failed = self.failed_work = self.next_search = 0
         self._cleared = 0
-        self.sequences: dict[int, dict[str, Any]] = {}  # id -> summary (and "def" while unsent)
+        self.sequences: dict[int, dict[str, Any]] = {}  # id -> summary, for those in use
         self.active_threads: set[int] = set()
         self.inferences = 0  # downloads seen while recording, a proxy of inference count
-        # One search at a time per session; its duration is the natural rate limit.
-        self.searching: asyncio.Task[None] | None = None
-        self.rerun = False
+        # One search at a time per session; its duration is the natural rate limit. A search
+        # requested while one runs sets ``_rerun``: that one looks again once it has ended.
+        self._searching: asyncio.Task[None] | None = None
+        self._rerun = False
         self.last_search = 0.0
         self.search_stats: list[dict[str, Any]] = []
         self.seen_hashes: set[bytes] = set()
-        self.pending: dict[int, ops_pb2.SequenceDef] = {}  # sent to the host, not yet accepted
+        self._pending: dict[int, ops_pb2.SequenceDef] = {}  # sent to the host, not yet accepted
         self.strays: dict[int, int] = {}  # thread -> calls forwarded since its last replay
-        self.saved: list[tuple[dict[str, Any], ops_pb2.SequenceDef]] = self._load_saved()
+        self.saved: list[tuple[dict[str, Any], ops_pb2.SequenceDef]] = self.store.load(app)
 
     # ----- observe the relayed frames -----
     def observe(self, frame: ops_pb2.SessionUp) -> bool:
-        """Log a frame; True when a search is due (the caller schedules ``search_and_define``)."""
+        """Log a frame; True when a search is due (the relay then calls ``request_search``;
+        a test or benchmark may call ``search_now`` itself)."""
         kind = frame.WhichOneof("msg")
         if kind in ("call", "fetch"):
             if kind == "call" and self.active_threads:
@@ -158,12 +151,7 @@ class Recorder:
             self.log.record(frame)
             if kind == "fetch" and not self.active_threads:
                 self.inferences += 1
-                if not self.search_due():
-                    return False
-                if self.searching:
-                    self.rerun = True  # new downloads while searching: look again after
-                    return False
-                return True
+                return self.search_due()
         elif kind == "start":
             summary = self.sequences.get(frame.start.sequence)
             if summary is not None:
@@ -205,6 +193,42 @@ class Recorder:
                 self._adopt(d, summary | {"session": self.session, "restored": True})
                 ready.append(d)
         return ready
+
+    # ----- search scheduling (on the event loop) -----
+    def request_search(self, push: Push) -> None:
+        """A search is due: run one in a worker thread, off the relay's path, and ``push`` what
+        it finds. While one runs, it looks again once it has ended instead (new downloads
+        arrived meanwhile), so there is never more than one per session."""
+        if self._searching is not None:
+            self._rerun = True
+            return
+        self._searching = asyncio.get_running_loop().create_task(self._search(push))
+
+    async def _search(self, push: Push) -> None:
+        try:
+            while True:
+                self._rerun = False
+                d = await asyncio.to_thread(self.search_now)
+                if d is not None:
+                    await push(d)
+                if d is not None or not self._rerun:
+                    break
+        except Exception:  # a search bug costs replay, never the session
+            log.exception("sequence search failed", session=self.session, app=self.app)
+        finally:
+            self._searching = None
+
+    async def search_done(self) -> None:
+        """Wait for the running search (and its reruns), if any."""
+        while (task := self._searching) is not None:
+            await asyncio.wait({task})
+
+    def close(self) -> None:
+        """Session end: stop a running search; add this session's replay and mismatch counts
+        to the saved sequences' files."""
+        if self._searching is not None:
+            self._searching.cancel()
+        self.store.add_counts(self.app, self.sequences.values())
 
     # ----- search -----
     def search_due(self) -> bool:
@@ -259,7 +283,7 @@ class Recorder:
                        "search_s": round(elapsed, 6), "log_length": len(entries),
                        "replays": 0, "mismatches": 0, "created": time.time()}
             self._adopt(d, summary)
-            self._save(summary, d)
+            self.store.save(self.app, summary, d)
             log.info("sequence found", session=self.session, app=self.app, thread=thread,
                      operators=found.period, start=found.start, found_at=found.found_at,
                      search_ms=round(elapsed * 1e3, 2), rejected=rejected)
@@ -277,84 +301,30 @@ class Recorder:
         recording resumes for its thread. ``forget`` also deletes its saved copy, so that a
         restarted app does not start from it again."""
         summary = self.sequences.pop(seq_id, None)
-        self.pending.pop(seq_id, None)
+        self._pending.pop(seq_id, None)
         if summary is None:
             return None
         self.active_threads.discard(summary["thread"])
         self.log.clear()
         if forget:
-            for path in self._saved_paths(seq_id):
-                path.unlink(missing_ok=True)
+            self.store.forget(self.app, seq_id)
         return ops_pb2.SequenceDef(id=seq_id)  # no calls: "drop" for the host and the shim
+
+    def offered(self, d: ops_pb2.SequenceDef) -> None:
+        """A definition is on its way to the host: held until the host's answer
+        (``acknowledged``), so that the shim only gets definitions the host can replay."""
+        self._pending[d.id] = d
 
     def acknowledged(self, ack: ops_pb2.SequenceAck) -> ops_pb2.SequenceDef | None:
         """The host's answer to a definition: the definition to pass on to the shim if it was
         accepted and is still wanted, else None (refused: dropped and forgotten)."""
-        d = self.pending.pop(ack.id, None)
+        d = self._pending.pop(ack.id, None)
         if ack.accepted:
             return d if ack.id in self.sequences else None
         log.warning("GPU host refused sequence", session=self.session, app=self.app,
                     sequence=ack.id, reason=ack.reason)
         self.drop(ack.id, forget=True)
         return None
-
-    # ----- persistence -----
-    def _path(self, summary: dict[str, Any], d: ops_pb2.SequenceDef) -> Path:
-        return self.store_dir / f"{_slug(self.app)}-{fingerprint(d)}-t{d.thread}.json"
-
-    def _save(self, summary: dict[str, Any], d: ops_pb2.SequenceDef) -> None:
-        try:
-            self.store_dir.mkdir(parents=True, exist_ok=True)
-            doc = {**summary, "fingerprint": fingerprint(d),
-                   "definition": base64.b64encode(d.SerializeToString()).decode()}
-            path = self._path(summary, d)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(doc))
-            tmp.replace(path)
-        except OSError as exc:
-            log.warning("cannot save sequence", error=str(exc), dir=str(self.store_dir))
-
-    def _saved_paths(self, seq_id: int) -> list[Path]:
-        found = []
-        for path in self.store_dir.glob(f"{_slug(self.app)}-*.json"):
-            try:
-                if json.loads(path.read_text()).get("id") == seq_id:
-                    found.append(path)
-            except (OSError, ValueError):
-                continue
-        return found
-
-    def save_stats(self) -> None:
-        """Write replay/mismatch counters back to the saved files (at session end)."""
-        for summary in self.sequences.values():
-            for path in self.store_dir.glob(f"{_slug(self.app)}-*.json"):
-                try:
-                    doc = json.loads(path.read_text())
-                except (OSError, ValueError):
-                    continue
-                if doc.get("id") == summary["id"]:
-                    doc.update(replays=doc.get("replays", 0) + summary["replays"],
-                               mismatches=doc.get("mismatches", 0) + summary["mismatches"])
-                    path.write_text(json.dumps(doc))
-
-    def _load_saved(self) -> list[tuple[dict[str, Any], ops_pb2.SequenceDef]]:
-        out = []
-        if not self.store_dir.is_dir():
-            return out
-        for path in sorted(self.store_dir.glob(f"{_slug(self.app)}-*.json")):
-            try:
-                doc = json.loads(path.read_text())
-                if doc.get("app") != self.app:
-                    continue
-                d = ops_pb2.SequenceDef()
-                d.ParseFromString(base64.b64decode(doc["definition"]))
-            except (OSError, ValueError, KeyError) as exc:
-                log.warning("unreadable saved sequence", path=str(path), error=str(exc))
-                continue
-            summary = {k: v for k, v in doc.items() if k not in ("definition", "fingerprint")}
-            summary.update(replays=0, mismatches=0)
-            out.append((summary, d))
-        return out
 
     def describe(self) -> dict[str, Any]:
         return {"log_length": len(self.log), "sequences": list(self.sequences.values()),

@@ -11,7 +11,7 @@ target             decoder (as reached from the socket)                    docum
 =================  =====================================================  ====================
 frames             framing.FrameReader / read_frame on the unix socket    FrameError
 local_socket       LocalServer before the hello (AppHello, CtlRequest),   none escape: error
-                   then the robot relay and recorder for an app's frames  replies, then close
+                   then the robot's AppRelay and recorder for app frames  replies, then close
 peer_session       the GPU daemon's Session stream (SessionOpen, then     none escape:
                    SessionUp frames and batches) into a TorchExecutor      SessionDown(error)
                    and HostReplayer (reading it with rrtod.wire's
@@ -47,7 +47,7 @@ from rrtod.gpu.replay import HostReplayer, compile_sequence
 from rrtod.gpu.service import REPLAY_FRAMES
 from rrtod.local_server import STREAM_LIMIT, Connection, LocalServer
 from rrtod.robot.recorder import Recorder
-from rrtod.robot.role import AppSession, RobotRole
+from rrtod.robot.relay import AppRelay, AppSession
 from rrtod.wire import HEADER, iter_tensor_refs
 
 from . import TARGET_NAMES
@@ -137,23 +137,30 @@ class _Writer:
 
 
 class _HostCall:
-    """The gRPC stream to the GPU host, as the relay uses it: it takes messages."""
+    """The gRPC stream to the GPU host, as the relay uses it: it takes messages; it answers the
+    session's open with ``ready`` and then stays silent until cancelled."""
 
     def __init__(self) -> None:
         self.sent: list[ops_pb2.SessionUp] = []
+        self.opened = False
+        self.cancelled = asyncio.Event()
 
     async def write(self, message: ops_pb2.SessionUp) -> None:
         self.sent.append(message)
 
+    async def read(self) -> ops_pb2.SessionDown:
+        if not self.opened:
+            self.opened = True
+            return ops_pb2.SessionDown(ready=ops_pb2.SessionReady(session="h1", device="cpu"))
+        await self.cancelled.wait()
+        raise asyncio.CancelledError
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
 
 class _Host:
     name, address = "fuzz-host", "unix:fuzz"
-
-
-def _robot() -> RobotRole:
-    robot = RobotRole.__new__(RobotRole)  # the relay only: no hosts, balancer or energy
-    robot.energy = None
-    return robot
 
 
 LIMITS = SocketLimitsConfig(hello_timeout=5, max_frame=1 << 20, max_buffered=2 << 20)
@@ -162,24 +169,25 @@ LIMITS = SocketLimitsConfig(hello_timeout=5, max_frame=1 << 20, max_buffered=2 <
 def local_socket(data: bytes) -> None:
     fdp = atheris.FuzzedDataProvider(data)
     stream = _stream(fdp, local_pb2.LocalRequest, max_messages=6)
-    robot = _robot()
 
     async def on_ctl(request: local_pb2.CtlRequest, cred: Any) -> local_pb2.CtlReply:
         return local_pb2.CtlReply(ok=True, json=repr((request.command, dict(request.args))))
 
     async def on_app(hello: local_pb2.AppHello, cred: Any, reader: asyncio.StreamReader,
                      writer: Any, budget: ByteBudget) -> None:
-        session = AppSession("s1", hello, cred, _Host())
-        session.recorder = Recorder(hello.app, "s1", DataDependencySearch(), STATE / "sequences")
-        call = _HostCall()
+        recorder = Recorder(hello.app, "s1", DataDependencySearch(), STATE / "sequences")
+        session = AppSession("s1", hello, cred, _Host(), recorder)
         frames = FrameReader(reader, local_pb2.LocalRequest, LIMITS.max_frame, budget)
+        relay = AppRelay(session, _HostCall(), frames, writer)
+        # ``serve`` less its error replies, and a search is let finish (a search that fails
+        # logs an error: a finding) before ``close`` would cancel it.
+        await relay.open(ops_pb2.SessionOpen(app=hello.app))
         try:
-            while (requests := await frames.read()) is not None:
-                await robot._relay(session, requests, call, writer)
+            await relay.run()
         except FrameError:
             pass
-        if session.recorder.searching is not None:
-            await session.recorder.searching
+        await recorder.search_done()
+        relay.close()
 
     server = LocalServer(str(STATE / "unused.sock"), 0o600, on_ctl, on_app, LIMITS)
 

@@ -1,0 +1,323 @@
+"""One app's session relayed to its GPU host: the per-frame hot path of every offloaded inference.
+
+``AppRelay`` has four steps. ``open`` sends ``SessionOpen`` on the host's Session stream, waits
+for ``ready`` and welcomes the app. ``run`` then moves frames both ways until either side ends:
+``up`` relays each burst of frames the app wrote together (app -> host, in as few gRPC messages
+as their size allows) and hands each frame to the session's recorder; ``down`` is a task that
+relays the host's messages (host -> app, one socket write per message) and turns the host's
+answers to sequence definitions into definitions for the shim. ``close`` ends the host stream
+and the recorder. A lost host ends the session with a ``HOST_LOST`` error frame, a malformed
+app frame with that frame's error code: the app raises or falls back to local execution, it
+never gets a wrong answer.
+
+``run`` awaits the app's frames directly, not a wait on both directions per burst; the host
+stream's end interrupts it (a cancel). ``phase`` names who ended first, so that cancel is told
+apart from the daemon stopping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from typing import Any
+
+import grpc
+import structlog
+
+from rrto.v1 import local_pb2, ops_pb2
+from rrtod import framing
+from rrtod.framing import JOIN_BYTES, FrameError, FrameReader, encode
+from rrtod.wire import session_prefix
+from rrtod.grpc_options import BATCH_BYTES
+from rrtod.robot.host_link import HostLink
+from rrtod.robot.recorder import Recorder
+
+log = structlog.get_logger("rrtod.robot")
+
+
+class AppSession:
+    """Robot-side view of one app process's session: who it is and what it has cost (what
+    ``rrtoctl status`` shows). Its ``AppRelay`` keeps the counters current."""
+
+    def __init__(self, sid: str, hello: local_pb2.AppHello, cred: tuple[int, int, int],
+                 host: HostLink, recorder: Recorder | None = None):
+        self.id = sid
+        self.app = hello.app
+        self.pid, self.uid, self.gid = cred
+        self.argv = list(hello.argv)
+        self.host = host
+        self.host_session: str | None = None
+        self.opened = time.time()
+        self.calls = 0
+        self.frames_up = self.frames_down = 0
+        self.bytes_up = self.bytes_down = 0
+        self.inferences = 0
+        self.state = "opening"  # then "active"; "host-lost" when the host stream broke
+        self.recorder = recorder
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "app": self.app, "pid": self.pid, "uid": self.uid,
+            "host": self.host.name, "host_session": self.host_session, "state": self.state,
+            "opened": self.opened, "ops_forwarded": self.calls, "frames_up": self.frames_up,
+            "frames_down": self.frames_down, "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down, "inferences": self.inferences,
+            "record": self.recorder.describe() if self.recorder else None,
+        }
+
+
+class Phase(enum.Enum):
+    """Where a relay is: ``OPENING`` until ``run``; ``RELAYING`` while frames flow both ways;
+    then ``HOST_ENDED`` if the host stream ended first (``run`` is being interrupted), or
+    ``UP_ENDED`` if ``run`` ended first (app closed, bad frame, daemon stopping: ``down`` is
+    cancelled by the relay, its end is not the host's); ``CLOSED`` after ``close``."""
+
+    OPENING = "opening"
+    RELAYING = "relaying"
+    HOST_ENDED = "host-ended"
+    UP_ENDED = "up-ended"
+    CLOSED = "closed"
+
+
+def error_reply(code: str, message: str) -> local_pb2.LocalReply:
+    return local_pb2.LocalReply(error=ops_pb2.Error(code=code, message=message))
+
+
+class AppRelay:
+    """Relays one app session between the app's unix socket and its host's Session stream."""
+
+    def __init__(self, session: AppSession, call: grpc.aio.StreamStreamCall,
+                 frames: FrameReader, writer: asyncio.StreamWriter, energy: Any = None):
+        self.session = session
+        self.recorder = session.recorder
+        self.call = call
+        self.frames = frames  # the app's frames, within the socket's limits
+        self.writer = writer
+        self.energy = energy  # the EnergyAccountant, or None
+        self.write_lock = asyncio.Lock()  # frames and sequence pushes share the host stream
+        self.phase = Phase.OPENING
+        self.log = log.bind(session=session.id, app=session.app, pid=session.pid,
+                            host=session.host.name)
+
+    async def serve(self, request: ops_pb2.SessionOpen) -> None:
+        """The whole session: open, relay until either side ends, close. A lost host or a
+        malformed app frame is answered to the app with an error frame, not raised."""
+        try:
+            await self.open(request)
+            await self.run()
+        except grpc.aio.AioRpcError as exc:
+            self.log.warning("host lost", code=exc.code().name, details=exc.details())
+            self.session.state = "host-lost"
+            host = self.session.host
+            await self.fail("HOST_LOST", f"GPU host {host.name} ({host.address}) lost: "
+                                         f"{exc.code().name} {exc.details()}")
+        except FrameError as exc:
+            self.log.warning("bad frame from app", uid=self.session.uid, code=exc.code,
+                             error=str(exc))
+            await self.fail(exc.code, str(exc))
+        finally:
+            self.close()
+
+    async def open(self, request: ops_pb2.SessionOpen) -> None:
+        """Open the host's session and welcome the app."""
+        session = self.session
+        await self.call.write(ops_pb2.SessionUp(open=request))
+        first = await self.call.read()
+        if first is grpc.aio.EOF or first.WhichOneof("msg") != "ready":
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNKNOWN, None, None, "no ready frame")
+        session.host_session = first.ready.session
+        session.state = "active"
+        self.writer.write(encode(local_pb2.LocalReply(welcome=local_pb2.AppWelcome(
+            session=session.id, host=session.host.name, device=first.ready.device))))
+        await self.writer.drain()
+        self.log.info("app session opened", host_session=session.host_session)
+        if self.energy is not None:
+            self.energy.track_process(session.id, session.pid)  # the app's CPU, for the model meter
+            self.energy.set_state(session.id, "standby")
+
+    async def run(self) -> None:
+        """Relay until the app closes (returns), the host ends the stream (``AioRpcError``),
+        or an app frame is malformed (``FrameError``)."""
+        relay = asyncio.current_task()
+        assert relay is not None
+
+        def host_ended(task: asyncio.Task[None]) -> None:
+            if self.phase is Phase.RELAYING and not task.cancelled():
+                self.phase = Phase.HOST_ENDED
+                relay.cancel()
+
+        self.phase = Phase.RELAYING
+        down = asyncio.get_running_loop().create_task(self.down())
+        down.add_done_callback(host_ended)
+        try:
+            while (requests := await self.frames.read()) is not None:  # None: app closed
+                if framing.TRACING:
+                    framing.hop("robot.up.read")
+                await self.up(requests)
+                if framing.TRACING:
+                    framing.hop("robot.up.relayed")
+        except asyncio.CancelledError:
+            if self.phase is not Phase.HOST_ENDED:
+                raise  # the daemon is stopping
+            relay.uncancel()
+            down.result()  # raises if the host stream broke
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None,
+                                       "host closed the session") from None
+        finally:
+            if self.phase is Phase.RELAYING:
+                self.phase = Phase.UP_ENDED
+            down.cancel()
+            await asyncio.gather(down, return_exceptions=True)
+
+    async def up(self, requests: list[local_pb2.LocalRequest]) -> None:
+        """Relay frames the app wrote together. Its session frames go to the host in as few
+        gRPC messages as their size allows (a ``SessionUpBatch``): each message on the stream
+        costs handoffs between threads and processes worth far more than a small frame.
+        Energy bookkeeping (~0.1 ms a state change with the model meter) is done once the
+        frames are on their way, not before. Frames before a malformed one are relayed, then
+        ``FrameError`` is raised."""
+        session, rec = self.session, self.recorder
+        batch: list[ops_pb2.SessionUp] = []
+        size = 0
+        energy: list[local_pb2.InferenceMark | None] = []  # None: communication starts
+        bad = None
+        for request in requests:
+            kind = request.WhichOneof("msg")
+            if kind == "session":
+                frame = request.session
+                n = frame.ByteSize()
+                session.frames_up += 1
+                session.bytes_up += n
+                fkind = frame.WhichOneof("msg")
+                if fkind == "call":
+                    session.calls += 1
+                if not energy or energy[-1] is not None:
+                    energy.append(None)
+                if fkind == "define" and rec is not None:  # the shim gave one up
+                    rec.drop(frame.define.id, forget=True)
+                if batch and size + n > BATCH_BYTES:  # a large tensor goes in its own message
+                    await self._send_up(batch)
+                    batch, size = [], 0
+                batch.append(frame)
+                size += n
+                if fkind == "query":  # restored definitions follow the query on the stream
+                    await self._send_up(batch)
+                    batch, size = [], 0
+            elif kind == "mark":
+                session.inferences += 1
+                energy.append(request.mark)
+            else:
+                bad = kind or "empty"
+                break
+        await self._send_up(batch)  # before a bad frame too
+        if self.energy is not None:
+            self._account(energy)
+        if bad is not None:
+            raise FrameError(f"unexpected {bad} frame inside an app session")
+
+    def _account(self, events: list[local_pb2.InferenceMark | None]) -> None:
+        """Energy states and inference marks, in the order the app sent them."""
+        sid = self.session.id
+        for m in events:
+            if m is None:
+                self.energy.set_state(sid, "communication")
+            else:
+                self.energy.inference(sid, m.index, m.start_ns, m.end_ns)
+                self.energy.set_state(sid, "standby")  # the inference has ended
+
+    async def _send_up(self, frames: list[ops_pb2.SessionUp]) -> None:
+        """One gRPC message for ``frames``; then the recorder sees each, in order."""
+        if not frames:
+            return
+        message = frames[0] if len(frames) == 1 else ops_pb2.SessionUp(
+            batch=ops_pb2.SessionUpBatch(frames=frames))
+        async with self.write_lock:
+            await self.call.write(message)
+        if framing.TRACING:
+            framing.hop("robot.up.written")
+        rec = self.recorder
+        if rec is None:
+            return
+        for frame in frames:
+            if rec.observe(frame):
+                rec.request_search(self.push_sequence)
+            if frame.WhichOneof("msg") == "query":
+                for d in rec.restorable():
+                    await self.push_sequence(d)
+
+    async def down(self) -> None:
+        """Relay the host's messages to the app until the host ends the stream. A host's
+        answer to a definition (``defined``) is for this daemon: the recorder turns an
+        accepted one into the definition the shim gets."""
+        session, rec, writer = self.session, self.recorder, self.writer
+        while (message := await self.call.read()) is not grpc.aio.EOF:
+            if framing.TRACING:
+                framing.hop("robot.down.read")
+            frames = (message.batch.frames if message.WhichOneof("msg") == "batch"
+                      else (message,))
+            parts: list[bytes] = []
+            for frame in frames:
+                if frame.WhichOneof("msg") == "defined":
+                    d = rec.acknowledged(frame.defined) if rec is not None else None
+                    if d is None:
+                        continue
+                    frame = ops_pb2.SessionDown(sequence=d)
+                body = frame.SerializeToString()
+                head = session_prefix(len(body))
+                session.frames_down += 1
+                session.bytes_down += len(head) + len(body)
+                parts += (head, body)
+            if parts:  # one write (and wake-up of the app's reader) per message
+                if sum(map(len, parts)) <= JOIN_BYTES:
+                    writer.write(b"".join(parts))
+                else:  # large: no copy into a fresh buffer
+                    for part in parts:
+                        writer.write(part)
+                await writer.drain()
+                if framing.TRACING:
+                    framing.hop("robot.down.written")
+
+    async def push_sequence(self, d: ops_pb2.SequenceDef) -> None:
+        """Host first; the shim gets a definition once the host has accepted it (``defined``,
+        handled in ``down``), so the shim never asks for a replay the host cannot run. A drop
+        (no calls) goes to both at once."""
+        if d.calls and self.recorder is not None:
+            self.recorder.offered(d)
+        async with self.write_lock:
+            await self.call.write(ops_pb2.SessionUp(define=d))
+        if not d.calls:
+            self.writer.write(encode(local_pb2.LocalReply(
+                session=ops_pb2.SessionDown(sequence=d))))
+            await self.writer.drain()
+
+    async def flush(self) -> int:
+        """Drop the sequences in use: host and shim forget them, recording resumes. Returns
+        how many were dropped."""
+        if self.recorder is None or self.phase is Phase.CLOSED:
+            return 0
+        dropped = 0
+        for seq_id in list(self.recorder.sequences):
+            d = self.recorder.drop(seq_id)
+            if d is not None:
+                await self.push_sequence(d)
+                dropped += 1
+        return dropped
+
+    async def fail(self, code: str, message: str) -> None:
+        """Tell the app why its session ends (if it still listens)."""
+        try:
+            self.writer.write(encode(error_reply(code, message)))
+            await self.writer.drain()
+        except (ConnectionError, OSError):
+            pass
+
+    def close(self) -> None:
+        """End the host stream and the recorder (its running search; counts to the saved
+        sequences). Idempotent."""
+        if self.phase is Phase.CLOSED:
+            return
+        self.phase = Phase.CLOSED
+        self.call.cancel()
+        if self.recorder is not None:
+            self.recorder.close()

@@ -1,0 +1,150 @@
+"""The robot's app relay through its steps (open, up, down, close) with a real socket pair on the
+app side and a scripted host stream: who ends first decides how the session ends. No daemons."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import types
+
+import grpc
+import pytest
+
+from rrto.v1 import local_pb2, ops_pb2
+from rrtod.framing import FrameReader, encode, read_frame
+from rrtod.robot.relay import AppRelay, AppSession, Phase
+
+
+class HostCall:
+    """The host's Session stream: answers ``ready``, then what the test puts in ``down``
+    (``EOF`` ends the stream, an exception breaks it)."""
+
+    def __init__(self) -> None:
+        self.written: list[ops_pb2.SessionUp] = []
+        self.down: asyncio.Queue[object] = asyncio.Queue()
+        self.down.put_nowait(ops_pb2.SessionDown(ready=ops_pb2.SessionReady(session="h1",
+                                                                            device="cpu")))
+        self.cancelled = False
+
+    async def write(self, message: ops_pb2.SessionUp) -> None:
+        self.written.append(message)
+
+    async def read(self) -> object:
+        item = await self.down.get()
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def fetch(seq: int) -> local_pb2.LocalRequest:
+    return local_pb2.LocalRequest(session=ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=seq, id=seq)))
+
+
+async def connect() -> tuple[AppRelay, HostCall, socket.socket]:
+    """A relay whose app side is one end of a unix socket pair; the test holds the other."""
+    app, daemon = socket.socketpair()
+    reader, writer = await asyncio.open_unix_connection(sock=daemon)
+    host = types.SimpleNamespace(name="h1", address="unix:h1")
+    session = AppSession("s1", local_pb2.AppHello(app="app.py"), (1, 1000, 1000), host)
+    call = HostCall()
+    relay = AppRelay(session, call, FrameReader(reader, local_pb2.LocalRequest), writer)
+    app.setblocking(False)
+    return relay, call, app
+
+
+async def replies(app: socket.socket, n: int) -> list[local_pb2.LocalReply]:
+    reader, _ = await asyncio.open_unix_connection(sock=app)
+    return [await asyncio.wait_for(read_frame(reader, local_pb2.LocalReply), 10)
+            for _ in range(n)]
+
+
+def test_the_app_closing_ends_the_relay_and_its_host_stream() -> None:
+    async def main() -> None:
+        relay, call, app = await connect()
+        app.sendall(encode(fetch(1)) + encode(fetch(2)))
+        app.shutdown(socket.SHUT_WR)
+        await asyncio.wait_for(relay.serve(ops_pb2.SessionOpen(app="app.py")), 10)
+        assert relay.phase is Phase.CLOSED and call.cancelled
+        assert call.written[0].WhichOneof("msg") == "open"
+        assert [f.fetch.seq for f in call.written[1].batch.frames] == [1, 2]
+        (welcome,) = await replies(app, 1)
+        assert welcome.welcome.session == "s1" and welcome.welcome.device == "cpu"
+        assert relay.session.state == "active" and relay.session.frames_up == 2
+
+    asyncio.run(main())
+
+
+def test_the_host_ending_first_interrupts_the_relay_as_host_lost() -> None:
+    async def main() -> None:
+        relay, call, app = await connect()
+        call.down.put_nowait(ops_pb2.SessionDown(fetched=ops_pb2.Fetched(seq=1, id=1)))
+        call.down.put_nowait(grpc.aio.EOF)  # the app never closes: the host's end must stop it
+        await asyncio.wait_for(relay.serve(ops_pb2.SessionOpen(app="app.py")), 10)
+        welcome, fetched, lost = await replies(app, 3)
+        assert welcome.WhichOneof("msg") == "welcome" and fetched.session.fetched.seq == 1
+        assert lost.error.code == "HOST_LOST" and "host closed the session" in lost.error.message
+        assert relay.session.state == "host-lost" and relay.phase is Phase.CLOSED
+        assert relay.session.frames_down == 1
+
+    asyncio.run(main())
+
+
+def test_a_broken_host_stream_is_host_lost_with_its_status() -> None:
+    async def main() -> None:
+        relay, call, app = await connect()
+        call.down.put_nowait(grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None,
+                                                  "connection reset"))
+        await asyncio.wait_for(relay.serve(ops_pb2.SessionOpen(app="app.py")), 10)
+        _, lost = await replies(app, 2)
+        assert lost.error.code == "HOST_LOST" and "UNAVAILABLE connection reset" in lost.error.message
+
+    asyncio.run(main())
+
+
+def test_a_bad_app_frame_is_answered_after_the_good_ones_went_up() -> None:
+    async def main() -> None:
+        relay, call, app = await connect()
+        bad = local_pb2.LocalRequest(ctl=local_pb2.CtlRequest(command="status"))
+        app.sendall(encode(fetch(1)) + encode(bad))
+        await asyncio.wait_for(relay.serve(ops_pb2.SessionOpen(app="app.py")), 10)
+        _, error = await replies(app, 2)
+        assert error.error.code and "unexpected ctl" in error.error.message
+        assert [m.WhichOneof("msg") for m in call.written] == ["open", "fetch"]
+        assert call.cancelled
+
+    asyncio.run(main())
+
+
+def test_a_cancel_that_is_not_the_hosts_end_propagates() -> None:
+    """The daemon stopping cancels the relay: that is not a lost host."""
+    async def main() -> None:
+        relay, call, app = await connect()
+        await relay.open(ops_pb2.SessionOpen(app="app.py"))
+        task = asyncio.get_running_loop().create_task(relay.run())
+        await asyncio.sleep(0.05)
+        assert relay.phase is Phase.RELAYING
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert relay.phase is Phase.UP_ENDED
+        relay.close()
+        assert relay.phase is Phase.CLOSED and call.cancelled
+
+    asyncio.run(main())
+
+
+def test_a_drop_goes_to_host_and_app_a_definition_to_the_host_only() -> None:
+    async def main() -> None:
+        relay, call, app = await connect()
+        d = ops_pb2.SequenceDef(id=7, thread=1)
+        d.calls.add(op="aten::relu.default")
+        await relay.push_sequence(d)
+        await relay.push_sequence(ops_pb2.SequenceDef(id=8))  # a drop: no calls
+        assert [m.define.id for m in call.written] == [7, 8]
+        (dropped,) = await replies(app, 1)
+        assert dropped.session.sequence.id == 8 and not dropped.session.sequence.calls
+
+    asyncio.run(main())
