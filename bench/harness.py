@@ -123,7 +123,7 @@ class LinkEnv:
         # Daemons and the NTO server start side by side (each imports torch: seconds): their
         # addresses are chosen before they start, so nothing waits for another's start-up.
         if needs_daemons:
-            from rrtod.launch import Launcher
+            from testkit.daemons import Launcher
 
             self.launcher = stack.enter_context(Launcher())
             self.gpu = self.launcher.start("gpu", roles=["gpu"], wait=False)

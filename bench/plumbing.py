@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.plumbing [--models mlp,cnn,transformer] [--iters 50] [--warmup 10]
 
-Starts a GPU daemon and a robot daemon on this machine (``rrtod.launch.Launcher``, loopback, no
+Starts a GPU daemon and a robot daemon on this machine (``testkit.daemons.Launcher``, loopback, no
 link emulator), and per model runs the same plain-torch inference loop three ways: locally, under
 ``rrto-run`` (record, then replay), and as the hand-written NTO client of ``bench/nto.py`` (one
 gRPC request per inference to a server owning the model). Every process runs with
@@ -204,7 +204,7 @@ def segments(result: dict[str, Any], events: list[tuple[str, int]]) -> list[dict
 
 def run(models: list[str], iters: int, warmup: int, hops: bool = True) -> dict[str, Any]:
     sys.path.insert(0, str(REPO))
-    from rrtod.launch import Launcher
+    from testkit.daemons import Launcher
 
     results: dict[str, Any] = {"models": {}, "iters": iters, "warmup": warmup, "hops": hops}
     app_cmd = [sys.executable, "-m", "bench.plumbing", "app", "--iters", str(iters),

@@ -37,7 +37,7 @@ from typing import Any
 from demo.machines import Group, Machines, unavailable
 from rrto_plugins.power.model import DEFAULT_WATTS, ModelMeter, usable_cpus
 from rrtod.ctl import request
-from rrtod.launch import Launcher, free_port
+from testkit.daemons import Launcher, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "examples" / "camera_loop.py"

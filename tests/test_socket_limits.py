@@ -15,8 +15,8 @@ import pytest
 from rrto.v1 import local_pb2
 from rrto_plugins.torch.channel import SocketChannel
 from rrtod.framing import HEADER, FramedSocket
-
-from .conftest import ECHO, open_app
+from testkit.daemons import ECHO
+from testkit.peer import open_app
 
 
 def rss(pid: int) -> int:
