@@ -31,6 +31,7 @@ from bench.energy import RobotMeter
 from bench.link import LINKS, LinkProcess, LinkSpec, MeasureServer, measure
 from rrtod.config import PowerConfig
 from rrtod.grpc_options import CHANNEL_OPTIONS, POLLING_EXPERIMENTS, SERVER_OPTIONS
+from testkit.apps import shim_stats
 
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "bench" / "app.py"
@@ -91,11 +92,7 @@ def parse_shim_stats(stderr: str) -> dict[str, Any] | None:
     ``shim_us_per_op``; ``replay_shim_s`` / ``replayed_ops``; ``shim_s`` / ``ops`` (every operator,
     record phase included: an upper bound). Also ``round_trips`` and ``inferences``.
     """
-    found = None
-    for line in stderr.splitlines():
-        if line.startswith("rrto-stats "):
-            with contextlib.suppress(ValueError):
-                found = json.loads(line[len("rrto-stats "):])
+    found = shim_stats(stderr)
     if not isinstance(found, dict) or "shim_us_per_op" in found:
         return found
     for seconds, ops in (("replay_shim_s", "replayed_ops"), ("shim_s", "ops")):

@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from testkit.apps import shim_stats  # stdlib only: fine in the app process
+
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 MODELS = ("mlp", "cnn", "transformer")
@@ -103,17 +105,6 @@ def _summary(ms: list[float]) -> dict[str, float]:
     ms = sorted(ms)
     return {"median_ms": statistics.median(ms), "p90_ms": ms[min(len(ms) - 1, int(0.9 * len(ms)))],
             "n": len(ms)}
-
-
-def _shim_stats(stderr: str) -> dict[str, Any] | None:
-    found = None
-    for line in stderr.splitlines():
-        if line.startswith("rrto-stats "):
-            try:
-                found = json.loads(line[len("rrto-stats "):])
-            except ValueError:
-                pass
-    return found
 
 
 def _load_hops(directory: Path) -> list[tuple[str, int]]:
@@ -234,7 +225,7 @@ def run(models: list[str], iters: int, warmup: int, hops: bool = True) -> dict[s
                                     "--cpu-of", cpu_of], {**robot.env, **RRTO_ENV, **trace})
                     row["rrto"] = _summary(_latencies(rr))
                     row["rrto"]["cpu_ms"] = {k: v / 1e6 / iters for k, v in rr["cpu_ns"].items()}
-                    row["shim"] = _shim_stats(err)
+                    row["shim"] = shim_stats(err)
                     row["_raw"] = rr
                     results["models"][m] = row
                 # The daemons write their hops at exit.

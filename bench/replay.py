@@ -49,7 +49,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.stats import SHIM_US_PER_OP_MAX  # stdlib only: fine inside the app process
-from testkit.apps import APPS, MODELS, TOLERANCE, app_env, compare_outputs  # stdlib only too
+from testkit.apps import (  # stdlib only too
+    APPS,
+    MODELS,
+    STATS_PREFIX,
+    TOLERANCE,
+    app_env,
+    compare_outputs,
+    shim_stats,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -356,15 +364,8 @@ class Bench:
             stderr = err.read()
         run["wall_s"] = round(time.monotonic() - t0, 3)
         run["returncode"] = proc.returncode
-        stats = None
-        for line in stderr.splitlines():
-            if line.startswith("rrto-stats "):
-                try:
-                    stats = json.loads(line[len("rrto-stats "):])
-                except ValueError:
-                    pass
-        run["shim_stats"] = stats
-        other = [x for x in stderr.splitlines() if not x.startswith("rrto-stats ")]
+        run["shim_stats"] = shim_stats(stderr)
+        other = [x for x in stderr.splitlines() if not x.startswith(STATS_PREFIX)]
         if other:
             run["stderr_tail"] = other[-25:]
         if proc.returncode != 0 or not result_path.exists():

@@ -47,7 +47,7 @@ from rrto_plugins.search.period import PeriodSearch
 from rrtod.robot.oplog import OpLog
 from rrtod.robot.recorder import Recorder, SearchBudget
 from rrtod.robot.search import search_log
-from testkit.apps import APPS, MODELS, app_env
+from testkit.apps import APPS, MODELS, app_env, shim_stats
 from testkit.frames import ShimFrames
 
 REPO = Path(__file__).resolve().parent.parent
@@ -414,10 +414,7 @@ def daemon_runs(models: list[str], runs: int, pauses: list[float]) -> list[dict[
                 try:
                     p = subprocess.run(cmd, env=env, cwd=APPS, capture_output=True, text=True,
                                        timeout=120)
-                    stats = {}
-                    for line in p.stderr.splitlines():
-                        if line.startswith("rrto-stats "):
-                            stats = json.loads(line.removeprefix("rrto-stats "))
+                    stats = shim_stats(p.stderr) or {}
                     seqs = d.ctl("sequences")["sequences"]
                     row.update(rc=p.returncode, replays=stats.get("replays"),
                                mismatches=stats.get("mismatches"),

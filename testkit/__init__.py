@@ -10,6 +10,7 @@ their working directory.
 - ``apps``: the test apps of ``tests/apps``, their environment, and comparison with local runs.
 - ``frames``: the frames an app's shim sends, built by hand for the recorder and search.
 - ``peer``: raw clients of a daemon's sockets, driven frame by frame as a hostile peer would.
+- ``pki``: a throwaway CA and certificates for the peer link's TLS tests.
 - ``echo_plugin/``: a directory for a daemon's ``PYTHONPATH`` holding a third-party-style
   plugin (the ``echo`` interception backend) that needs no framework.
 """

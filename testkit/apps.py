@@ -27,6 +27,8 @@ DAEMON_ENV = {"PYTHONPATH": os.pathsep.join([str(APPS / "hostlib"), str(ECHO_PLU
 # Host config allowing the custom-op app's operator (tests/apps/custom_op.py).
 HOST = {"executor": {"allow_extra": ["rrtotest::scale"]}}
 
+# With RRTO_STATS=1 the shim prints its counters as one such line on stderr at exit.
+STATS_PREFIX = "rrto-stats "
 _LINE = re.compile(r"^(\S+ \S+ \[[^\]]*\]) [0-9a-f]+ \[.*\]$")  # appkit.describe's line
 
 
@@ -37,6 +39,19 @@ def app_env(**extra: str) -> dict[str, str]:
     env.pop("PYTHONPATH", None)
     env.update(extra)
     return env
+
+
+def shim_stats(stderr: str) -> dict | None:
+    """The shim's counters from an app's stderr (the last ``rrto-stats`` line; None: none, or
+    not JSON)."""
+    found = None
+    for line in stderr.splitlines():
+        if line.startswith(STATS_PREFIX):
+            try:
+                found = json.loads(line.removeprefix(STATS_PREFIX))
+            except ValueError:
+                found = None
+    return found
 
 
 def compare_outputs(got: str, want: str, tol: float | None = None,

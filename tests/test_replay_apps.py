@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from testkit.apps import APPS, DAEMON_ENV, HOST, MODELS, app_env, assert_same_as_local
+from testkit.apps import APPS, DAEMON_ENV, HOST, MODELS, app_env, assert_same_as_local, shim_stats
 from testkit.daemons import BIN, TEST_DEFAULTS, Launcher
 
 RUNS = 8
@@ -31,10 +31,7 @@ def run_app(name: str, daemon: Any | None, *flags: str, tmp: Path, tag: str) -> 
         cmd = [str(BIN / "rrto-run"), "--", *cmd]
     out = subprocess.run(cmd, env=env, cwd=APPS, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
-    stats: dict = {}
-    for line in out.stderr.splitlines():
-        if line.startswith("rrto-stats "):
-            stats = json.loads(line.removeprefix("rrto-stats "))
+    stats = shim_stats(out.stderr) or {}
     assert daemon is None or stats, out.stderr[-3000:]
     return out.stdout, stats
 

@@ -6,7 +6,7 @@ a local user without access to the app socket could open sessions and read every
 accepted any certificate the CA signed (the GPU host's own server certificate too), took the
 robot's name from a message field, and had no per-robot limits.
 
-Real daemons, real sockets, real gRPC with certificates made here (tests/pki.py); the echo
+Real daemons, real sockets, real gRPC with certificates made here (testkit/pki.py); the echo
 backend reports what the daemon granted each session (memory quota, extra operators, identity).
 """
 
@@ -33,8 +33,7 @@ from rrtod.gpu.access import AccessPolicy
 from rrtod.tls import certificate_identity
 from testkit.daemons import ECHO, free_port
 from testkit.peer import call, open_app
-
-from .pki import CA, Issued
+from testkit.pki import CA, Issued
 
 ROBOT_1 = "spiffe://fleet/robot-1"
 ROBOT_2 = "spiffe://fleet/robot-2"
