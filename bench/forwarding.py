@@ -27,10 +27,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see bench/harness.py: idl
 
 import torch  # noqa: E402
 
-from rrtod.launch import Launcher  # noqa: E402
+from testkit.apps import APPS  # noqa: E402
+from testkit.daemons import Launcher  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests" / "apps"))
+sys.path.insert(0, str(APPS))
 
 import appkit  # noqa: E402
 

@@ -31,6 +31,7 @@ from bench.energy import RobotMeter
 from bench.link import LINKS, LinkProcess, LinkSpec, MeasureServer, measure
 from rrtod.config import PowerConfig
 from rrtod.grpc_options import CHANNEL_OPTIONS, POLLING_EXPERIMENTS, SERVER_OPTIONS
+from testkit.apps import shim_stats
 
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "bench" / "app.py"
@@ -91,11 +92,7 @@ def parse_shim_stats(stderr: str) -> dict[str, Any] | None:
     ``shim_us_per_op``; ``replay_shim_s`` / ``replayed_ops``; ``shim_s`` / ``ops`` (every operator,
     record phase included: an upper bound). Also ``round_trips`` and ``inferences``.
     """
-    found = None
-    for line in stderr.splitlines():
-        if line.startswith("rrto-stats "):
-            with contextlib.suppress(ValueError):
-                found = json.loads(line[len("rrto-stats "):])
+    found = shim_stats(stderr)
     if not isinstance(found, dict) or "shim_us_per_op" in found:
         return found
     for seconds, ops in (("replay_shim_s", "replayed_ops"), ("shim_s", "ops")):
@@ -123,7 +120,7 @@ class LinkEnv:
         # Daemons and the NTO server start side by side (each imports torch: seconds): their
         # addresses are chosen before they start, so nothing waits for another's start-up.
         if needs_daemons:
-            from rrtod.launch import Launcher
+            from testkit.daemons import Launcher
 
             self.launcher = stack.enter_context(Launcher())
             self.gpu = self.launcher.start("gpu", roles=["gpu"], wait=False)

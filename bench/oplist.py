@@ -50,10 +50,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # rrtod.opnames is torch-free and needs no install
 
 from rrtod.opnames import unsafe_reason  # noqa: E402
+from testkit.apps import APPS  # noqa: E402
 
 OBS_DIR = REPO / "bench" / "results" / "oplist"
 LIST = REPO / "plugins" / "torch" / "allowlist_ops.txt"
-APPS = REPO / "tests" / "apps"
 GRAD_MODES: dict[str, Callable[[], Any]] = {
     "grad": torch.enable_grad,
     "no_grad": torch.no_grad,

@@ -52,12 +52,12 @@ def ping_ms(address: str, count: int) -> list[float]:
 
 
 def run(models: list[str], rounds: int, iters: int, warmup: int, pings: int) -> dict[str, Any]:
-    from rrtod.launch import Launcher
+    from testkit.daemons import Launcher
 
     results: dict[str, Any] = {"rounds": rounds, "iters": iters, "pings": pings, "ping": {},
                                "models": {}}
     with Launcher(extra_env=ENV) as launcher:
-        gpu = launcher.start("gpu", roles=["gpu"])  # TCP listen, tls insecure (launch.py)
+        gpu = launcher.start("gpu", roles=["gpu"])  # TCP listen, tls insecure (testkit/daemons.py)
         addresses = {"tcp": gpu.listen, "unix": f"unix:{Path(gpu.socket).parent / 'peer.sock'}"}
         robots = {p: launcher.start(f"robot-{p}", roles=["robot"],
                                     hosts=[{"name": "gpu", "address": addresses[p]}])

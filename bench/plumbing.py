@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.plumbing [--models mlp,cnn,transformer] [--iters 50] [--warmup 10]
 
-Starts a GPU daemon and a robot daemon on this machine (``rrtod.launch.Launcher``, loopback, no
+Starts a GPU daemon and a robot daemon on this machine (``testkit.daemons.Launcher``, loopback, no
 link emulator), and per model runs the same plain-torch inference loop three ways: locally, under
 ``rrto-run`` (record, then replay), and as the hand-written NTO client of ``bench/nto.py`` (one
 gRPC request per inference to a server owning the model). Every process runs with
@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from testkit.apps import shim_stats  # stdlib only: fine in the app process
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -103,17 +105,6 @@ def _summary(ms: list[float]) -> dict[str, float]:
     ms = sorted(ms)
     return {"median_ms": statistics.median(ms), "p90_ms": ms[min(len(ms) - 1, int(0.9 * len(ms)))],
             "n": len(ms)}
-
-
-def _shim_stats(stderr: str) -> dict[str, Any] | None:
-    found = None
-    for line in stderr.splitlines():
-        if line.startswith("rrto-stats "):
-            try:
-                found = json.loads(line[len("rrto-stats "):])
-            except ValueError:
-                pass
-    return found
 
 
 def _load_hops(directory: Path) -> list[tuple[str, int]]:
@@ -204,7 +195,7 @@ def segments(result: dict[str, Any], events: list[tuple[str, int]]) -> list[dict
 
 def run(models: list[str], iters: int, warmup: int, hops: bool = True) -> dict[str, Any]:
     sys.path.insert(0, str(REPO))
-    from rrtod.launch import Launcher
+    from testkit.daemons import Launcher
 
     results: dict[str, Any] = {"models": {}, "iters": iters, "warmup": warmup, "hops": hops}
     app_cmd = [sys.executable, "-m", "bench.plumbing", "app", "--iters", str(iters),
@@ -234,7 +225,7 @@ def run(models: list[str], iters: int, warmup: int, hops: bool = True) -> dict[s
                                     "--cpu-of", cpu_of], {**robot.env, **RRTO_ENV, **trace})
                     row["rrto"] = _summary(_latencies(rr))
                     row["rrto"]["cpu_ms"] = {k: v / 1e6 / iters for k, v in rr["cpu_ns"].items()}
-                    row["shim"] = _shim_stats(err)
+                    row["shim"] = shim_stats(err)
                     row["_raw"] = rr
                     results["models"][m] = row
                 # The daemons write their hops at exit.

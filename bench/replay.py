@@ -39,7 +39,6 @@ import argparse
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -50,13 +49,19 @@ from pathlib import Path
 from typing import Any
 
 from bench.stats import SHIM_US_PER_OP_MAX  # stdlib only: fine inside the app process
+from testkit.apps import (  # stdlib only too
+    APPS,
+    MODELS,
+    STATS_PREFIX,
+    TOLERANCE,
+    app_env,
+    compare_outputs,
+    shim_stats,
+)
 
 REPO = Path(__file__).resolve().parent.parent
-APPS = REPO / "tests" / "apps"
 BIN = Path(sys.executable).parent
 RESULTS = REPO / "bench" / "results"
-MODELS = ["mlp_policy", "small_cnn", "resnet", "unet", "gru", "transformer", "detection"]
-TOLERANCE = {"transformer": 1e-5}  # as tests/test_torch_apps.py: fused fast path locally
 MODES = ("local", "sync", "stream", "replay", "restart")
 _OFF = {"RRTO_REPLAY": "0"}
 MODE_ENV: dict[str, dict[str, str]] = {
@@ -223,38 +228,6 @@ def wire_check(wire_bytes: float | None, io_bytes: float | None) -> dict[str, An
     return {"ok": wire_bytes <= limit, "limit": limit, "overhead": wire_bytes - io_bytes}
 
 
-_LINE = re.compile(r"^(\S+ \S+ \[[^\]]*\]) [0-9a-f]+ \[.*\]$")  # appkit.describe's line
-
-
-def compare_outputs(got: str, want: str, tol: float | None = None,
-                    got_values: dict[str, list[float]] | None = None,
-                    want_values: dict[str, list[float]] | None = None) -> str | None:
-    """None when the app printed what the local run printed, else why not. With a tolerance,
-    lines may differ in their hash and head values only, and every value within ``tol``."""
-    if got == want:
-        return None
-    if tol is None:
-        g, w = got.splitlines(), want.splitlines()
-        for k, (a, b) in enumerate(zip(g, w, strict=False)):
-            if a != b:
-                return f"line {k + 1}: {a!r} != local {b!r}"
-        return f"{len(g)} lines != local {len(w)} lines"
-    g, w = got.splitlines(), want.splitlines()
-    if [_LINE.sub(r"\1", x) for x in g] != [_LINE.sub(r"\1", x) for x in w]:
-        return "output names, dtypes or shapes differ from local"
-    if got_values is None or want_values is None or got_values.keys() != want_values.keys():
-        return "output values missing"
-    worst = 0.0
-    for k, b in want_values.items():
-        a = got_values[k]
-        if len(a) != len(b):
-            return f"output {k}: {len(a)} values != local {len(b)}"
-        worst = max([worst, *(abs(x - y) for x, y in zip(a, b, strict=True))])
-    if not worst <= tol:
-        return f"values differ from local by up to {worst:.3g} (tolerance {tol:g})"
-    return None
-
-
 # ---------------------------------------------------------------------------------------------
 # Running apps and daemons
 # ---------------------------------------------------------------------------------------------
@@ -295,7 +268,7 @@ class Bench:
 
     # ---- daemons ----
     def start(self, stack: Any) -> None:
-        from rrtod.launch import Launcher
+        from testkit.daemons import Launcher
 
         launcher = stack.enter_context(Launcher(extra_env={"RRTO_OFFLOAD": "0", **PROCESS_ENV}))
         log = {"format": "json", "level": "info"}
@@ -343,9 +316,7 @@ class Bench:
                "--warm", str(a.warm), "--result", str(result_path)]
         if name in TOLERANCE:
             cmd.append("--values")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RRTO_")}
-        env.pop("PYTHONPATH", None)
-        env.update(PROCESS_ENV)
+        env = app_env(**PROCESS_ENV)
         offloaded = mode != "local"
         if offloaded:
             env.update(self.robot.env, RRTO_STATS="1", RRTO_FALLBACK="error", **MODE_ENV[mode])
@@ -393,15 +364,8 @@ class Bench:
             stderr = err.read()
         run["wall_s"] = round(time.monotonic() - t0, 3)
         run["returncode"] = proc.returncode
-        stats = None
-        for line in stderr.splitlines():
-            if line.startswith("rrto-stats "):
-                try:
-                    stats = json.loads(line[len("rrto-stats "):])
-                except ValueError:
-                    pass
-        run["shim_stats"] = stats
-        other = [x for x in stderr.splitlines() if not x.startswith("rrto-stats ")]
+        run["shim_stats"] = shim_stats(stderr)
+        other = [x for x in stderr.splitlines() if not x.startswith(STATS_PREFIX)]
         if other:
             run["stderr_tail"] = other[-25:]
         if proc.returncode != 0 or not result_path.exists():

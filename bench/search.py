@@ -47,11 +47,11 @@ from rrto_plugins.search.period import PeriodSearch
 from rrtod.robot.oplog import OpLog
 from rrtod.robot.recorder import Recorder, SearchBudget
 from rrtod.robot.search import search_log
+from testkit.apps import APPS, MODELS, app_env, shim_stats
+from testkit.frames import ShimFrames
 
 REPO = Path(__file__).resolve().parent.parent
-APPS = REPO / "tests" / "apps"
 RESULTS = REPO / "bench" / "results"
-MODELS = ["mlp_policy", "small_cnn", "resnet", "unet", "gru", "transformer", "detection"]
 EXTRA = ["yolo_grid"]  # an init phase: the first inference builds and caches a grid
 BIN = Path(sys.executable).parent
 # A test app with a pause after each inference's outputs are read (a paced robot loop).
@@ -154,82 +154,62 @@ def record_app(name: str, runs: int, tmp: Path) -> Recording:
 
 # ----- synthetic logs -----
 
-class Synth:
+class Synth(ShimFrames):
     """Frames an app's shim would send for a model-shaped inference of ``period`` operators."""
 
+    meta = ops_pb2.TensorMeta(dtype="float32", shape=[1, 64], stride=[64, 1], device="cpu")
+    upload = b"\0" * 16
+
     def __init__(self, name: str, period: int):
+        super().__init__()
         self.rec = Recording(name)
         self.period = period
-        self.seq = 0
-        self.next_id = 1
         self.inference = 0
         self.bound: dict[str, int] = {}
 
-    def _meta(self, m: ops_pb2.TensorMeta) -> None:
-        m.dtype, m.device = "float32", "cpu"
-        m.shape.extend([1, 64])
-        m.stride.extend([64, 1])
+    def record(self, frame: ops_pb2.SessionUp) -> None:
+        self.rec.events.append(("frame", frame))
+        if frame.WhichOneof("msg") == "call":
+            self.rec.inference_of[frame.call.seq] = self.inference
 
-    def call(self, op: str, *inputs: object, scalar: float = 0.0, out: int | None = None) -> int:
-        self.seq += 1
-        c = ops_pb2.OpCall(seq=self.seq, op=op, grad_mode=ops_pb2.INFERENCE_MODE)
-        for x in inputs:
-            v = c.args.add()
-            if isinstance(x, int):
-                v.tensor.id = x
-            elif isinstance(x, bytes):
-                v.tensor.persistent = x
-            else:
-                self._meta(v.tensor.upload.meta)
-                v.tensor.upload.data = b"\0" * 16
-        c.args.add().f = scalar
-        if out is None:
-            self.next_id += 1
-            out = self.next_id
-        c.out_ids.append(out)
-        self._meta(c.out_meta.add())
-        self.rec.events.append(("frame", ops_pb2.SessionUp(call=c)))
-        self.rec.inference_of[self.seq] = self.inference
-        return out
+    def op(self, op: str, *inputs: object, scalar: float = 0.0, out: int | None = None) -> int:
+        """One call with one output (``out``: the id an in-place op wrote); returns its id."""
+        return self.call(op, *inputs, scalar=scalar, out_ids=None if out is None else [out])[0]
 
     def weight(self, k: int) -> int:
         """A weight's id: bound by an ``alias`` of the persistent tensor on its first use."""
         name = f"w{k % 97}"
         if name not in self.bound:
-            self.bound[name] = self.call("aten::alias", name.encode() * 4)
+            self.bound[name] = self.op("aten::alias", name.encode() * 4)
         return self.bound[name]
-
-    def fetch(self, oid: int) -> None:
-        self.seq += 1
-        self.rec.events.append(("frame", ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=self.seq, id=oid))))
 
     def infer(self, grid: int, state: int | None = None) -> int | None:
         """One inference: ``period`` calls (weight binds of the first one excepted)."""
         self.inference += 1
-        x = self.call("aten::conv2d", "img", self.weight(0))
+        x = self.op("aten::conv2d", "img", self.weight(0))
         if state is not None:
-            x = self.call("aten::gru_cell", x, state)  # reads the previous inference's state
+            x = self.op("aten::gru_cell", x, state)  # reads the previous inference's state
             state = x
         n = self.period - 7 - (state is not None)
         for i in range(n):
             if i % 9 == 4:
-                self.call("aten::relu_", x, out=x)  # in place: returns the id it wrote
+                self.op("aten::relu_", x, out=x)  # in place: returns the id it wrote
             elif i % 9 == 7:
-                x = self.call("aten::add.Tensor", x, grid)
+                x = self.op("aten::add.Tensor", x, grid)
             else:
-                x = self.call(f"aten::op{i % 5}", x, self.weight(i + 1), scalar=float(i % 3))
-        boxes = self.call("aten::linear", x, self.weight(1000))
-        scores = self.call("aten::sigmoid", boxes)
-        top = self.call("aten::topk", scores, scalar=10.0)
+                x = self.op(f"aten::op{i % 5}", x, self.weight(i + 1), scalar=float(i % 3))
+        boxes = self.op("aten::linear", x, self.weight(1000))
+        scores = self.op("aten::sigmoid", boxes)
+        top = self.op("aten::topk", scores, scalar=10.0)
         self.rec.events.append(("mark", self.inference))  # the forward ends
         for v in (boxes, scores, top):  # the app reads each output: detach, then download
-            self.fetch(self.call("aten::detach", v))
+            self.fetch(self.op("aten::detach", v))
         return state
 
     @classmethod
     def steady(cls, calls: int, period: int) -> Recording:
         s = cls(f"synthetic {calls // 1000}k", period)
-        grid = s.call("aten::arange", "n")  # built once, read by every inference
+        grid = s.op("aten::arange", "n")  # built once, read by every inference
         while s.seq < calls:
             s.infer(grid)
         return s.rec
@@ -237,8 +217,8 @@ class Synth:
     @classmethod
     def carried(cls, calls: int, period: int) -> Recording:
         s = cls(f"carried-state {calls // 1000}k", period)
-        grid = s.call("aten::arange", "n")
-        state = s.call("aten::zeros", "shape")
+        grid = s.op("aten::arange", "n")
+        state = s.op("aten::zeros", "shape")
         while s.seq < calls:
             state = s.infer(grid, state)
         s.rec.carried = True
@@ -416,7 +396,7 @@ def budget_runs(rec: Recording, big: Recording, tmp: Path) -> dict[str, Any]:
 
 def daemon_runs(models: list[str], runs: int, pauses: list[float]) -> list[dict[str, Any]]:
     """Each app under rrto-run against a fresh rrtod: found_at (daemon), replays (shim)."""
-    from rrtod.launch import Launcher
+    from testkit.daemons import Launcher
 
     out = []
     with Launcher() as launcher:
@@ -426,20 +406,15 @@ def daemon_runs(models: list[str], runs: int, pauses: list[float]) -> list[dict[
                 d.ctl("flush", "--all")
                 for saved in (Path(d.config["state_dir"]) / "sequences").glob("*.json"):
                     saved.unlink()  # each run starts from nothing recorded
-                env = {k: v for k, v in os.environ.items() if not k.startswith("RRTO_")}
-                env.pop("PYTHONPATH", None)
-                env.update(d.env, RRTO_STATS="1", RRTO_FALLBACK="error",
-                           OMP_WAIT_POLICY="PASSIVE")
+                env = app_env(**d.env, RRTO_STATS="1", RRTO_FALLBACK="error",
+                              OMP_WAIT_POLICY="PASSIVE")
                 cmd = [str(BIN / "rrto-run"), "--", sys.executable, "-c", PACED, str(APPS), name,
                        str(pause), str(runs)]
                 row: dict[str, Any] = {"app": name, "pause_ms": pause * 1e3, "runs": runs}
                 try:
                     p = subprocess.run(cmd, env=env, cwd=APPS, capture_output=True, text=True,
                                        timeout=120)
-                    stats = {}
-                    for line in p.stderr.splitlines():
-                        if line.startswith("rrto-stats "):
-                            stats = json.loads(line.removeprefix("rrto-stats "))
+                    stats = shim_stats(p.stderr) or {}
                     seqs = d.ctl("sequences")["sequences"]
                     row.update(rc=p.returncode, replays=stats.get("replays"),
                                mismatches=stats.get("mismatches"),

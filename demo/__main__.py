@@ -37,7 +37,8 @@ from typing import Any
 from demo.machines import Group, Machines, unavailable
 from rrto_plugins.power.model import DEFAULT_WATTS, ModelMeter, usable_cpus
 from rrtod.ctl import request
-from rrtod.launch import Launcher, free_port
+from testkit.apps import shim_stats
+from testkit.daemons import Launcher, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "examples" / "camera_loop.py"
@@ -213,8 +214,7 @@ class Results:
 
 def report(frames: int, r: Results, link: str, measured: Any, device: str) -> int:
     """Print what offloading changed, over the steady state; 0 when every frame's outputs match."""
-    shim = next((json.loads(line.removeprefix("rrto-stats ")) for line in
-                 r.offloaded["stderr"].splitlines() if line.startswith("rrto-stats ")), {})
+    shim = shim_stats(r.offloaded["stderr"]) or {}
     replayed = int(shim.get("replays", 0))
     first = min(frames - 2, max(1, frames - replayed))  # frames before replay began
     lo, off = summary(r.local, first), summary(r.offloaded, first)

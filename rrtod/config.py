@@ -153,7 +153,6 @@ class AccessRule(_Section):
     max_sessions: int | None = Field(default=None, ge=1)  # open sessions at once; null: no limit
     memory_quota: int | None = None  # bytes per session; null: executor.memory_quota
     allow_extra: tuple[str, ...] = ()  # operators added to the allowlist for this identity
-    admin: bool | None = None  # Stats shows every session, not only its own; null: only local
 
     @field_validator("memory_quota", mode="before")
     @classmethod

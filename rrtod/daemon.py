@@ -29,6 +29,7 @@ from rrtod.config import Config, ConfigError, LoadedConfig
 from rrtod.grpc_options import prefer_polling_engine
 from rrtod.local_server import Cred, LocalServer
 from rrtod.plugins import PluginError, Registry, discover
+from rrtod.robot.energy import EnergyAccountant, select_meter
 from rrtod.robot.sequences import SequenceStore
 from rrtod.sdnotify import Notifier
 
@@ -106,10 +107,6 @@ class Daemon:
         return 0
 
     def _start_energy(self) -> Any:
-        try:
-            from rrtod.robot.energy import EnergyAccountant, select_meter
-        except ImportError:
-            return None
         try:
             name, meter = select_meter(self.registry, self.config.power)
         except Exception as exc:  # noqa: BLE001 - no meter is not fatal: status says why

@@ -20,9 +20,9 @@ from rrto_plugins.torch import codec
 from rrto_plugins.torch.allowlist import Allowlist, builtin_entries, builtin_names
 from rrtod import opnames
 from rrtod.config import ConfigError, from_mapping, load
-from rrtod.launch import Launcher
 from rrtod.wire import BIND_OP
-from tests.conftest import TEST_DEFAULTS, RawPeerSession
+from testkit.daemons import TEST_DEFAULTS, Launcher
+from testkit.peer import RawPeerSession
 
 REPO = Path(__file__).resolve().parent.parent
 OBSERVED = REPO / "bench" / "results" / "oplist"

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from bench import replay
+from testkit.apps import compare_outputs
 
 
 def _rec(i: int, ms: float, replays: int, **shim: float) -> dict:
@@ -60,16 +61,16 @@ def test_wire_check() -> None:
 def test_compare_outputs() -> None:
     a = "0:0 float32 [1, 4] 0123456789abcdef [0.1, 0.2, 0.3]\n"
     b = "0:0 float32 [1, 4] fedcba9876543210 [0.1, 0.2, 0.300001]\n"
-    assert replay.compare_outputs(a, a) is None
-    assert "line 1" in replay.compare_outputs(b, a)
-    assert "lines" in replay.compare_outputs(a + a, a)
+    assert compare_outputs(a, a) is None
+    assert "line 1" in compare_outputs(b, a)
+    assert "lines" in compare_outputs(a + a, a)
     vals = {"0:0": [0.1, 0.2, 0.3, 0.4]}
     near = {"0:0": [0.1, 0.2, 0.300001, 0.4]}
-    assert replay.compare_outputs(b, a, 1e-5, near, vals) is None
-    assert "differ" in replay.compare_outputs(b, a, 1e-7, near, vals)
+    assert compare_outputs(b, a, 1e-5, near, vals) is None
+    assert "differ" in compare_outputs(b, a, 1e-7, near, vals)
     other_shape = a.replace("[1, 4]", "[4, 1]")
-    assert "shapes" in replay.compare_outputs(b, other_shape, 1e-5, near, vals)
-    assert replay.compare_outputs(b, a, 1e-5, None, vals) == "output values missing"
+    assert "shapes" in compare_outputs(b, other_shape, 1e-5, near, vals)
+    assert compare_outputs(b, a, 1e-5, None, vals) == "output values missing"
 
 
 def _run(mode: str, window: dict, **extra: object) -> dict:

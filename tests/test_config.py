@@ -149,7 +149,7 @@ def test_access_rules_validate() -> None:
                                                            "memory_quota": "1GiB"},
                                  "spiffe://fleet/*": {"allow_extra": ["aten::x"]}}})
     rule = c.access["spiffe://fleet/robot-1"]
-    assert (rule.max_sessions, rule.memory_quota, rule.admin) == (2, 2**30, None)
+    assert (rule.max_sessions, rule.memory_quota) == (2, 2**30)
     assert c.access["spiffe://fleet/*"].allow_extra == ("aten::x",)
 
 

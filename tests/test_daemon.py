@@ -18,8 +18,8 @@ import yaml
 from rrto.v1 import local_pb2, ops_pb2
 from rrtod.framing import FramedSocket
 from rrtod.wire import HEADER
-
-from .conftest import BIN, ECHO, call, free_port, open_app
+from testkit.daemons import BIN, ECHO, ECHO_PLUGIN, free_port
+from testkit.peer import call, open_app
 
 
 def test_status_and_plugins(rrtod_daemon):
@@ -114,7 +114,7 @@ def test_second_daemon_on_same_socket_refuses(rrtod_daemon):
 
 
 def run_rrtod(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent / "testkit")}
+    env = {**os.environ, "PYTHONPATH": str(ECHO_PLUGIN)}
     return subprocess.run([str(BIN / "rrtod"), *args], capture_output=True, text=True,
                           timeout=60, env=env)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,14 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from rrtod.launch import Launcher
-from tests.conftest import TEST_DEFAULTS
+from testkit.apps import APPS, MODELS, app_env
+from testkit.daemons import BIN, TEST_DEFAULTS, Launcher
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
 
-APPS = Path(__file__).resolve().parent / "apps"
-BIN = Path(sys.executable).parent
-MODELS = ["mlp_policy", "small_cnn", "resnet", "unet", "gru", "transformer", "detection"]
 RUNS = 8
 REL, ABS = 1e-4, 1e-4
 
@@ -45,8 +41,7 @@ def app(name: str, dump: Path, env: dict[str, str], offload: bool) -> subprocess
 
 @pytest.mark.parametrize("name", MODELS)
 def test_replayed_on_cuda_equals_local_cpu(daemon, name, tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RRTO_")}
-    env.pop("PYTHONPATH", None)
+    env = app_env()
     local = app(name, tmp_path / "local.json", {**env, "CUDA_VISIBLE_DEVICES": ""}, False)
     assert local.returncode == 0, local.stderr
     remote = app(name, tmp_path / "remote.json",

@@ -7,17 +7,16 @@ psutil): a refused request must not have allocated first.
 
 from __future__ import annotations
 
-import json
 import time
 
 import grpc
 import psutil
 import pytest
 
-from rrto.v1 import ops_pb2, peer_pb2, peer_pb2_grpc
+from rrto.v1 import ops_pb2
 from rrtod.grpc_options import CHANNEL_OPTIONS
-from rrtod.launch import Launcher
-from tests.conftest import TEST_DEFAULTS, RawPeerSession
+from testkit.daemons import TEST_DEFAULTS, Launcher
+from testkit.peer import RawPeerSession
 
 MiB = 1 << 20
 EXECUTOR = {"device": "cpu", "memory_quota": "512MiB", "memory_limit": "1GiB",
@@ -81,12 +80,9 @@ def daemon():
 @pytest.fixture
 def gpu_daemon(daemon):
     """The module's daemon once the sessions of earlier tests are gone (and their memory)."""
-    with grpc.insecure_channel(daemon.listen) as channel:
-        stub = peer_pb2_grpc.PeerStub(channel)
-        deadline = time.monotonic() + 30  # generous: a loaded 2-core machine is slow to close
-        while json.loads(stub.Stats(peer_pb2.StatsRequest()).json)["sessions"]:
-            assert time.monotonic() < deadline, "sessions of earlier tests are still open"
-            time.sleep(0.05)
+    # generous: a loaded 2-core machine is slow to close
+    daemon.wait_for(lambda s: not s["gpu"]["sessions"], timeout=30,
+                    what="the sessions of earlier tests to close")
     return daemon
 
 

@@ -11,7 +11,7 @@ import time
 from rrto.v1 import ops_pb2
 from rrto_plugins.search.dds import DataDependencySearch
 from rrtod.robot.recorder import Recorder, SearchBudget
-from tests.test_search import W1, W2, App, cnn
+from testkit.frames import W1, W2, App, cnn
 
 
 class Relay(App):

@@ -8,7 +8,6 @@ outputs on the wire."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,18 +15,15 @@ from typing import Any
 
 import pytest
 
-from rrtod.launch import Launcher
-from tests.conftest import TEST_DEFAULTS
-from tests.test_torch_apps import APPS, BIN, DAEMON_ENV, HOST, MODELS, compare
+from testkit.apps import APPS, DAEMON_ENV, HOST, MODELS, app_env, assert_same_as_local, shim_stats
+from testkit.daemons import BIN, TEST_DEFAULTS, Launcher
 
 RUNS = 8
 
 
 def run_app(name: str, daemon: Any | None, *flags: str, tmp: Path, tag: str) -> tuple[str, dict]:
     """Run one app to completion; returns its output lines and (offloaded) its shim stats."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RRTO_")}
-    env.pop("PYTHONPATH", None)
-    env["OMP_WAIT_POLICY"] = "PASSIVE"
+    env = app_env(OMP_WAIT_POLICY="PASSIVE")
     dump = tmp / f"{name}-{tag}.json"
     cmd = [sys.executable, str(APPS / f"{name}.py"), *flags, "--dump", str(dump)]
     if daemon is not None:
@@ -35,10 +31,7 @@ def run_app(name: str, daemon: Any | None, *flags: str, tmp: Path, tag: str) -> 
         cmd = [str(BIN / "rrto-run"), "--", *cmd]
     out = subprocess.run(cmd, env=env, cwd=APPS, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
-    stats: dict = {}
-    for line in out.stderr.splitlines():
-        if line.startswith("rrto-stats "):
-            stats = json.loads(line.removeprefix("rrto-stats "))
+    stats = shim_stats(out.stderr) or {}
     assert daemon is None or stats, out.stderr[-3000:]
     return out.stdout, stats
 
@@ -46,7 +39,7 @@ def run_app(name: str, daemon: Any | None, *flags: str, tmp: Path, tag: str) -> 
 def same_as_local(name: str, daemon: Any, *flags: str, tmp: Path) -> dict:
     want, _ = run_app(name, None, *flags, tmp=tmp, tag="local")
     got, stats = run_app(name, daemon, *flags, tmp=tmp, tag="remote")
-    compare(name, got, want, tmp / f"{name}-remote.json", tmp / f"{name}-local.json")
+    assert_same_as_local(name, got, want, tmp / f"{name}-remote.json", tmp / f"{name}-local.json")
     return stats
 
 
@@ -170,9 +163,7 @@ def test_init_phase_and_two_models_in_one_process(fresh, name, tmp_path):
 
 def test_two_processes_replay_in_isolation(fresh, tmp_path):
     """Two apps at once on one robot and host: each its own session and sequence."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RRTO_")}
-    env.pop("PYTHONPATH", None)
-    env.update(fresh.env, RRTO_STATS="1", OMP_WAIT_POLICY="PASSIVE")
+    env = app_env(**fresh.env, RRTO_STATS="1", OMP_WAIT_POLICY="PASSIVE")
     names = ["small_cnn", "mlp_policy"]
     # Paced as a robot's sensor loop: whether replay starts with the 3rd or 4th inference is a
     # race with the search on these 2 shared cores, not what this test is about.
@@ -210,9 +201,7 @@ def test_two_robots_share_one_gpu_host_in_isolation(tmp_path):
                   for i in range(2)]
         for r in robots:
             r.wait_for(lambda s: s["hosts"][0]["state"] == "up", what="GPU host up")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RRTO_")}
-        env.pop("PYTHONPATH", None)
-        env["OMP_WAIT_POLICY"] = "PASSIVE"
+        env = app_env(OMP_WAIT_POLICY="PASSIVE")
         cmd = [sys.executable, str(APPS / "small_cnn.py"), "--runs", "8", "--pace", "20"]
         local = subprocess.run(cmd, cwd=APPS, capture_output=True, text=True, timeout=120,
                                env=env, check=True).stdout

@@ -7,70 +7,11 @@ import time
 
 import pytest
 
-from rrto.v1 import ops_pb2
 from rrto_plugins.search.dds import DataDependencySearch
 from rrto_plugins.search.period import PeriodSearch, tail_periods, z_function
 from rrtod.robot.oplog import OpLog
 from rrtod.robot.search import Candidate, best, search_log, verify
-
-META = ops_pb2.TensorMeta(dtype="float32", shape=[1, 8], stride=[8, 1], device="cpu")
-
-
-class App:
-    """Emits the frames an app's shim would send: ids are allocated like the shim does."""
-
-    def __init__(self) -> None:
-        self.log = OpLog()
-        self.seq = 0
-        self.next_id = 1
-
-    def _id(self) -> int:
-        self.next_id += 1
-        return self.next_id
-
-    def call(self, op: str, *inputs: object, outs: int = 1, scalar: float = 0.0,
-             out_ids: list[int] | None = None) -> list[int]:
-        """``out_ids``: the ids an in-place op returns (the ids it wrote)."""
-        self.seq += 1
-        c = ops_pb2.OpCall(seq=self.seq, op=op, grad_mode=ops_pb2.INFERENCE_MODE)
-        for x in inputs:
-            v = c.args.add()
-            if isinstance(x, int):
-                v.tensor.id = x
-            elif isinstance(x, bytes):
-                v.tensor.persistent = x
-            else:  # an upload of fresh data
-                v.tensor.upload.meta.CopyFrom(META)
-                v.tensor.upload.data = b"\0" * 32
-        c.args.add().f = scalar
-        out = out_ids if out_ids is not None else [self._id() for _ in range(outs)]
-        c.out_ids.extend(out)
-        for _ in out:
-            c.out_meta.add().CopyFrom(META)
-        self.log.record(ops_pb2.SessionUp(call=c))
-        return out
-
-    def fetch(self, oid: int) -> None:
-        self.seq += 1
-        self.log.record(ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=self.seq, id=oid)))
-
-
-W1, W2, W3 = b"w1" * 8, b"w2" * 8, b"w3" * 8
-
-
-def cnn(app: App, grid: int | None = None) -> None:
-    (x,) = app.call("aten::conv2d", "img", W1)
-    (x,) = app.call("aten::relu", x)
-    (y,) = app.call("aten::conv2d", x, W2)
-    (y,) = app.call("aten::add.Tensor", y, x)
-    if grid is not None:
-        (y,) = app.call("aten::add.Tensor", y, grid, scalar=2.0)
-    boxes, scores = app.call("aten::split", y, outs=2)
-    (scores,) = app.call("aten::sigmoid", scores)
-    (top,) = app.call("aten::topk", scores, W3)
-    app.fetch(boxes)
-    app.fetch(scores)
-    app.fetch(top)
+from testkit.frames import W1, W2, W3, App, cnn
 
 
 def dds_found(app: App):

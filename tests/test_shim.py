@@ -13,6 +13,7 @@ import pytest
 
 from rrtod.shim import site
 from rrtod.switches import SWITCHES
+from testkit.apps import app_env
 
 BIN = Path(sys.executable).parent
 APP = textwrap.dedent("""
@@ -32,12 +33,9 @@ def run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Completed
 
 
 def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RRTO_")}
-    env.pop("PYTHONPATH", None)
-    env["RRTO_CONFIG"] = str(tmp_path / "absent.yaml")
-    env["RRTO_SOCKET"] = str(tmp_path / "no-such.sock")
-    env.update(extra)
-    return env
+    """No daemon config or socket (unless ``extra`` names them)."""
+    return app_env(**{"RRTO_CONFIG": str(tmp_path / "absent.yaml"),
+                      "RRTO_SOCKET": str(tmp_path / "no-such.sock"), **extra})
 
 
 def test_no_daemon_runs_locally_with_one_warning(tmp_path):

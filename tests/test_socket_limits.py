@@ -16,8 +16,8 @@ from rrto.v1 import local_pb2
 from rrtod.framing import FramedSocket
 from rrtod.shim.channel import SocketChannel
 from rrtod.wire import HEADER
-
-from .conftest import ECHO, open_app
+from testkit.daemons import ECHO
+from testkit.peer import open_app
 
 
 def rss(pid: int) -> int:

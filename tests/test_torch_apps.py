@@ -6,38 +6,24 @@ malformed frames, quota, a host that disappears mid-inference."""
 from __future__ import annotations
 
 import json
-import math
-import os
 import signal
 import socket
 import struct
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rrtod.launch import Launcher, free_port
-from tests.conftest import TEST_DEFAULTS, TESTKIT
-
-APPS = Path(__file__).resolve().parent / "apps"
-BIN = Path(sys.executable).parent
-MODELS = ["mlp_policy", "small_cnn", "resnet", "unet", "gru", "transformer", "detection"]
-# The transformer block takes PyTorch's fused CPU fast path locally; with proxies it takes the
-# composite path (the fast path refuses tensor subclasses), so sums run in another order.
-TOLERANCE = {"transformer": 1e-5}
-DAEMON_ENV = {"PYTHONPATH": os.pathsep.join([str(APPS / "hostlib"), str(TESTKIT)]),
-              "RRTO_OFFLOAD": "0"}
-HOST = {"executor": {"allow_extra": ["rrtotest::scale"]}}
+from testkit.apps import APPS, DAEMON_ENV, HOST, MODELS, assert_same_as_local
+from testkit.apps import app_env as clean_env
+from testkit.daemons import BIN, TEST_DEFAULTS, Launcher, free_port
 
 
 def app_env(daemon: Any, **extra: str) -> dict[str, str]:
     """The environment of an app process. This suite checks forwarding: record/replay (which
     builds on it and has its own tests) is off, so every call here is forwarded."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RRTO_")}
-    env.pop("PYTHONPATH", None)
-    return {**env, **(daemon.env if daemon else {}), "RRTO_REPLAY": "0", **extra}
+    return clean_env(**{**(daemon.env if daemon else {}), "RRTO_REPLAY": "0", **extra})
 
 
 class App:
@@ -80,19 +66,6 @@ def host_session(daemon: Any, pid: int) -> dict[str, Any]:
     raise AssertionError(f"no host session for pid {pid}: {status['gpu']['sessions']}")
 
 
-def compare(name: str, got: str, want: str, got_dump: Path | None = None,
-            want_dump: Path | None = None) -> None:
-    if name not in TOLERANCE:
-        assert got == want
-        return
-    a, b = json.loads(got_dump.read_text()), json.loads(want_dump.read_text())
-    assert a.keys() == b.keys()
-    for k in a:
-        assert len(a[k]) == len(b[k])
-        assert all(math.isclose(x, y, abs_tol=TOLERANCE[name]) for x, y in zip(a[k], b[k],
-                                                                                strict=True))
-
-
 @pytest.fixture(scope="module")
 def daemon():
     with Launcher(extra_env=DAEMON_ENV) as launcher:
@@ -108,7 +81,7 @@ def test_model_matches_local_and_daemon_counts_ops(daemon, name, tmp_path):
     session = host_session(daemon, app.proc.pid)
     rc, _, err = app.finish()
     assert rc == 0, err
-    compare(name, got, want, tmp_path / "remote.json", tmp_path / "local.json")
+    assert_same_as_local(name, got, want, tmp_path / "remote.json", tmp_path / "local.json")
     # No warning (it was offloaded), just the shim's own figures; the host executed exactly
     # the operators the shim forwarded.
     (line,) = err.splitlines()

@@ -4,7 +4,7 @@ An identity (see ``rrtod.tls.peer_identity``) is admitted by the rule written fo
 name, else by the first rule, in file order, whose name is a glob (``*``, ``?``, ``[...]``) that
 matches it. Certificate identities are admitted only by a rule. The two identities that carry no
 certificate are admitted without one, because the operator already chose who reaches them:
-``local`` (the unix peer socket: its file mode is the access control; treated as an admin) and
+``local`` (the unix peer socket: its file mode is the access control) and
 ``anonymous`` (a TCP port with ``tls.mode: insecure`` or ``tls``, written out in the config).
 A rule written for exactly ``local`` or ``anonymous`` sets their limits; globs never match them.
 """
@@ -29,7 +29,6 @@ class Grant:
     max_sessions: int | None
     memory_quota: int
     allow_extra: tuple[str, ...]
-    admin: bool
 
 
 class AccessPolicy:
@@ -54,13 +53,11 @@ class AccessPolicy:
         if found is None:
             if identity not in RESERVED:
                 return None
-            return Grant(identity, None, None, executor.memory_quota, executor.allow_extra,
-                         admin=identity == LOCAL)
+            return Grant(identity, None, None, executor.memory_quota, executor.allow_extra)
         key, rule = found
         quota = executor.memory_quota if rule.memory_quota is None else rule.memory_quota
         extra = tuple(dict.fromkeys(executor.allow_extra + rule.allow_extra))
-        admin = identity == LOCAL if rule.admin is None else rule.admin
-        return Grant(identity, key, rule.max_sessions, quota, extra, admin)
+        return Grant(identity, key, rule.max_sessions, quota, extra)
 
 
 __all__ = ["ANONYMOUS", "LOCAL", "AccessPolicy", "Grant"]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
-import json
 import os
 import threading
 import time
@@ -525,23 +524,11 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
         await self._admit(context, "Ping")
         return peer_pb2.PingReply(sent_ns=request.sent_ns)
 
-    async def QueryBlobs(self, request: ops_pb2.BlobQuery, context: Any) -> ops_pb2.BlobQueryReply:
-        grant = await self._admit(context, "QueryBlobs")
-        # what this identity may see: its own uploads, or all with weight_cache.shared
-        return ops_pb2.BlobQueryReply(missing=self.blobs.missing(list(request.hashes),
-                                                                 grant.identity))
-
-    async def Stats(self, request: peer_pb2.StatsRequest, context: Any) -> peer_pb2.StatsReply:
-        """An admin identity sees every session; any other only its own."""
-        grant = await self._admit(context, "Stats")
-        return peer_pb2.StatsReply(json=json.dumps(
-            self.describe(None if grant.admin else grant.identity)))
-
     def device_name(self) -> str:
         return self.device
 
-    def describe(self, identity: str | None = None) -> dict[str, Any]:
-        """Host state; with ``identity``, only that identity's sessions."""
+    def describe(self) -> dict[str, Any]:
+        """Host state, for ``rrtoctl status`` (the local socket only)."""
         return {
             "listen": self.config.listen,
             "peer_socket": self.config.peer_socket,
@@ -549,6 +536,5 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
             "tls": self.config.tls.mode if self.config.listen else None,
             "device": self.device_name(),
             "draining": self.draining,
-            "sessions": [s.describe() for s in self.sessions.values()
-                         if identity is None or s.identity == identity],
+            "sessions": [s.describe() for s in self.sessions.values()],
         }

@@ -28,10 +28,10 @@ import structlog
 from rrto.v1 import local_pb2, ops_pb2
 from rrtod import framing
 from rrtod.framing import JOIN_BYTES, FrameError, FrameReader, encode
-from rrtod.wire import session_prefix
 from rrtod.grpc_options import BATCH_BYTES
 from rrtod.robot.host_link import HostLink
 from rrtod.robot.recorder import Recorder
+from rrtod.wire import session_prefix
 
 log = structlog.get_logger("rrtod.robot")
 

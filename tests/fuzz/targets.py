@@ -231,8 +231,7 @@ def _emit(down: ops_pb2.SessionDown) -> None:
     down.SerializeToString()  # the reply goes back on the wire
 
 
-UNARY = (peer_pb2.PeerHello, peer_pb2.PingRequest, ops_pb2.BlobQuery, peer_pb2.StatsRequest,
-         ops_pb2.SessionUp)
+UNARY = (peer_pb2.PeerHello, peer_pb2.PingRequest, ops_pb2.SessionUp)
 
 
 def peer_session(data: bytes) -> None:

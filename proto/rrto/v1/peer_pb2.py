@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from rrto.v1 import ops_pb2 as rrto_dot_v1_dot_ops__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12rrto/v1/peer.proto\x12\x07rrto.v1\x1a\x11rrto/v1/ops.proto\"*\n\tPeerHello\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\"O\n\x0bPeerWelcome\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12\x11\n\texecutors\x18\x04 \x03(\t\"/\n\x0bPingRequest\x12\x0f\n\x07sent_ns\x18\x01 \x01(\x03\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\"\x1c\n\tPingReply\x12\x0f\n\x07sent_ns\x18\x01 \x01(\x03\"\x0e\n\x0cStatsRequest\"\x1a\n\nStatsReply\x12\x0c\n\x04json\x18\x01 \x01(\t2\x94\x02\n\x04Peer\x12\x31\n\x05Hello\x12\x12.rrto.v1.PeerHello\x1a\x14.rrto.v1.PeerWelcome\x12\x30\n\x04Ping\x12\x14.rrto.v1.PingRequest\x1a\x12.rrto.v1.PingReply\x12\x37\n\x07Session\x12\x12.rrto.v1.SessionUp\x1a\x14.rrto.v1.SessionDown(\x01\x30\x01\x12\x39\n\nQueryBlobs\x12\x12.rrto.v1.BlobQuery\x1a\x17.rrto.v1.BlobQueryReply\x12\x33\n\x05Stats\x12\x15.rrto.v1.StatsRequest\x1a\x13.rrto.v1.StatsReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12rrto/v1/peer.proto\x12\x07rrto.v1\x1a\x11rrto/v1/ops.proto\"*\n\tPeerHello\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\"O\n\x0bPeerWelcome\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12\x11\n\texecutors\x18\x04 \x03(\t\"/\n\x0bPingRequest\x12\x0f\n\x07sent_ns\x18\x01 \x01(\x03\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\"\x1c\n\tPingReply\x12\x0f\n\x07sent_ns\x18\x01 \x01(\x03\x32\xa4\x01\n\x04Peer\x12\x31\n\x05Hello\x12\x12.rrto.v1.PeerHello\x1a\x14.rrto.v1.PeerWelcome\x12\x30\n\x04Ping\x12\x14.rrto.v1.PingRequest\x1a\x12.rrto.v1.PingReply\x12\x37\n\x07Session\x12\x12.rrto.v1.SessionUp\x1a\x14.rrto.v1.SessionDown(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,10 +40,6 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PINGREQUEST']._serialized_end=222
   _globals['_PINGREPLY']._serialized_start=224
   _globals['_PINGREPLY']._serialized_end=252
-  _globals['_STATSREQUEST']._serialized_start=254
-  _globals['_STATSREQUEST']._serialized_end=268
-  _globals['_STATSREPLY']._serialized_start=270
-  _globals['_STATSREPLY']._serialized_end=296
-  _globals['_PEER']._serialized_start=299
-  _globals['_PEER']._serialized_end=575
+  _globals['_PEER']._serialized_start=255
+  _globals['_PEER']._serialized_end=419
 # @@protoc_insertion_point(module_scope)

@@ -40,13 +40,3 @@ class PingReply(_message.Message):
     SENT_NS_FIELD_NUMBER: _ClassVar[int]
     sent_ns: int
     def __init__(self, sent_ns: _Optional[int] = ...) -> None: ...
-
-class StatsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
-
-class StatsReply(_message.Message):
-    __slots__ = ("json",)
-    JSON_FIELD_NUMBER: _ClassVar[int]
-    json: str
-    def __init__(self, json: _Optional[str] = ...) -> None: ...

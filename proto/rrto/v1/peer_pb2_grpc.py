@@ -50,16 +50,6 @@ class PeerStub:
                 request_serializer=rrto_dot_v1_dot_ops__pb2.SessionUp.SerializeToString,
                 response_deserializer=rrto_dot_v1_dot_ops__pb2.SessionDown.FromString,
                 _registered_method=True)
-        self.QueryBlobs = channel.unary_unary(
-                '/rrto.v1.Peer/QueryBlobs',
-                request_serializer=rrto_dot_v1_dot_ops__pb2.BlobQuery.SerializeToString,
-                response_deserializer=rrto_dot_v1_dot_ops__pb2.BlobQueryReply.FromString,
-                _registered_method=True)
-        self.Stats = channel.unary_unary(
-                '/rrto.v1.Peer/Stats',
-                request_serializer=rrto_dot_v1_dot_peer__pb2.StatsRequest.SerializeToString,
-                response_deserializer=rrto_dot_v1_dot_peer__pb2.StatsReply.FromString,
-                _registered_method=True)
 
 
 class PeerServicer:
@@ -84,19 +74,6 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def QueryBlobs(self, request, context):
-        """Which of these persistent tensors the host's weight cache lacks.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Stats(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -114,16 +91,6 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.Session,
                     request_deserializer=rrto_dot_v1_dot_ops__pb2.SessionUp.FromString,
                     response_serializer=rrto_dot_v1_dot_ops__pb2.SessionDown.SerializeToString,
-            ),
-            'QueryBlobs': grpc.unary_unary_rpc_method_handler(
-                    servicer.QueryBlobs,
-                    request_deserializer=rrto_dot_v1_dot_ops__pb2.BlobQuery.FromString,
-                    response_serializer=rrto_dot_v1_dot_ops__pb2.BlobQueryReply.SerializeToString,
-            ),
-            'Stats': grpc.unary_unary_rpc_method_handler(
-                    servicer.Stats,
-                    request_deserializer=rrto_dot_v1_dot_peer__pb2.StatsRequest.FromString,
-                    response_serializer=rrto_dot_v1_dot_peer__pb2.StatsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -207,60 +174,6 @@ class Peer:
             '/rrto.v1.Peer/Session',
             rrto_dot_v1_dot_ops__pb2.SessionUp.SerializeToString,
             rrto_dot_v1_dot_ops__pb2.SessionDown.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def QueryBlobs(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/rrto.v1.Peer/QueryBlobs',
-            rrto_dot_v1_dot_ops__pb2.BlobQuery.SerializeToString,
-            rrto_dot_v1_dot_ops__pb2.BlobQueryReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Stats(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/rrto.v1.Peer/Stats',
-            rrto_dot_v1_dot_peer__pb2.StatsRequest.SerializeToString,
-            rrto_dot_v1_dot_peer__pb2.StatsReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -20,9 +20,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 BIN = Path(sys.executable).parent
+# For a daemon's PYTHONPATH: the ``echo`` interception backend (a plugin that needs no torch).
+ECHO_PLUGIN = Path(__file__).resolve().parent / "echo_plugin"
+# Config of a daemon whose apps and sessions use that ``echo`` backend.
+ECHO = {"intercept": {"backend": "echo"}, "executor": {"backend": "echo"}}
+
+# The test suite's daemons: fast health checks, debug logs, a short drain.
+TEST_DEFAULTS: dict[str, Any] = {
+    "health": {"interval": 0.2, "timeout": 0.5, "down_after": 2},
+    "log": {"format": "json", "level": "debug"},
+    "drain_timeout": 3,
+}
 
 
 def free_port() -> int:
@@ -135,6 +144,8 @@ class Launcher:
 
     def start(self, name: str = "rrtod", extra_env: dict[str, str] | None = None,
               wait: bool = True, **overrides: Any) -> Daemon:
+        import yaml  # here, not at the top: testkit.apps (stdlib only) imports this module
+
         # Unix socket paths are limited to 108 bytes: keep them short, under /tmp.
         base = Path(tempfile.mkdtemp(prefix="rrto-", dir="/tmp"))
         self._dirs.append(base)

@@ -1,0 +1,94 @@
+"""The test apps (``tests/apps``): unmodified PyTorch scripts that print, per output tensor, its
+dtype, shape, a hash of its bytes and a few values (``appkit.describe``). The correctness
+tests and the benchmark run them locally and offloaded and compare what they print.
+
+Stdlib only at import: ``bench.replay`` imports this inside app processes, before torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from testkit.daemons import ECHO_PLUGIN
+
+APPS = Path(__file__).resolve().parent.parent / "tests" / "apps"
+MODELS = ["mlp_policy", "small_cnn", "resnet", "unet", "gru", "transformer", "detection"]
+# The transformer block takes PyTorch's fused CPU fast path locally; with proxies it takes the
+# composite path (the fast path refuses tensor subclasses), so sums run in another order: its
+# values may differ from local ones by this much (absolute), its hashes then differ too.
+TOLERANCE = {"transformer": 1e-5}
+# A daemon that runs the apps: the host library of the custom-op app (tests/apps/hostlib) and
+# the echo plugin on its path, and offloading off inside the daemon itself.
+DAEMON_ENV = {"PYTHONPATH": os.pathsep.join([str(APPS / "hostlib"), str(ECHO_PLUGIN)]),
+              "RRTO_OFFLOAD": "0"}
+# Host config allowing the custom-op app's operator (tests/apps/custom_op.py).
+HOST = {"executor": {"allow_extra": ["rrtotest::scale"]}}
+
+# With RRTO_STATS=1 the shim prints its counters as one such line on stderr at exit.
+STATS_PREFIX = "rrto-stats "
+_LINE = re.compile(r"^(\S+ \S+ \[[^\]]*\]) [0-9a-f]+ \[.*\]$")  # appkit.describe's line
+
+
+def app_env(**extra: str) -> dict[str, str]:
+    """This process's environment for an app process, without any ``RRTO_`` switch or
+    ``PYTHONPATH`` of ours (the app must see only what the caller adds), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RRTO_")}
+    env.pop("PYTHONPATH", None)
+    env.update(extra)
+    return env
+
+
+def shim_stats(stderr: str) -> dict | None:
+    """The shim's counters from an app's stderr (the last ``rrto-stats`` line; None: none, or
+    not JSON)."""
+    found = None
+    for line in stderr.splitlines():
+        if line.startswith(STATS_PREFIX):
+            try:
+                found = json.loads(line.removeprefix(STATS_PREFIX))
+            except ValueError:
+                found = None
+    return found
+
+
+def compare_outputs(got: str, want: str, tol: float | None = None,
+                    got_values: dict[str, list[float]] | None = None,
+                    want_values: dict[str, list[float]] | None = None) -> str | None:
+    """None when the app printed what the local run printed, else why not. With a tolerance,
+    lines may differ in their hash and head values only, and every value within ``tol``."""
+    if got == want:
+        return None
+    if tol is None:
+        g, w = got.splitlines(), want.splitlines()
+        for k, (a, b) in enumerate(zip(g, w, strict=False)):
+            if a != b:
+                return f"line {k + 1}: {a!r} != local {b!r}"
+        return f"{len(g)} lines != local {len(w)} lines"
+    g, w = got.splitlines(), want.splitlines()
+    if [_LINE.sub(r"\1", x) for x in g] != [_LINE.sub(r"\1", x) for x in w]:
+        return "output names, dtypes or shapes differ from local"
+    if got_values is None or want_values is None or got_values.keys() != want_values.keys():
+        return "output values missing"
+    worst = 0.0
+    for k, b in want_values.items():
+        a = got_values[k]
+        if len(a) != len(b):
+            return f"output {k}: {len(a)} values != local {len(b)}"
+        worst = max([worst, *(abs(x - y) for x, y in zip(a, b, strict=True))])
+    if not worst <= tol:
+        return f"values differ from local by up to {worst:.3g} (tolerance {tol:g})"
+    return None
+
+
+def assert_same_as_local(name: str, got: str, want: str, got_dump: Path | None = None,
+                         want_dump: Path | None = None) -> None:
+    """``compare_outputs`` for app ``name`` with its tolerance; a tolerant app's values come
+    from the ``--dump`` files of the two runs."""
+    tol = TOLERANCE.get(name)
+    values = [json.loads(p.read_text()) if tol is not None and p else None
+              for p in (got_dump, want_dump)]
+    why = compare_outputs(got, want, tol, *values)
+    assert why is None, f"{name}: {why}"
