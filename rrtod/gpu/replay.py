@@ -23,6 +23,7 @@ from rrtod.executor import ReplayExtension
 from rrtod.robot.oplog import iter_tensor_refs, released_ids
 
 Emit = Callable[[ops_pb2.SessionDown], None]
+SRC = ops_pb2.SeqSource
 
 
 class Runner(Protocol):
@@ -32,8 +33,6 @@ class Runner(Protocol):
     replay: ReplayExtension | None
 
     def handle(self, frame: ops_pb2.SessionUp) -> Iterable[ops_pb2.SessionDown]: ...
-
-SRC = ops_pb2.SeqSource
 
 
 @dataclass
@@ -302,9 +301,9 @@ class HostReplayer:
                 if act.seq.mutates[k] and act.seq.written is not None:
                     call = self._rebind(act, k, refs, out_ids)
                     ids += act.seq.written(call)  # ids as rebound for this inference
-                act.snapshots.append((k, self.replay.snapshot(ids)))  # type: ignore[union-attr]
+                act.snapshots.append((k, self.replay.snapshot(ids)))  # replay: checked at define
             if prepared is not None:  # only with a replay extension (``_prepare``)
-                downs = self.replay.run_prepared(prepared, refs, out_ids)  # type: ignore[union-attr]
+                downs = self.replay.run_prepared(prepared, refs, out_ids)
             else:
                 call = call or self._rebind(act, k, refs, out_ids)
                 downs = self.handle(ops_pb2.SessionUp(call=call))
@@ -416,7 +415,7 @@ class HostReplayer:
             self._advance(emit, limit=position)  # the app holds proxies of every call before it
         for k, token in reversed(act.snapshots):  # only with a replay extension (``_define``)
             if k >= position:
-                self.replay.restore(token)  # type: ignore[union-attr]
+                self.replay.restore(token)
         fresh = set()
         for call in act.seq.definition.calls[:position]:
             fresh.update(call.out_ids)
