@@ -1,19 +1,70 @@
 """The host-side contract between the GPU daemon and an interception backend's executor.
 
 The GPU daemon owns transport, sessions and isolation; the executor owns what a frame means.
-Each session gets its own executor object, driven from one dedicated worker thread, so an
-executor needs no locking and a slow model never stalls another session or the event loop.
+Each session gets its own executor object (``InterceptionBackend.executor(ctx)``), driven from
+one dedicated worker thread, so an executor needs no locking and a slow model never stalls
+another session or the event loop.
+
+Two capabilities are optional, and declared rather than guessed: an executor says what it
+offers through two attributes, each the object that implements it (often the executor itself)
+or None. The daemon reads them once per session and never probes for methods.
+
+- ``replay: ReplayExtension | None``: decoded calls, in-place write detection and snapshots,
+  so that ``rrtod.gpu.replay`` can replay sequences fast and ones that overwrite values in place
+  at all. Without it sequences still replay, through ``handle``, unless they write in place
+  (their definition is then refused with a reason and the app keeps forwarding).
+- ``reply_memory: ReplyMemory | None``: replies waiting to be sent count against the session's
+  memory, so a client that stops reading is disconnected instead of growing the host's queue.
+
+``rrtod.hookspecs`` is the whole plugin contract; this module is its host-executor part.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from rrto.v1 import ops_pb2
+
+
+class HostMemoryExceeded(Exception):
+    """Admitting these bytes would take the daemon's sessions over executor.memory_limit."""
+
+
+class HostMemoryLike(Protocol):
+    """The daemon-wide memory cap as an executor uses it (``ExecutorContext.host_memory``;
+    the daemon's implementation is ``rrtod.gpu.memory.HostMemory``). Thread-safe."""
+
+    limit: int | None
+
+    def resolve(self, total: int) -> int | None:
+        """The limit, the default fixed from ``total`` bytes of device memory if unset."""
+        ...
+
+    def charge(self, n: int, what: str) -> None:
+        """Count ``n`` more bytes, or raise HostMemoryExceeded and count nothing."""
+        ...
+
+    def check(self, n: int, what: str) -> None:
+        """Raise HostMemoryExceeded if ``n`` more bytes would not fit now; counts nothing."""
+        ...
+
+    def add(self, n: int) -> None:
+        """Count ``n`` bytes checked before, without a second check."""
+        ...
+
+    def refund(self, n: int) -> None: ...
+
+
+class BlobStoreLike(Protocol):
+    """The weight cache as one identity sees it (``ExecutorContext.identity``): entries others
+    uploaded are missing to it unless the cache is shared."""
+
+    def has(self, key: bytes, identity: str) -> bool: ...
+    def put(self, key: bytes, tensor: ops_pb2.TensorData, identity: str) -> None: ...
+    def get(self, key: bytes, identity: str) -> ops_pb2.TensorData | None: ...
 
 
 @dataclass(frozen=True)
@@ -28,83 +79,61 @@ class ExecutorContext:
     state_dir: Path
     identity: str = "local"  # who opened the session: the robot's certificate identity
     # Bytes all sessions of this daemon hold together (executor.memory_limit); None: no cap.
-    host_memory: HostMemory | None = None
+    host_memory: HostMemoryLike | None = None
 
 
-class HostMemoryExceeded(Exception):
-    """Admitting these bytes would take the daemon's sessions over executor.memory_limit."""
+@runtime_checkable
+class ReplayExtension(Protocol):
+    """What ``rrtod.gpu.replay.HostReplayer`` uses beyond ``handle``. Called from the session's
+    worker thread only."""
+
+    def prepare(self, call: ops_pb2.OpCall) -> Any:
+        """Decode ``call`` once, when its sequence is defined: an opaque object handed back to
+        ``run_prepared`` for every replay of it. May raise: that call then replays through
+        ``handle``, which reports the problem when it runs."""
+        ...
+
+    def run_prepared(self, prepared: Any, refs: list[int | ops_pb2.TensorRef],
+                     out_ids: list[int]) -> Iterable[ops_pb2.SessionDown]:
+        """Run a prepared call with this inference's tensors: per tensor argument a live id or
+        a ref to resolve, and the ids its outputs take. Replies as ``handle`` would."""
+        ...
+
+    def written_ids(self, call: ops_pb2.OpCall) -> list[int]:
+        """Ids of the tensor arguments ``call`` writes in place without returning them (a
+        batch norm's running statistics in training mode)."""
+        ...
+
+    def snapshot(self, ids: list[int]) -> Any:
+        """Copies of the live tensors ``ids`` (unknown ids have nothing to keep): a token."""
+        ...
+
+    def restore(self, token: Any) -> None:
+        """Write a snapshot back in place, so views of those tensors see the old values."""
+        ...
 
 
-class HostMemory:
-    """The daemon-wide memory cap: bytes held by all sessions together (their tensors and the
-    replies queued for them) against ``executor.memory_limit``. Each session charges what it
-    is about to allocate before allocating it, so one robot cannot starve the others.
-    Thread-safe: every session's worker thread charges it.
+@runtime_checkable
+class ReplyMemory(Protocol):
+    """Replies queued for the client count against the session's memory (the daemon's
+    ``Outbox``)."""
 
-    ``limit`` None means the default, fixed by the first session from its device
-    (``default_limit``): half the device memory of a GPU, half the RAM of a CPU host."""
+    def charge_reply(self, nbytes: int) -> str | None:
+        """From the worker thread, before a reply is queued: None, or the reason the session
+        has no room for it (the client is then disconnected)."""
+        ...
 
-    DEFAULT_FRACTION = 0.5
-
-    def __init__(self, limit: int | None = None):
-        self.configured = limit
-        self.default: int | None = None  # from the device, once a session saw it
-        self.limit = limit
-        self.used = 0
-        self._lock = threading.Lock()
-
-    def configure(self, limit: int | None) -> None:
-        """A new executor.memory_limit (reload): applies to the next allocation."""
-        with self._lock:
-            self.configured = limit
-            self.limit = limit if limit is not None else self.default
-
-    def resolve(self, total: int) -> int | None:
-        """The limit, fixing the default from ``total`` bytes of device memory if unset."""
-        with self._lock:
-            if self.default is None:
-                self.default = int(total * self.DEFAULT_FRACTION)
-            if self.configured is None:
-                self.limit = self.default
-            return self.limit
-
-    def charge(self, n: int, what: str) -> None:
-        """Count ``n`` more bytes, or raise HostMemoryExceeded and count nothing."""
-        with self._lock:
-            if n > 0 and self.limit is not None and self.used + n > self.limit:
-                raise HostMemoryExceeded(
-                    f"{what} needs {n} bytes; the sessions of this host hold {self.used} of "
-                    f"its {self.limit}-byte memory limit (executor.memory_limit)")
-            self.used += n
-
-    def check(self, n: int, what: str) -> None:
-        """Raise HostMemoryExceeded if ``n`` more bytes would not fit now; counts nothing."""
-        if n > 0 and self.limit is not None and self.used + n > self.limit:
-            raise HostMemoryExceeded(
-                f"{what} needs {n} bytes; the sessions of this host hold {self.used} of its "
-                f"{self.limit}-byte memory limit (executor.memory_limit)")
-
-    def add(self, n: int) -> None:
-        """Count ``n`` bytes that were checked before (``check``), without a second check."""
-        with self._lock:
-            self.used += n
-
-    def refund(self, n: int) -> None:
-        with self._lock:
-            self.used -= n
+    def refund_reply(self, nbytes: int) -> None:
+        """From any thread, once the reply was sent."""
+        ...
 
 
-class BlobStoreLike(Protocol):
-    """The weight cache as one identity sees it (``ExecutorContext.identity``): entries others
-    uploaded are missing to it unless the cache is shared."""
-
-    def has(self, key: bytes, identity: str) -> bool: ...
-    def put(self, key: bytes, tensor: ops_pb2.TensorData, identity: str) -> None: ...
-    def get(self, key: bytes, identity: str) -> ops_pb2.TensorData | None: ...
-
-
+@runtime_checkable
 class Executor(Protocol):
     """One app session on the host."""
+
+    replay: ReplayExtension | None  # see the module docstring; None: plain ``handle`` only
+    reply_memory: ReplyMemory | None  # None: queued replies are not counted
 
     def open(self, request: ops_pb2.SessionOpen) -> ops_pb2.SessionReady: ...
 
@@ -113,17 +142,9 @@ class Executor(Protocol):
         Errors are replied as ``SessionDown(error=...)``, never raised, except for bugs."""
         ...
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         """Counters for status/metrics: at least ``ops`` (operators executed) and ``bytes_live``."""
         ...
-
-    # Optional, for replay of sequences that overwrite existing values in place:
-    #   snapshot(ids) -> token   copies of those tensors
-    #   restore(token)           write the copies back (in place, keeping views valid)
-    # Optional, so that replies waiting to be sent count against the session's memory:
-    #   charge_reply(nbytes) -> str | None   from the worker thread, before a reply is queued;
-    #                                         a reason when the session has no room for it
-    #   refund_reply(nbytes)                  from any thread, once the reply was sent
 
     def close(self) -> None:
         """Free everything the session holds. Called once, also when the app vanished."""

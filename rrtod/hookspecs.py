@@ -1,87 +1,473 @@
-"""The plugin contract (pluggy project ``rrto``): one hook per family, each returning records.
+"""The plugin contract (pluggy project ``rrto``): what a plugin author implements, in one place.
 
 A plugin is a module or object registered through the ``rrto`` entry-point group. It implements
-any of the hooks below with ``@hookimpl`` and returns a list of records; the daemon picks records
-by the names its configuration gives. pluggy hooks are synchronous, so records carry factories:
-what a factory builds may be asynchronous. Built-in plugins under ``plugins/`` use exactly this
-contract; ``examples/rrto-example-plugin`` is a third-party one.
+any of the hooks of ``Specs`` with ``@hookimpl``; each hook returns a list of records, and the
+daemon picks records by the names its configuration gives. pluggy hooks are synchronous and run
+at every discovery, so records only *describe*: each carries a ``factory`` that the daemon calls
+when the configuration selects the record, and the object it builds does the work.
+
+Per family, this module declares the factory (a Protocol whose ``__call__`` is the call the
+daemon makes) and the object it builds (a Protocol with its methods). Optional capabilities are
+declared, never probed: a power meter states ``blocking``/``follows_state``/``read_ns`` (derive
+from ``MeterBase`` for the documented defaults); a host executor states ``replay`` and
+``reply_memory`` (see ``rrtod.executor``). ``problems(obj, protocol)`` lists what keeps an object
+from conforming, for a plugin's own tests. Every example below runs (``tests/test_hookspecs.py``).
+
+Built-in plugins under ``plugins/`` use exactly this contract; ``examples/rrto-example-plugin``
+is a third-party one. The guide is ``docs/plugins.md``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import pluggy
+
+from rrto.v1 import ops_pb2
+from rrtod.executor import (
+    BlobStoreLike,
+    Executor,
+    ExecutorContext,
+    HostMemoryExceeded,
+    HostMemoryLike,
+    ReplayExtension,
+    ReplyMemory,
+)
+
+if TYPE_CHECKING:
+    import grpc
+
+    from rrtod.config import PowerConfig, TLSConfig
+    from rrtod.robot.oplog import LoggedCall
+
+__all__ = [
+    "PROJECT", "hookspec", "hookimpl", "Specs", "FAMILIES", "FACTORIES", "BUILDS",
+    "PluginRecord", "InterceptionBackend", "PowerMeterRecord", "problems",
+    # interception
+    "Channel", "Interceptor", "InterceptorFactory", "ExecutorFactory", "OperatorInfo",
+    "Executor", "ExecutorContext", "ReplayExtension", "ReplyMemory", "BlobStoreLike",
+    "HostMemoryLike", "HostMemoryExceeded",
+    # search, transport, scheduler, balancer, power
+    "Candidate", "SequenceSearch", "SearchFactory", "TransportFactory", "Scheduler",
+    "SchedulerFactory", "HostView", "HostBalancer", "BalancerFactory", "POWER_STATES",
+    "PowerMeter", "MeterBase", "PowerMeterFactory",
+]
 
 PROJECT = "rrto"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
+# ================================================================================================
+# interception: the shim's interceptor (in the app) and the host's executor (in the GPU daemon)
+
+OnDown = Callable[[ops_pb2.SessionDown], None]
+OnLost = Callable[[str], None]
+
+
+class Channel(Protocol):
+    """How an interceptor's frames reach the robot daemon (the shim builds it, connected, before
+    calling the interceptor factory). It only moves frames: ``send`` writes a batch in order
+    without waiting; replies arrive on ``on_down`` and a lost connection on ``on_lost``."""
+
+    session: str  # the session id the daemon gave
+    host: str  # the GPU host it chose
+    device: str  # the host's device
+
+    def start(self, on_down: OnDown, on_lost: OnLost) -> None: ...
+    def send(self, frames: list[ops_pb2.SessionUp]) -> None: ...
+    def mark(self, index: int, start_ns: int, end_ns: int) -> None:
+        """Report one inference's span (CLOCK_MONOTONIC ns) for energy accounting."""
+        ...
+    def flush_marks(self) -> None: ...
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Interceptor(Protocol):
+    """What the factory returns, installed: the app's operators now go through ``channel``."""
+
+    def uninstall(self) -> None:
+        """Restore plain local execution."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for benchmarks and diagnostics (read by ``rrtod.shim.activate.interceptor()``)."""
+        ...
+
+
+class InterceptorFactory(Protocol):
+    """``InterceptionBackend.factory``, called in the app process once the framework is
+    imported, with the shim's settings (``intercept.mode``/``fallback``/``replay``)."""
+
+    def __call__(self, channel: Channel, *, mode: str, fallback: str,
+                 replay: bool) -> Interceptor: ...
+
+
+class ExecutorFactory(Protocol):
+    """``InterceptionBackend.executor``, called by the GPU daemon once per app session."""
+
+    def __call__(self, ctx: ExecutorContext, /) -> Executor: ...
+
+
+class OperatorInfo(Protocol):
+    """One operator an executor admits by default (``rrtoctl ops``)."""
+
+    name: str  # ns::op.overload
+    reason: str
+    modes: str
+    seen_in: str
+
+
+# ================================================================================================
+# sequence search (robot daemon): propose where one inference sits in an op log
+
 
 @dataclass(frozen=True)
-class PluginRecord:
-    """A named, configurable implementation in one family.
+class Candidate:
+    """A proposal: the block ``log[start:start+period]`` is one inference, repeated from
+    ``start`` at least twice. Never trusted: ``rrtod.robot.search.verify`` decides."""
 
-    ``factory`` is called by the daemon with family-specific keyword arguments (documented on each
-    hook) and returns the working object.
-    """
+    start: int
+    period: int
+
+
+@runtime_checkable
+class SequenceSearch(Protocol):
+    def candidates(self, log: Sequence[LoggedCall]) -> Iterable[Candidate]:
+        """Candidates, best first; may be a generator (the search stops at the first one that
+        verifies, or when its time budget runs out). Runs in a worker thread."""
+        ...
+
+
+class SearchFactory(Protocol):
+    def __call__(self) -> SequenceSearch: ...
+
+
+# ================================================================================================
+# transport (robot daemon): a channel to one GPU daemon
+
+
+class TransportFactory(Protocol):
+    """Called once per configured host (``hosts[].transport``) and again when it changes."""
+
+    def __call__(self, address: str, tls: TLSConfig,
+                 options: dict[str, Any] | None = None) -> grpc.aio.Channel: ...
+
+
+# ================================================================================================
+# scheduler: operator placement. Declared, but no daemon code builds a scheduler yet: every
+# operator of a replayed sequence runs on the host (issue 15 makes the robot daemon use one).
+
+
+@runtime_checkable
+class Scheduler(Protocol):
+    def place(self, sequence: Sequence[Any], link: Any = None) -> list[str]:
+        """Per operator of ``sequence``, where it runs: ``"host"`` or ``"robot"``."""
+        ...
+
+
+class SchedulerFactory(Protocol):
+    def __call__(self) -> Scheduler: ...
+
+
+# ================================================================================================
+# host balancer (robot daemon): which GPU daemon a new app session goes to
+
+
+class HostView(Protocol):
+    """A configured host as a balancer sees it."""
 
     name: str
-    factory: Callable[..., Any]
+    up: bool
+    rtt_ms: float | None  # median measured round trip; None before the first ping
+    sessions: int  # app sessions open on it from this robot
+
+
+@runtime_checkable
+class HostBalancer(Protocol):
+    def choose(self, hosts: Sequence[HostView]) -> HostView | None:
+        """One of ``hosts`` (configuration order) that is up, or None when none is. Runs on the
+        daemon's event loop for every new session: it must not block."""
+        ...
+
+
+class BalancerFactory(Protocol):
+    def __call__(self) -> HostBalancer: ...
+
+
+# ================================================================================================
+# power meter (robot daemon): the robot's energy, for energy per inference
+
+POWER_STATES: tuple[str, ...] = ("inference", "communication", "standby")
+"""What the machine can be doing (``PowerMeter.set_state``), in rank order."""
+
+
+@runtime_checkable
+class PowerMeter(Protocol):
+    """A source of cumulative joules. Capabilities are attributes, so the accountant reads them
+    instead of probing; ``MeterBase`` gives the defaults."""
+
+    blocking: bool  # read() may take more than microseconds: it is called in a worker thread
+    follows_state: bool  # an estimator whose power follows set_state: sampled at each change
+    read_ns: int | None  # CLOCK_MONOTONIC ns the last read() is for, if the meter knows
+
+    def read(self) -> float:
+        """Joules since the meter was built; never decreasing (counter wraps and resets are
+        the meter's business, it alone knows the counter's range)."""
+        ...
+
+    def set_state(self, state: str) -> None:
+        """The machine's state (one of POWER_STATES) changed now."""
+        ...
+
+    def track(self, pid: int) -> None:
+        """An app process whose CPU time is robot work, until ``untrack``."""
+        ...
+
+    def untrack(self, pid: int) -> None: ...
+
+    def describe(self) -> dict[str, Any]:
+        """What the meter reads, for ``rrtoctl status`` and logs."""
+        ...
+
+
+class MeterBase:
+    """The defaults of ``PowerMeter``: a measuring meter whose ``read()`` is cheap and which
+    needs no state or processes. Override what differs; ``read`` is required."""
+
+    blocking: bool = False
+    follows_state: bool = False
+    read_ns: int | None = None
+
+    def read(self) -> float:
+        raise NotImplementedError(f"{type(self).__name__}.read()")
+
+    def set_state(self, state: str) -> None:
+        """Ignored: a measuring meter sees what the machine does."""
+
+    def track(self, pid: int) -> None:
+        """Ignored: a measuring meter sees every process's work."""
+
+    def untrack(self, pid: int) -> None:
+        """Ignored, as ``track``."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": type(self).__name__}
+
+
+class PowerMeterFactory(Protocol):
+    """Called with the ``power`` config section (``rrtod.config.PowerConfig``) when
+    ``power.meter`` selects the record (or ``auto`` does, after ``probe()``)."""
+
+    def __call__(self, config: PowerConfig | None, /) -> PowerMeter: ...
+
+
+# ================================================================================================
+# records
+
+F = TypeVar("F")
+
+
+@dataclass(frozen=True)
+class PluginRecord(Generic[F]):
+    """A named, configurable implementation in one family. ``factory`` is the family's factory
+    Protocol (``SearchFactory``, ``TransportFactory``, ...); the daemon calls it as declared."""
+
+    name: str
+    factory: F
     description: str = ""
 
 
 @dataclass(frozen=True)
-class InterceptionBackend(PluginRecord):
+class InterceptionBackend(PluginRecord[InterceptorFactory]):
     """Client side (``factory``: the shim's interceptor, built in the app process) and host side
-    (``executor``: runs forwarded operators on the GPU daemon)."""
+    (``executor``: runs forwarded operators on the GPU daemon; None: client only)."""
 
-    executor: Callable[..., Any] | None = None
-    # The operators its executor admits by default, as records with ``name``, ``reason``,
-    # ``modes`` and ``seen_in`` (``rrtoctl ops``); None: the backend does not say.
-    operators: Callable[[], list[Any]] | None = None
+    executor: ExecutorFactory | None = None
+    # The operators its executor admits by default (``rrtoctl ops``); None: it does not say.
+    operators: Callable[[], list[OperatorInfo]] | None = None
 
 
 @dataclass(frozen=True)
-class PowerMeterRecord(PluginRecord):
-    """``probe()`` returns None when the meter can run here, else the reason it cannot.
-    ``priority``: ``power: auto`` picks the available meter with the highest value."""
+class PowerMeterRecord(PluginRecord[PowerMeterFactory]):
+    """``probe()`` returns None when the meter can run here, else the reason it cannot (for an
+    operator; no lasting side effects). ``priority``: ``power: auto`` picks the available meter
+    with the highest value (built-ins: jetson 40, rapl 30, nvml 20, model 0)."""
 
     probe: Callable[[], str | None] = field(default=lambda: None)
     priority: int = 0
 
 
+# ================================================================================================
+# hooks
+
+
 class Specs:
-    """Hook specifications: one per plugin family."""
+    """Hook specifications: one per plugin family, each returning a list of records."""
 
     @hookspec
     def rrto_interception_backends(self) -> list[InterceptionBackend]:
-        """Operator interception for an app framework (e.g. ``torch``).
-        ``factory(client)`` -> shim interceptor; ``executor(config, store)`` -> host executor."""
+        """Operator interception for an app framework, picked by ``intercept.backend`` (shim)
+        and ``executor.backend`` (GPU daemon). ``factory(channel, mode=, fallback=, replay=)``
+        -> ``Interceptor``; ``executor(ctx)`` -> ``Executor``.
+
+        Example, a backend whose host executor only counts calls::
+
+            >>> from pathlib import Path
+            >>> from rrto.v1 import ops_pb2
+            >>> from rrtod.hookspecs import (Executor, ExecutorContext, ExecutorFactory,
+            ...     InterceptionBackend, InterceptorFactory, hookimpl, problems)
+            >>> class CountingInterceptor:
+            ...     def __init__(self, channel):
+            ...         self.channel = channel  # a real one installs framework hooks here
+            ...     def uninstall(self):
+            ...         self.channel.close()
+            ...     def stats(self):
+            ...         return {}
+            >>> def make_interceptor(channel, *, mode, fallback, replay):
+            ...     return CountingInterceptor(channel)
+            >>> class CountingExecutor:
+            ...     replay = None        # no ReplayExtension: sequences replay through handle
+            ...     reply_memory = None  # queued replies are not counted against memory
+            ...     def __init__(self, ctx):
+            ...         self.ops = 0
+            ...     def open(self, request):
+            ...         return ops_pb2.SessionReady(device="none")
+            ...     def handle(self, frame):
+            ...         self.ops += frame.WhichOneof("msg") == "call"
+            ...         return ()
+            ...     def stats(self):
+            ...         return {"ops": self.ops, "bytes_live": 0}
+            ...     def close(self):
+            ...         pass
+            >>> @hookimpl
+            ... def rrto_interception_backends():
+            ...     return [InterceptionBackend("counting", make_interceptor,
+            ...                                 "counts calls", executor=CountingExecutor)]
+            >>> (record,) = rrto_interception_backends()
+            >>> problems(record.factory, InterceptorFactory), problems(record.executor, ExecutorFactory)
+            ([], [])
+            >>> ctx = ExecutorContext("cpu", 1 << 20, (), (), blobs=None, state_dir=Path("."))
+            >>> executor = record.executor(ctx)
+            >>> list(executor.handle(ops_pb2.SessionUp(call=ops_pb2.OpCall(op="aten::relu"))))
+            []
+            >>> isinstance(executor, Executor), executor.stats()["ops"]
+            (True, 1)
+        """
 
     @hookspec
-    def rrto_sequence_searches(self) -> list[PluginRecord]:
-        """Sequence search over an op log. ``factory(**options)`` -> object with
-        ``search(log) -> list[sequence]``."""
+    def rrto_sequence_searches(self) -> list[PluginRecord[SearchFactory]]:
+        """Sequence search over an op log, picked by ``search``. ``factory()`` ->
+        ``SequenceSearch``, built for each app session.
+
+        Example, propose the log's last block that repeats::
+
+            >>> from types import SimpleNamespace as Call
+            >>> from rrtod.hookspecs import Candidate, PluginRecord, SequenceSearch, hookimpl
+            >>> class LastRepeat:
+            ...     def candidates(self, log):
+            ...         keys = [call.key for call in log]
+            ...         for period in range(1, len(keys) // 2 + 1):
+            ...             if keys[-period:] == keys[-2 * period:-period]:
+            ...                 yield Candidate(start=len(keys) - 2 * period, period=period)
+            >>> @hookimpl
+            ... def rrto_sequence_searches():
+            ...     return [PluginRecord("last-repeat", LastRepeat, "the last repeated block")]
+            >>> search = rrto_sequence_searches()[0].factory()
+            >>> isinstance(search, SequenceSearch)
+            True
+            >>> list(search.candidates([Call(key=k) for k in (7, 1, 2, 3, 1, 2, 3)]))
+            [Candidate(start=1, period=3)]
+        """
 
     @hookspec
-    def rrto_transports(self) -> list[PluginRecord]:
-        """Peer links. ``factory(address, tls, options)`` -> ``grpc.aio.Channel`` to a GPU daemon."""
+    def rrto_transports(self) -> list[PluginRecord[TransportFactory]]:
+        """Peer links, picked by ``hosts[].transport``. ``factory(address, tls, options=None)``
+        -> ``grpc.aio.Channel`` to a GPU daemon (lazy: it connects on first use).
+
+        Example, plaintext to GPU daemons on this machine only::
+
+            >>> import grpc
+            >>> from rrtod.hookspecs import PluginRecord, TransportFactory, hookimpl, problems
+            >>> def open_local(address, tls, options=None):
+            ...     if not address.startswith("unix:"):
+            ...         raise ValueError(f"{address}: the local transport takes unix: addresses")
+            ...     return grpc.aio.insecure_channel(address, options=list((options or {}).items()))
+            >>> @hookimpl
+            ... def rrto_transports():
+            ...     return [PluginRecord("local", open_local, "GPU daemons on this machine")]
+            >>> problems(rrto_transports()[0].factory, TransportFactory)
+            []
+        """
 
     @hookspec
-    def rrto_schedulers(self) -> list[PluginRecord]:
-        """Operator placement. ``factory(**options)`` -> object with
-        ``place(sequence, link) -> list[placement]``."""
+    def rrto_schedulers(self) -> list[PluginRecord[SchedulerFactory]]:
+        """Operator placement, picked by ``scheduler``. ``factory()`` -> ``Scheduler``.
+        Declared and listed, not yet used: the daemon builds no scheduler until issue 15.
+
+        Example::
+
+            >>> from rrtod.hookspecs import PluginRecord, Scheduler, hookimpl
+            >>> class FirstOnRobot:
+            ...     def place(self, sequence, link=None):
+            ...         return ["robot"] + ["host"] * (len(sequence) - 1) if sequence else []
+            >>> @hookimpl
+            ... def rrto_schedulers():
+            ...     return [PluginRecord("first-on-robot", FirstOnRobot, "pre-processing stays")]
+            >>> scheduler = rrto_schedulers()[0].factory()
+            >>> isinstance(scheduler, Scheduler), scheduler.place(["conv", "relu", "linear"])
+            (True, ['robot', 'host', 'host'])
+        """
 
     @hookspec
-    def rrto_host_balancers(self) -> list[PluginRecord]:
-        """Host choice for a new session. ``factory()`` -> object with ``choose(hosts)``."""
+    def rrto_host_balancers(self) -> list[PluginRecord[BalancerFactory]]:
+        """Host choice for a new session, picked by ``balancer``. ``factory()`` ->
+        ``HostBalancer``, built at start and on reload.
+
+        Example, the nearest host that is up::
+
+            >>> from types import SimpleNamespace as Host
+            >>> from rrtod.hookspecs import HostBalancer, PluginRecord, hookimpl
+            >>> class Nearest:
+            ...     def choose(self, hosts):
+            ...         up = [h for h in hosts if h.up]
+            ...         return min(up, key=lambda h: h.rtt_ms or float("inf"), default=None)
+            >>> @hookimpl
+            ... def rrto_host_balancers():
+            ...     return [PluginRecord("nearest", Nearest, "lowest RTT that is up")]
+            >>> balancer = rrto_host_balancers()[0].factory()
+            >>> hosts = [Host(name="a", up=True, rtt_ms=4.0, sessions=0),
+            ...          Host(name="b", up=True, rtt_ms=1.5, sessions=3),
+            ...          Host(name="c", up=False, rtt_ms=0.5, sessions=0)]
+            >>> isinstance(balancer, HostBalancer), balancer.choose(hosts).name
+            (True, 'b')
+        """
 
     @hookspec
     def rrto_power_meters(self) -> list[PowerMeterRecord]:
-        """Energy sources. ``factory(power_config)`` -> meter, see ``rrto_plugins.power.base``."""
+        """Energy sources, picked by ``power.meter`` (a name, ``a+b``, or ``auto``).
+        ``factory(power_config)`` -> ``PowerMeter``.
+
+        Example, a fixed power (derive from ``MeterBase`` for the optional members)::
+
+            >>> import time
+            >>> from rrtod.hookspecs import MeterBase, PowerMeter, PowerMeterRecord, hookimpl
+            >>> class Constant(MeterBase):
+            ...     def __init__(self, watts):
+            ...         self.watts, self.start = watts, time.monotonic()
+            ...     def read(self):
+            ...         return self.watts * (time.monotonic() - self.start)
+            >>> @hookimpl
+            ... def rrto_power_meters():
+            ...     return [PowerMeterRecord("constant", lambda config: Constant(10.0),
+            ...                              "fixed 10 W", probe=lambda: None, priority=-10)]
+            >>> meter = rrto_power_meters()[0].factory(None)
+            >>> isinstance(meter, PowerMeter), meter.blocking, meter.read() >= 0
+            (True, False, True)
+        """
 
 
 # Family name (as shown by ``rrtoctl plugins`` and used in errors) -> hook name.
@@ -93,3 +479,88 @@ FAMILIES: dict[str, str] = {
     "balancer": "rrto_host_balancers",
     "power": "rrto_power_meters",
 }
+
+# Family -> the Protocol of its records' ``factory``, and of what that builds (a transport
+# builds a ``grpc.aio.Channel``; an interception backend's ``executor`` builds an ``Executor``).
+FACTORIES: dict[str, type] = {
+    "interception": InterceptorFactory,
+    "search": SearchFactory,
+    "transport": TransportFactory,
+    "scheduler": SchedulerFactory,
+    "balancer": BalancerFactory,
+    "power": PowerMeterFactory,
+}
+BUILDS: dict[str, type] = {
+    "interception": Interceptor,
+    "search": SequenceSearch,
+    "scheduler": Scheduler,
+    "balancer": HostBalancer,
+    "power": PowerMeter,
+}
+
+
+# ================================================================================================
+# conformance
+
+
+def _members(protocol: type) -> dict[str, Any]:
+    """A Protocol's members: attribute name -> None, method name -> its function."""
+    out: dict[str, Any] = {}
+    for klass in reversed(protocol.__mro__):
+        if klass in (object, Generic) or klass.__module__ == "typing":
+            continue
+        out.update(dict.fromkeys(klass.__dict__.get("__annotations__", {})))
+        out.update({name: value for name, value in klass.__dict__.items()
+                    if inspect.isfunction(value) and (name == "__call__" or name[0] != "_")})
+    return out
+
+
+def _callable_as(fn: Any, spec: Callable[..., Any]) -> str | None:
+    """Why ``fn`` cannot be called as ``spec`` (a Protocol method, ``self`` first) is called:
+    with every parameter, and with only those without a default. None: it can."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None  # no signature to read (a builtin): cannot tell, so no complaint
+    params = list(inspect.signature(spec).parameters.values())[1:]
+    for subset in (params, [p for p in params if p.default is inspect.Parameter.empty]):
+        args = [p.name for p in subset if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+        kwargs = {p.name: p.name for p in subset if p.kind is inspect.Parameter.KEYWORD_ONLY}
+        try:
+            sig.bind(*args, **kwargs)
+        except TypeError as exc:
+            called = ", ".join([*args, *(f"{k}=" for k in kwargs)])
+            return f"cannot be called as ({called}): {exc}"
+    return None
+
+
+def problems(obj: object, protocol: type) -> list[str]:
+    """What keeps ``obj`` from satisfying ``protocol`` (one of this module's Protocols): members
+    it lacks, and methods (``__call__`` for a factory) that cannot be called the way the daemon
+    calls them. Empty when it conforms. For plugin tests; the daemon does not call it.
+
+        >>> problems(lambda: None, SearchFactory)
+        []
+        >>> problems(lambda config: None, SearchFactory)
+        ["__call__ cannot be called as (): missing a required argument: 'config'"]
+    """
+    found = []
+    for name, spec in _members(protocol).items():
+        if name == "__call__":
+            target: Any = obj if callable(obj) else None
+        else:
+            target = getattr(obj, name, _MISSING)
+        if target is _MISSING or (name == "__call__" and target is None):
+            found.append(f"no {name}")
+            continue
+        if spec is not None:
+            if not callable(target):
+                found.append(f"{name} is not callable")
+                continue
+            why = _callable_as(target, spec)
+            if why is not None:
+                found.append(f"{name} {why}")
+    return found
+
+
+_MISSING = object()

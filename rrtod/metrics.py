@@ -56,7 +56,7 @@ class DaemonCollector:
             for identity, count in sorted(by_identity.items()):
                 hs.add_metric([identity], count)
             yield hs
-        if getattr(d, "energy", None) is not None and hasattr(d.energy, "collect"):
+        if d.energy is not None:  # an EnergyAccountant, on a robot daemon with a meter
             yield from d.energy.collect()
 
 

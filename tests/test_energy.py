@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from rrto_plugins.power.model import ModelMeter
 from rrtod.config import PowerConfig
-from rrtod.hookspecs import PowerMeterRecord
+from rrtod.hookspecs import MeterBase, PowerMeterRecord
 from rrtod.plugins import PluginError, discover
 from rrtod.robot import energy
 from rrtod.robot.energy import EnergyAccountant, MeterError, SumMeter, machine_state, select_meter
@@ -30,7 +30,7 @@ class Clock:
         self.t += round(seconds * S)
 
 
-class FakeMeter:
+class FakeMeter(MeterBase):
     """Cumulative joules set by the test."""
 
     def __init__(self, joules: float = 0.0):
@@ -271,6 +271,8 @@ def test_model_meter_follows_the_busiest_session() -> None:
 class StatefulMeter(FakeMeter):
     """Records what the accountant tells an estimating meter."""
 
+    follows_state = True
+
     def __init__(self) -> None:
         super().__init__()
         self.states: list[str] = []
@@ -344,7 +346,7 @@ def test_metrics_match_describe(rig) -> None:
 # ---- the sampling task --------------------------------------------------------------------------
 
 
-class CountingMeter:
+class CountingMeter(MeterBase):
     """Counts up; optionally blocking or failing; signals after ``want`` reads."""
 
     def __init__(self, want: int, blocking: bool = False, fail_first: int = 0):

@@ -14,8 +14,9 @@ import torch
 from rrto.v1 import ops_pb2
 from rrto_plugins.torch import codec
 from rrto_plugins.torch.executor import TorchExecutor
-from rrtod.executor import ExecutorContext, HostMemory
+from rrtod.executor import ExecutorContext
 from rrtod.gpu.blobstore import BlobStore
+from rrtod.gpu.memory import HostMemory
 
 MiB = 1 << 20
 

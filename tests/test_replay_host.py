@@ -18,7 +18,18 @@ def num(ref_value: float) -> ops_pb2.TensorData:
 
 
 class NumberExecutor:
-    """ops: ``add(a, b)``, ``mul(a, b)``, ``add_(a, b)`` (in place on a)."""
+    """ops: ``add(a, b)``, ``mul(a, b)``, ``add_(a, b)`` (in place on a). Declares a replay
+    extension without ``prepare`` support: every call replays through ``handle``."""
+
+    @property
+    def replay(self) -> NumberExecutor:
+        return self
+
+    def prepare(self, c: ops_pb2.OpCall) -> None:
+        return None  # the generic path
+
+    def run_prepared(self, prepared, refs, out_ids):
+        raise AssertionError("never prepared")
 
     def __init__(self) -> None:
         self.store: dict[int, float] = {100: 10.0}  # 100: a constant made before the steady state
@@ -205,6 +216,8 @@ def test_inconsistent_definition_is_refused_with_a_reason():
 
 def test_in_place_writes_need_an_executor_that_snapshots():
     class NoSnapshots:
+        replay = None  # declares no replay extension
+
         def __init__(self) -> None:
             self.handle = NumberExecutor().handle
 

@@ -1,22 +1,14 @@
-"""Host balancers: which GPU daemon a new app session goes to.
+"""Host balancers (``rrtod.hookspecs.HostBalancer``): which GPU daemon a new app session goes to.
 
-The daemon passes the hosts as objects with ``name``, ``up``, ``rtt_ms`` and ``sessions``;
+The daemon passes the hosts as ``HostView``s (``name``, ``up``, ``rtt_ms``, ``sessions``);
 ``choose`` returns one that is up, or None when none is.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
 
-from rrtod.hookspecs import PluginRecord, hookimpl
-
-
-class HostView(Protocol):
-    name: str
-    up: bool
-    rtt_ms: float | None
-    sessions: int
+from rrtod.hookspecs import BalancerFactory, HostView, PluginRecord, hookimpl
 
 
 class FirstUp:
@@ -38,7 +30,7 @@ class LeastLoaded:
 
 
 @hookimpl
-def rrto_host_balancers() -> list[PluginRecord]:
+def rrto_host_balancers() -> list[PluginRecord[BalancerFactory]]:
     return [
         PluginRecord("first-up", FirstUp, "first reachable host in configuration order"),
         PluginRecord("least-loaded", LeastLoaded, "fewest sessions, then lowest RTT"),

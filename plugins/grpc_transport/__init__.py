@@ -9,16 +9,17 @@ import structlog
 
 from rrtod.config import TLSConfig, is_unix
 from rrtod.grpc_options import CHANNEL_OPTIONS
-from rrtod.hookspecs import PluginRecord, hookimpl
+from rrtod.hookspecs import PluginRecord, TransportFactory, hookimpl
 from rrtod.tls import channel_credentials
 
 log = structlog.get_logger("rrtod.transport")
 
 
 def open_channel(address: str, tls: TLSConfig, options: dict[str, Any] | None = None) -> grpc.aio.Channel:
-    """An asyncio channel to ``address``; ``tls.server_name`` overrides the name checked in the
-    host's certificate (hosts addressed by IP). A ``unix:`` address is a GPU daemon on this
-    machine: no TLS, the socket's file mode decides who may connect."""
+    """``rrtod.hookspecs.TransportFactory``: an asyncio channel to ``address``;
+    ``tls.server_name`` overrides the name checked in the host's certificate (hosts addressed by
+    IP). A ``unix:`` address is a GPU daemon on this machine: no TLS, the socket's file mode
+    decides who may connect."""
     opts = list(CHANNEL_OPTIONS) + list((options or {}).items())
     if is_unix(address):
         return grpc.aio.insecure_channel(address, options=opts)
@@ -33,5 +34,5 @@ def open_channel(address: str, tls: TLSConfig, options: dict[str, Any] | None = 
 
 
 @hookimpl
-def rrto_transports() -> list[PluginRecord]:
+def rrto_transports() -> list[PluginRecord[TransportFactory]]:
     return [PluginRecord("grpc", open_channel, "direct gRPC channel, TLS/mTLS or plaintext")]

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from rrto_plugins.power._sysfs import Reader, explain, read_int, read_text
-from rrto_plugins.power.base import MeterUnavailable
+from rrto_plugins.power.base import MeterBase, MeterUnavailable
 
 DEFAULT_ROOT = Path("/sys/bus/i2c/drivers")
 INPUT_RAILS = frozenset({"VDD_IN", "POM_5V_IN", "5V_IN"})
@@ -107,7 +107,7 @@ def choose_rails(rails: list[Rail], wanted: Iterable[str] | None = None) -> list
     return inputs or rails
 
 
-class JetsonMeter:
+class JetsonMeter(MeterBase):
     """Board energy integrated from INA3221 rail power, in joules since construction."""
 
     # Each of these sysfs reads is an I2C transaction (the value registers are not cached):

@@ -33,7 +33,7 @@ from typing import Any
 
 import psutil
 
-from rrto_plugins.power.base import STATES
+from rrto_plugins.power.base import STATES, MeterBase
 
 DEFAULT_WATTS: dict[str, float] = {"inference": 13.35, "communication": 4.25, "standby": 4.04}
 
@@ -200,7 +200,7 @@ class ProcessCpu:
                 pass
 
 
-class ModelMeter:
+class ModelMeter(MeterBase):
     """Integrated model power, in joules since construction.
 
     ``clock`` (ns) and ``cpu`` (a callable returning the busy fraction since its last call) are
@@ -209,6 +209,7 @@ class ModelMeter:
     """
 
     blocking = False
+    follows_state = True  # its power is the state's (set_state), refined by tracked CPU use
 
     def __init__(
         self,

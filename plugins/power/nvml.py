@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Protocol
 
-from rrto_plugins.power.base import MeterUnavailable
+from rrto_plugins.power.base import MeterBase, MeterUnavailable
 
 # NVML return codes (nvml.h) the reasons distinguish.
 _NOT_SUPPORTED, _NO_PERMISSION, _DRIVER_NOT_LOADED, _LIBRARY_NOT_FOUND = 3, 4, 9, 12
@@ -105,7 +105,7 @@ def reason(exc: BaseException, what: str) -> str:
     return f"NVML failed ({what}: {text})"
 
 
-class NvmlMeter:
+class NvmlMeter(MeterBase):
     """Summed GPU energy counters, in joules since construction.
 
     ``api`` is injectable (tests pass a fake; default: the installed binding). ``devices``

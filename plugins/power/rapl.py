@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rrto_plugins.power._sysfs import Reader, explain, read_int, read_text
-from rrto_plugins.power.base import MeterUnavailable
+from rrto_plugins.power.base import MeterBase, MeterUnavailable
 
 DEFAULT_ROOT = Path("/sys/class/powercap")
 PERMISSION_HINT = (
@@ -42,7 +42,7 @@ class _Zone:
     last: int
 
 
-class RaplMeter:
+class RaplMeter(MeterBase):
     """Sum of the selected RAPL zones, wrap-corrected, in joules since construction.
 
     ``root`` and ``reader`` are injectable so tests run against a fake tree and a reader that

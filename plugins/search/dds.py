@@ -12,19 +12,19 @@ first one that ``rrtod.robot.search.verify`` accepts.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from rrtod.hookspecs import Candidate
 from rrtod.robot.oplog import LoggedCall, resolve_reads
-from rrtod.robot.search import Candidate
 
 
 class DataDependencySearch:
     def __init__(self, max_periods: int = 64):
         self.max_periods = max_periods
 
-    def candidates(self, log: list[LoggedCall]) -> Iterator[Candidate]:
+    def candidates(self, log: Sequence[LoggedCall]) -> Iterator[Candidate]:
         n = len(log)
         downloads = [i for i, e in enumerate(log) if e.downloaded]
         if len(downloads) < 2:

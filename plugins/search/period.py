@@ -9,10 +9,10 @@ reject; the comparison counts those as false positives.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
+from rrtod.hookspecs import Candidate
 from rrtod.robot.oplog import LoggedCall
-from rrtod.robot.search import Candidate
 
 
 def z_function(seq: list[int]) -> list[int]:
@@ -43,7 +43,7 @@ class PeriodSearch:
         self.min_repeats = min_repeats
         self.max_periods = max_periods
 
-    def candidates(self, log: list[LoggedCall]) -> Iterator[Candidate]:
+    def candidates(self, log: Sequence[LoggedCall]) -> Iterator[Candidate]:
         keys = [e.key for e in log]
         for period, tail in tail_periods(keys, self.min_repeats)[: self.max_periods]:
             start = len(keys) - tail

@@ -7,14 +7,23 @@ Host side (in the GPU daemon): ``make_executor`` builds a ``TorchExecutor`` per 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rrtod.hookspecs import InterceptionBackend, hookimpl
 
+if TYPE_CHECKING:
+    from rrtod.executor import ExecutorContext
+    from rrtod.hookspecs import Channel
 
-def make_interceptor(channel: Any, mode: str = "stream", fallback: str = "local",
-                     replay: bool = True) -> Any:
-    """``InterceptionBackend.factory``: the shim calls it once torch is imported."""
+    from .allowlist import BuiltinEntry
+    from .executor import TorchExecutor
+    from .interceptor import TorchInterceptor
+
+
+def make_interceptor(channel: Channel, mode: str = "stream", fallback: str = "local",
+                     replay: bool = True) -> TorchInterceptor:
+    """``InterceptionBackend.factory`` (``rrtod.hookspecs.InterceptorFactory``): the shim calls
+    it once torch is imported."""
     from .client import RemoteSession
     from .interceptor import TorchInterceptor
 
@@ -24,14 +33,15 @@ def make_interceptor(channel: Any, mode: str = "stream", fallback: str = "local"
     return interceptor
 
 
-def make_executor(ctx: Any) -> Any:
-    """``InterceptionBackend.executor``: one ``TorchExecutor`` per app session on the host."""
+def make_executor(ctx: ExecutorContext) -> TorchExecutor:
+    """``InterceptionBackend.executor`` (``rrtod.hookspecs.ExecutorFactory``): one
+    ``TorchExecutor`` per app session on the host."""
     from .executor import TorchExecutor
 
     return TorchExecutor(ctx)
 
 
-def builtin_operators() -> list[Any]:
+def builtin_operators() -> list[BuiltinEntry]:
     """``InterceptionBackend.operators``: the positive allowlist with each entry's reasons."""
     from .allowlist import builtin_entries
 

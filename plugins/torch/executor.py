@@ -228,7 +228,7 @@ class TorchExecutor:
             torch.backends.cudnn.allow_tf32 = False
             torch.backends.cuda.matmul.allow_tf32 = False
         self.allow = Allowlist(ctx.allow_extra, ctx.deny)
-        host = getattr(ctx, "host_memory", None)
+        host = ctx.host_memory
         if host is not None:
             host.resolve(device_memory(self.device))
         self.store = TensorStore(ctx.memory_quota, host)
@@ -243,7 +243,20 @@ class TorchExecutor:
         }
         self._closed = False
 
-    # -- contract ----------------------------------------------------------------------------
+    # -- contract (rrtod.executor.Executor) ---------------------------------------------------
+    # Both optional capabilities are implemented by the executor itself (properties, not
+    # ``self`` stored in an attribute: no reference cycle keeps a closed session's object alive).
+    @property
+    def replay(self) -> TorchExecutor:
+        """Its ``ReplayExtension``: ``prepare``/``run_prepared``, ``written_ids``,
+        ``snapshot``/``restore`` below."""
+        return self
+
+    @property
+    def reply_memory(self) -> TorchExecutor:
+        """Its ``ReplyMemory``: ``charge_reply``/``refund_reply`` below."""
+        return self
+
     def open(self, request: ops_pb2.SessionOpen) -> ops_pb2.SessionReady:
         if request.memory_quota > 0:  # an app may ask for less than the host allows, not more
             self.store.quota = min(self.store.quota, request.memory_quota)
@@ -285,7 +298,7 @@ class TorchExecutor:
             "bytes_queued": self.store.queued,
         }
 
-    # -- replies queued for the client (rrtod/gpu/service.py Outbox) ---------------------------------
+    # -- ReplyMemory: replies queued for the client (rrtod/gpu/service.py Outbox) ---------------
     def charge_reply(self, nbytes: int) -> str | None:
         """A reply of ``nbytes`` waits to be sent: count it against the session's quota and
         the host's limit. The reason when there is no room (the client does not read)."""
@@ -298,7 +311,7 @@ class TorchExecutor:
     def refund_reply(self, nbytes: int) -> None:
         self.store.unqueue_reply(nbytes)
 
-    # -- replay support (rrtod/gpu/replay.py) ------------------------------------------------
+    # -- ReplayExtension (rrtod/gpu/replay.py; prepare/run_prepared further down) -------------
     def snapshot(self, ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Copies of live tensors a replayed call is about to overwrite in place (``relu_``
         on an earlier output, a running statistic). Unknown ids have nothing to protect."""

@@ -17,7 +17,7 @@ from collections.abc import Hashable
 
 import torch
 
-from rrtod.executor import HostMemory, HostMemoryExceeded
+from rrtod.executor import HostMemoryExceeded, HostMemoryLike
 
 
 class QuotaExceeded(Exception):
@@ -31,7 +31,7 @@ def _storage_key(t: torch.Tensor) -> tuple[int, int]:
 
 
 class TensorStore:
-    def __init__(self, quota: int, host: HostMemory | None = None):
+    def __init__(self, quota: int, host: HostMemoryLike | None = None):
         self.quota = quota
         self.host = host
         self._tensors: dict[Hashable, torch.Tensor] = {}

@@ -16,13 +16,23 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from rrto.v1 import ops_pb2
+from rrtod.executor import ReplayExtension
 from rrtod.wire import iter_tensor_refs, released_ids
 
 Emit = Callable[[ops_pb2.SessionDown], None]
 SRC = ops_pb2.SeqSource
+
+
+class Runner(Protocol):
+    """What the replayer drives: the session's ``handle`` and its executor's declared replay
+    extension (``rrtod.executor``), as the peer service paces them."""
+
+    replay: ReplayExtension | None
+
+    def handle(self, frame: ops_pb2.SessionUp) -> Iterable[ops_pb2.SessionDown]: ...
 
 
 @dataclass
@@ -118,9 +128,9 @@ class HostReplayer:
     reuse memory that is still in the cache, as the app's own forward would, instead of
     touching a whole inference's worth of fresh buffers."""
 
-    def __init__(self, executor: Any):
-        self.executor = executor
+    def __init__(self, executor: Runner):
         self.handle = executor.handle
+        self.replay: ReplayExtension | None = executor.replay  # None: replays through handle
         self.sequences: dict[int, Compiled] = {}
         self.active: Active | None = None
         # A replay the host completed ahead of the app: it may still be aborted, until the app
@@ -231,11 +241,12 @@ class HostReplayer:
         if not d.calls:
             self.sequences.pop(d.id, None)  # an empty definition drops the sequence
             return
+        replay = self.replay
         try:
-            compiled = compile_sequence(d, getattr(self.executor, "written_ids", None))
-            if (any(compiled.writes) or any(compiled.mutates)) and not hasattr(self.executor, "snapshot"):
+            compiled = compile_sequence(d, replay.written_ids if replay is not None else None)
+            if (any(compiled.writes) or any(compiled.mutates)) and replay is None:
                 raise ValueError(f"sequence {d.id} writes values in place and this executor "
-                                 "cannot snapshot them")
+                                 "cannot snapshot them (it declares no replay extension)")
         except (ValueError, KeyError) as exc:
             emit(ops_pb2.SessionDown(defined=ops_pb2.SequenceAck(id=d.id, reason=str(exc))))
             return
@@ -244,14 +255,13 @@ class HostReplayer:
         emit(ops_pb2.SessionDown(defined=ops_pb2.SequenceAck(id=d.id, accepted=True)))
 
     def _prepare(self, call: ops_pb2.OpCall) -> Any:
-        """The executor's decoded form of ``call`` (``prepare``/``run_prepared``, optional):
-        a replayed call then costs the operator and little else. None keeps the generic path,
+        """The executor's decoded form of ``call`` (its replay extension's ``prepare``): a
+        replayed call then costs the operator and little else. None keeps the generic path,
         which also reports whatever made preparing fail when the call is replayed."""
-        prepare = getattr(self.executor, "prepare", None)
-        if prepare is None:
+        if self.replay is None:
             return None
         try:
-            return prepare(call)
+            return self.replay.prepare(call)
         except Exception:  # noqa: BLE001 - reported by the generic path at replay time
             return None
 
@@ -291,9 +301,9 @@ class HostReplayer:
                 if act.seq.mutates[k] and act.seq.written is not None:
                     call = self._rebind(act, k, refs, out_ids)
                     ids += act.seq.written(call)  # ids as rebound for this inference
-                act.snapshots.append((k, self.executor.snapshot(ids)))
-            if prepared is not None:
-                downs = self.executor.run_prepared(prepared, refs, out_ids)
+                act.snapshots.append((k, self.replay.snapshot(ids)))  # replay: checked at define
+            if prepared is not None:  # only with a replay extension (``_prepare``)
+                downs = self.replay.run_prepared(prepared, refs, out_ids)
             else:
                 call = call or self._rebind(act, k, refs, out_ids)
                 downs = self.handle(ops_pb2.SessionUp(call=call))
@@ -403,9 +413,9 @@ class HostReplayer:
         self.aborts += 1
         if self.active is act:
             self._advance(emit, limit=position)  # the app holds proxies of every call before it
-        for k, token in reversed(act.snapshots):
+        for k, token in reversed(act.snapshots):  # only with a replay extension (``_define``)
             if k >= position:
-                self.executor.restore(token)
+                self.replay.restore(token)
         fresh = set()
         for call in act.seq.definition.calls[:position]:
             fresh.update(call.out_ids)

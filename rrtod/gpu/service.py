@@ -32,10 +32,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from rrto.v1 import ops_pb2, peer_pb2, peer_pb2_grpc
 from rrtod import __version__, framing
 from rrtod.config import Config
-from rrtod.executor import Executor, ExecutorContext, HostMemory
+from rrtod.executor import Executor, ExecutorContext, ReplayExtension
 from rrtod.gpu.access import AccessPolicy, Grant
+from rrtod.gpu.memory import HostMemory
 from rrtod.gpu.replay import HostReplayer
 from rrtod.grpc_options import BATCH_BYTES, SERVER_OPTIONS
+from rrtod.hookspecs import InterceptionBackend, problems
 from rrtod.local_server import _in_use
 from rrtod.plugins import PluginError, Registry
 from rrtod.tls import LOCAL, peer_identity, server_credentials
@@ -71,7 +73,7 @@ class Outbox:
     given, or at most ``HOLD_S`` (checked at every executor call), whichever comes first.
 
     Replies waiting here, and the message gRPC is sending, count against the session's memory
-    (``charge``/``refund``: the executor's ``charge_reply``/``refund_reply``). A reply that
+    (``charge``/``refund``: its ``reply_memory``'s ``charge_reply``/``refund_reply``). A reply that
     does not fit means the client is not reading: the outbox drops it and every later one,
     and ``on_overflow`` (set by the stream) disconnects the client instead of buffering.
     """
@@ -154,22 +156,22 @@ class Outbox:
                 return out
 
 
-class _Executor:
-    """The session's executor as the replayer sees it: every call first lets the outbox send
-    replies held too long, and is traced under ``RRTO_HOP_TRACE``."""
+class _Paced:
+    """The session's executor as the replayer drives it: ``handle`` and, when the executor
+    declares one, its ``ReplayExtension``. Each operator run (``handle``, ``run_prepared``)
+    first lets the outbox send replies held too long, and is traced under ``RRTO_HOP_TRACE``;
+    the rest of the extension is the executor's own bound methods, with no wrapper."""
 
     def __init__(self, executor: Executor, outbox: Outbox):
-        self._executor = executor
         self._outbox = outbox
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._executor, name)
+        self._handle = executor.handle
+        ext = executor.replay
+        self.replay: ReplayExtension | None = None
+        if ext is not None:
+            self.replay = _PacedReplay(ext, self._run)
 
     def handle(self, frame: ops_pb2.SessionUp) -> Any:
-        return self._run(self._executor.handle, frame)
-
-    def run_prepared(self, *args: Any) -> Any:
-        return self._run(self._executor.run_prepared, *args)
+        return self._run(self._handle, frame)
 
     def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         self._outbox.tick()
@@ -180,6 +182,21 @@ class _Executor:
             return list(fn(*args))
         finally:
             framing.hop("gpu.exec.end")
+
+
+class _PacedReplay:
+    """A ``ReplayExtension`` whose ``run_prepared`` is paced like ``_Paced.handle``."""
+
+    def __init__(self, ext: ReplayExtension, run: Callable[..., Any]):
+        self.prepare = ext.prepare
+        self.written_ids = ext.written_ids
+        self.snapshot = ext.snapshot
+        self.restore = ext.restore
+        self._run_prepared = ext.run_prepared
+        self._run = run
+
+    def run_prepared(self, prepared: Any, refs: list[Any], out_ids: list[int]) -> Any:
+        return self._run(self._run_prepared, prepared, refs, out_ids)
 
 
 def _down(replies: list[ops_pb2.SessionDown]) -> ops_pb2.SessionDown:
@@ -205,9 +222,11 @@ class HostSession:
         self.opened = time.time()
         self.frames = 0
         self.executor = executor
-        self.outbox = Outbox(asyncio.get_running_loop(), getattr(executor, "charge_reply", None),
-                             getattr(executor, "refund_reply", None))
-        self.replayer = HostReplayer(_Executor(executor, self.outbox))
+        memory = executor.reply_memory
+        self.outbox = Outbox(asyncio.get_running_loop(),
+                             memory.charge_reply if memory is not None else None,
+                             memory.refund_reply if memory is not None else None)
+        self.replayer = HostReplayer(_Paced(executor, self.outbox))
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rrto-{sid}")
         # Read-ahead: bytes of frames queued for the worker (READ_AHEAD_BYTES at most).
         self.backlog = 0
@@ -301,7 +320,7 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
         self.device = config.executor.device
         self.access = AccessPolicy(config)
         self._refusals: dict[tuple[str, str], float] = {}  # (identity, reason) -> last logged
-        # executor.memory_limit: what all sessions hold together (executor.HostMemory)
+        # executor.memory_limit: what all sessions hold together (rrtod.gpu.memory)
         self.host_memory = HostMemory(config.executor.memory_limit)
 
     # ----- lifecycle -----
@@ -410,10 +429,14 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
     def _new_executor(self, request: ops_pb2.SessionOpen, grant: Grant) -> Executor:
         name = request.executor or self.config.executor.backend
         record = self.registry.get("interception", name)
-        factory = getattr(record, "executor", None)
-        if factory is None:
+        if not isinstance(record, InterceptionBackend) or record.executor is None:
             raise PluginError(f"interception backend {name!r} has no host executor")
-        return factory(self._executor_context(grant))
+        executor = record.executor(self._executor_context(grant))
+        if not isinstance(executor, Executor):  # once per session: the contract, not a probe
+            missing = ", ".join(problems(executor, Executor))
+            raise PluginError(f"interception backend {name!r} built {type(executor).__name__}, "
+                              f"which is not an rrtod.executor.Executor ({missing})")
+        return executor
 
     async def Session(
         self, request_iterator: AsyncIterator[ops_pb2.SessionUp], context: grpc.aio.ServicerContext

@@ -22,22 +22,16 @@ yield candidates lazily, so a search stops at the first verified one.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import numpy as np
 
+from rrtod.hookspecs import Candidate, SequenceSearch
 from rrtod.robot.oplog import LoggedCall, resolve_reads
 
 # (op position in block, ref position in op) -> where the tensor comes from
 Source = tuple[str, object]
-
-
-@dataclass(frozen=True)
-class Candidate:
-    start: int
-    period: int
 
 
 @dataclass
@@ -59,10 +53,6 @@ class Found:
         that downloaded something (a warm-up inference; a prefix that only binds weights or
         builds constants is part of the first repetition's inference)."""
         return self.repeats + (1 if self.warmup else 0)
-
-
-class SequenceSearch(Protocol):
-    def candidates(self, log: list[LoggedCall]) -> Iterable[Candidate]: ...
 
 
 class Outcome(NamedTuple):

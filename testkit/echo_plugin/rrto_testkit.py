@@ -12,6 +12,9 @@ from rrtod.hookspecs import InterceptionBackend, hookimpl
 
 
 class EchoExecutor:
+    replay = None  # no replay extension (rrtod.executor): sequences replay through handle
+    reply_memory = None  # queued replies are not counted
+
     def __init__(self, ctx):
         self.ctx = ctx
         self.ops = 0

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from rrto_example_plugin.balancer import RoundRobin
 from rrto_example_plugin.power import ConstantMeter
-from rrtod.hookspecs import PluginRecord, PowerMeterRecord, hookimpl
+from rrtod.hookspecs import BalancerFactory, PluginRecord, PowerMeterRecord, hookimpl
 
 __all__ = ["RoundRobin", "ConstantMeter", "rrto_host_balancers", "rrto_power_meters"]
 
 
 @hookimpl
-def rrto_host_balancers() -> list[PluginRecord]:
+def rrto_host_balancers() -> list[PluginRecord[BalancerFactory]]:
     """Selected with ``balancer: round-robin`` in rrtod.yaml."""
     return [
         PluginRecord(

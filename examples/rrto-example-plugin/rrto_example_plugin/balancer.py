@@ -1,4 +1,4 @@
-"""A host balancer: which GPU host a new app session goes to.
+"""A host balancer (``rrtod.hookspecs.HostBalancer``): which GPU host a new app session goes to.
 
 The robot daemon builds one balancer (``factory()``) per configuration and calls
 ``choose(hosts)`` for every new session, on its event loop, with the configured hosts in
@@ -11,16 +11,8 @@ then falls back as ``intercept.fallback`` says). It must not block: it runs on t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
 
-
-class HostView(Protocol):
-    """What the daemon passes; a Protocol so that tests can pass simple stand-ins."""
-
-    name: str
-    up: bool
-    rtt_ms: float | None
-    sessions: int
+from rrtod.hookspecs import HostView
 
 
 class RoundRobin:

@@ -1,9 +1,11 @@
 """A power meter that reports a fixed power: energy = watts x time since it was built.
 
 Useful to test energy accounting end to end on a machine without sensors, and as the smallest
-complete meter: ``read()`` returns cumulative joules and never decreases, ``blocking`` tells
-the daemon whether ``read()`` may block (then it is called from a worker thread), ``describe()``
-feeds ``rrtoctl status``.
+complete meter (``rrtod.hookspecs.PowerMeter``): ``read()`` returns cumulative joules and never
+decreases, ``describe()`` feeds ``rrtoctl status``. The optional capabilities come from
+``MeterBase`` with their defaults, restated here where this meter relies on them: ``blocking``
+False (``read()`` is arithmetic, called on the daemon's event loop) and ``follows_state`` False
+(a fixed figure does not change with the robot's activity, so ``set_state`` is ignored).
 """
 
 from __future__ import annotations
@@ -12,16 +14,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rrtod.hookspecs import MeterBase
 
-class ConstantMeter:
+
+class ConstantMeter(MeterBase):
     DEFAULT_WATTS = 10.0
+    blocking = False
+    follows_state = False
 
     def __init__(self, watts: float = DEFAULT_WATTS,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not watts >= 0:
             raise ValueError(f"watts must be >= 0, got {watts!r}")
         self.watts = float(watts)
-        self.blocking = False  # read() is arithmetic
         self._clock = clock
         self._start = clock()
 
