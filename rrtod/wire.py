@@ -19,7 +19,7 @@ robot daemon -> app (shim)     same socket, ``HEADER`` + ``local.LocalReply``: `
 robot daemon -> GPU daemon     gRPC ``peer.Peer.Session`` request stream of ``ops.SessionUp``:
                                ``open`` first, then the app's frames (what the app wrote in one
                                go as one ``batch``) and ``define`` (a sequence found in the op
-                               log). Unary: ``Hello``, ``Ping``, ``QueryBlobs``, ``Stats``.
+                               log). Unary: ``Hello``, ``Ping``; and the standard gRPC health service.
                                gRPC frames the messages (HTTP/2; limits in grpc_options).
 GPU daemon -> robot daemon     response stream of ``ops.SessionDown``: ``ready``, then replies
                                (those ready together as one ``batch``, which the robot daemon
