@@ -3,7 +3,7 @@ writers, receive budgets, hop tracing. What a frame is (``HEADER``, ``MAX_FRAME`
 envelope) is declared in ``rrtod.wire``; this module moves frames.
 
 Each frame is a 4-byte little-endian length, then that many bytes of one serialized message.
-A framed socket costs ~0.05 ms a round trip here against ~0.5 ms for gRPC (shared/NOTES.md), which
+A framed socket costs ~0.05 ms a round trip here against ~0.5 ms for gRPC (measured here), which
 is why the app <-> robot daemon hop is not gRPC. Both ends refuse frames over ``MAX_FRAME`` so
 that a corrupt length cannot make the daemon allocate gigabytes; the daemon passes a smaller
 limit for frames before a connection's hello and a ``ByteBudget`` shared by all connections, so

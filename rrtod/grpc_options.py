@@ -2,7 +2,7 @@
 
 Reconnect backoff is capped at 2 s (gRPC's default grows to 120 s) so that a GPU daemon that
 comes back is seen within a few seconds; keepalive on the client is never shorter than what the
-server permits, or the server would drop the connection (shared/NOTES.md).
+server permits, or the server would drop the connection.
 """
 
 from __future__ import annotations

