@@ -8,6 +8,7 @@ import struct
 
 from rrto.v1 import ops_pb2
 from rrtod.gpu.replay import HostReplayer
+from rrtod.wire import SPAN
 
 SRC = ops_pb2.SeqSource
 
@@ -212,6 +213,17 @@ def test_inconsistent_definition_is_refused_with_a_reason():
               ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=1000)),
               ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=6, tensor=upload(2.0))))
     assert out[-1].error.code == "BAD_ARG" and out[-1].error.sequence == 7
+
+
+def test_definition_naming_more_ids_than_an_inference_range_is_refused():
+    """Replayed inference k's ids are base + local index: a definition naming more than SPAN
+    ids would hand inference k ids of inference k + 1."""
+    r = HostReplayer(NumberExecutor())
+    big = sequence()
+    big.local_ids.extend(range(1 << 40, (1 << 40) + SPAN))
+    out = run(r, ops_pb2.SessionUp(define=big))
+    assert not out[0].defined.accepted and "id range" in out[0].defined.reason
+    assert 7 not in r.sequences
 
 
 def test_in_place_writes_need_an_executor_that_snapshots():

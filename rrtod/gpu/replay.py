@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from rrto.v1 import ops_pb2
 from rrtod.executor import ReplayExtension
-from rrtod.wire import iter_tensor_refs, released_ids
+from rrtod.wire import SPAN, iter_tensor_refs, released_ids
 
 Emit = Callable[[ops_pb2.SessionDown], None]
 SRC = ops_pb2.SeqSource
@@ -60,6 +60,9 @@ def compile_sequence(d: ops_pb2.SequenceDef,
     """Index a definition for replay; ValueError if it is inconsistent (never trusted blindly:
     a bad definition must fail here, not halfway through an inference). ``written``: the ids
     of arguments a call writes in place without returning them (from the executor)."""
+    if len(d.local_ids) > SPAN:  # inference k's ids are base + index: they would reach k+1's
+        raise ValueError(f"sequence {d.id}: {len(d.local_ids)} local ids, more than an "
+                         f"inference's id range holds ({SPAN}, rrtod.wire.SPAN)")
     local = {rid: i for i, rid in enumerate(d.local_ids)}
     counts = [sum(1 for _ in iter_tensor_refs(call)) for call in d.calls]
     if sum(counts) != len(d.sources):
