@@ -226,7 +226,11 @@ def test_read_ahead_waits_for_the_worker_beyond_its_cap(monkeypatch) -> None:
 
 
 class EchoExecutor:
-    """Answers every fetch with its id; counts the calls it sees."""
+    """Answers every fetch with its id; counts the calls it sees. Declares neither optional
+    capability (rrtod.executor)."""
+
+    replay = None
+    reply_memory = None
 
     def __init__(self) -> None:
         self.handled: list[str] = []
