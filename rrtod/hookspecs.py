@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_check
 
 import pluggy
 
-from rrto.v1 import ops_pb2
 from rrtod.executor import (
     BlobStoreLike,
     Executor,
@@ -36,6 +35,7 @@ from rrtod.executor import (
     ReplayExtension,
     ReplyMemory,
 )
+from rrtod.shim.channel import Channel, OnDown, OnLost  # noqa: F401 - part of the contract
 
 if TYPE_CHECKING:
     import grpc
@@ -63,26 +63,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 # ================================================================================================
 # interception: the shim's interceptor (in the app) and the host's executor (in the GPU daemon)
 
-OnDown = Callable[[ops_pb2.SessionDown], None]
-OnLost = Callable[[str], None]
-
-
-class Channel(Protocol):
-    """How an interceptor's frames reach the robot daemon (the shim builds it, connected, before
-    calling the interceptor factory). It only moves frames: ``send`` writes a batch in order
-    without waiting; replies arrive on ``on_down`` and a lost connection on ``on_lost``."""
-
-    session: str  # the session id the daemon gave
-    host: str  # the GPU host it chose
-    device: str  # the host's device
-
-    def start(self, on_down: OnDown, on_lost: OnLost) -> None: ...
-    def send(self, frames: list[ops_pb2.SessionUp]) -> None: ...
-    def mark(self, index: int, start_ns: int, end_ns: int) -> None:
-        """Report one inference's span (CLOCK_MONOTONIC ns) for energy accounting."""
-        ...
-    def flush_marks(self) -> None: ...
-    def close(self) -> None: ...
+# ``Channel`` (how an interceptor's frames reach the robot daemon) is the shim's: rrtod/shim/channel.py.
 
 
 @runtime_checkable

@@ -110,7 +110,7 @@ def test_builtin_power_meters_conform_without_hardware(builtins) -> None:
 
 
 def test_torch_backend_conforms(builtins, tmp_path: Path) -> None:
-    from rrto_plugins.torch.channel import LoopbackChannel
+    from rrtod.shim.channel import LoopbackChannel
 
     record = builtins["interception"]["torch"]
     assert problems(record.executor, ExecutorFactory) == []
@@ -135,7 +135,7 @@ def test_torch_backend_conforms(builtins, tmp_path: Path) -> None:
 
 
 def test_testkit_echo_executor_conforms(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.syspath_prepend(str(ROOT / "tests" / "testkit"))
+    monkeypatch.syspath_prepend(str(ROOT / "testkit" / "echo_plugin"))
     import rrto_testkit
 
     (record,) = rrto_testkit.rrto_interception_backends()

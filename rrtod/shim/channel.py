@@ -24,15 +24,22 @@ OnLost = Callable[[str], None]
 
 
 class Channel(Protocol):
-    session: str
-    host: str
-    device: str
+    """How an interceptor's frames reach the robot daemon (the shim builds it, connected, before
+    calling the interceptor factory; ``rrtod.hookspecs`` names it in the interception contract).
+    It only moves frames: ``send`` writes a batch in order without waiting; replies arrive on
+    ``on_down`` and a lost connection on ``on_lost``."""
+
+    session: str  # the session id the daemon gave
+    host: str  # the GPU host it chose
+    device: str  # the host's device
 
     def start(self, on_down: OnDown, on_lost: OnLost) -> None: ...
     # frames: messages, or wire.EncodedFrame (a message in wire form, which also answers
     # SerializeToString and WhichOneof)
     def send(self, frames: list[ops_pb2.SessionUp]) -> None: ...
-    def mark(self, index: int, start_ns: int, end_ns: int) -> None: ...
+    def mark(self, index: int, start_ns: int, end_ns: int) -> None:
+        """Report one inference's span (CLOCK_MONOTONIC ns) for energy accounting."""
+        ...
     def flush_marks(self) -> None: ...
     def close(self) -> None: ...
 
