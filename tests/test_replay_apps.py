@@ -183,6 +183,16 @@ def test_two_processes_replay_in_isolation(fresh, tmp_path):
     assert apps == sorted(f"{n}.py" for n in names)
 
 
+def test_constant_replaced_between_inferences_is_a_mismatch_never_a_stale_value(fresh, tmp_path):
+    """The app recomputes, every 5th inference, a tensor its forward reads (on the host): the
+    recorded sequence names the old one as a constant. The host replays ahead of the app's
+    matching, so it must neither use the old tensor nor fail on it once freed; the app treats
+    the new tensor as a mismatch (forwarded, recorded again) and every output equals local."""
+    stats = same_as_local("swapped_constant", fresh, tmp=tmp_path)
+    assert stats["failed"] == 0, stats
+    assert stats["mismatches"] > 0 and stats["replays"] > 0, stats
+
+
 def test_in_place_writes_and_running_statistics_survive_mismatches(fresh, tmp_path):
     """Values written in place (an inplace ReLU, a residual +=, running statistics of batch
     norms in training mode) end up exactly as forwarding leaves them, also when a branch makes

@@ -226,6 +226,25 @@ def test_definition_naming_more_ids_than_an_inference_range_is_refused():
     assert 7 not in r.sequences
 
 
+def test_call_reading_a_released_constant_waits_for_the_apps_abort():
+    """The app let go of the recorded constant (id 100): it cannot match call 0 any more, so
+    the host must not run it ahead (the tensor is freed); the abort that follows is clean."""
+    ex = NumberExecutor()
+    r = HostReplayer(ex)
+    run(r, ops_pb2.SessionUp(define=sequence()))
+    r.forwarded(ops_pb2.SessionUp(release=ops_pb2.Release(ids=[100])), [].append)
+    out = run(r, ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=1000)),
+              ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(2.0))),
+              ops_pb2.SessionUp(abort=ops_pb2.ReplayAbort(position=0)))
+    assert out == [] and ex.calls == [] and r.active is None
+    # a constant bound in its place (a host-side rebind) is waited for no more
+    ex.store[555] = 1.0
+    out = run(r, ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=2000)),
+              ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=1, tensor=ref(555))),
+              ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(2.0))))
+    assert value(out[0]) == (2001, 9.0)  # (2 + 1)^2
+
+
 def test_in_place_writes_need_an_executor_that_snapshots():
     class NoSnapshots:
         replay = None  # declares no replay extension

@@ -4,11 +4,12 @@ locally, and make the GPU host replay the whole inference from one start message
 A call matches position ``k`` of the sequence when it is the same operator overload under the
 same grad mode, with equal non-tensor arguments, and every tensor argument comes from where the
 sequence says: the output of an earlier call of this inference (by identity), the same weight
-(by content hash), the same constant (or, where its metadata was recorded, an equal-shaped
-replacement, which the host is told about), or plain app data with the recorded metadata (an
-input, streamed to the host as it appears). A matching call gets proxies at once, with the
-metadata recorded for it, and no message. Anything else is a mismatch: the host is told the
-position, keeps what came before and drops the rest, and the call is forwarded as usual.
+(by content hash), the very constant recorded (another tensor in its place is a mismatch: the
+host replays ahead of this matching, so it cannot be told of a replacement in time), or plain
+app data with the recorded metadata (an input, streamed to the host as it appears). A matching
+call gets proxies at once, with the metadata recorded for it, and no message. Anything else is
+a mismatch: the host is told the position, keeps what came before and drops the rest, and the
+call is forwarded as usual.
 """
 
 from __future__ import annotations
@@ -92,10 +93,6 @@ def _input_key(t: torch.Tensor) -> tuple[Any, ...]:
     return (t.dtype, tuple(t.shape))
 
 
-def _tensor_key(t: torch.Tensor) -> tuple[Any, ...]:
-    return (t.dtype, tuple(t.shape), t.stride(), t.storage_offset())
-
-
 # One new tensor of a replayed step's result, as its proxy is made: (local index, shape,
 # stride, offset, dtype); its id is the inference's base + local index. A plain tuple: it is
 # unpacked per replayed operator, and only an exact tuple unpacks on CPython's fast path.
@@ -143,7 +140,7 @@ class Sequence:
     local: dict[int, int]
     last_writer: dict[int, int]  # output local index -> position of the call that finalises it
     outputs: set[int]
-    # slot -> the weight or constant the host uses there now (held, so its id stays live)
+    # weight slot -> the weight the host uses there now (held, so its id stays live)
     bindings: dict[int, Handle] = field(default_factory=dict)
     # INPUT slot -> the data last uploaded for it, as the host keeps it (``ReplayArg.same_as``),
     # and per input metadata the slot uploaded with it last
@@ -432,17 +429,11 @@ class ReplayClient:
                 if frames is None:
                     frames = []
                 frames.append(frame)
-            else:  # CONSTANT
-                if h is None or h.session is not self.session:
-                    return None
-                now = bindings.get(slot)
-                if (now.id if now is not None else src.id) == h.id:
-                    continue
-                if not src.HasField("meta") or _tensor_key(t) != _meta_key(src.meta):
-                    return None
-                if bind is None:
-                    bind = {}
-                bind[slot] = h
+            elif h is None or h.id != src.id:  # CONSTANT: only the very tensor recorded
+                # Another tensor in its place is a mismatch, never a rebind: the host runs
+                # ahead of the app's matching, so it may have used (or found freed) the
+                # recorded constant before a rebind could reach it.
+                return None
         if sent is not None:  # the host keeps each as the slot's latest data too
             for slot, key, raw in sent:
                 act.seq.sent[slot] = (key, bytes(raw))

@@ -53,6 +53,12 @@ class Compiled:
     sticky: dict[int, ops_pb2.TensorRef] = field(default_factory=dict)  # bound weights, constants
     prepared: list[Any] = field(default_factory=list)  # per call: the executor's, or None
     latest: dict[int, ops_pb2.TensorRef] = field(default_factory=dict)  # INPUT slot -> last upload
+    # CONSTANT slots: recorded id -> its slots, and per call the slots it reads
+    constants: dict[int, list[int]] = field(default_factory=dict)
+    constants_at: list[list[int]] = field(default_factory=list)
+    # CONSTANT slots whose recorded tensor the app released (and nothing was bound since): a
+    # call reading one waits, for the app can no longer match it (its abort follows)
+    gone: set[int] = field(default_factory=set)
 
 
 def compile_sequence(d: ops_pb2.SequenceDef,
@@ -105,8 +111,15 @@ def compile_sequence(d: ops_pb2.SequenceDef,
     free_after: list[list[int]] = [[] for _ in d.calls]
     for i, k in last_use.items():
         free_after[k].append(i)
+    constants: dict[int, list[int]] = {}
+    for slot, src in enumerate(d.sources):
+        if src.kind == SRC.CONSTANT:
+            constants.setdefault(src.id, []).append(slot)
+    constant_slots = {slot for slots in constants.values() for slot in slots}
+    constants_at = [[s for s, *_ in plan if s in constant_slots] for plan in binding]
     return Compiled(d, local, inputs, outputs, pushes, writes, mutates, binding,
-                    last_use, free_after, written=written)
+                    last_use, free_after, written=written, constants=constants,
+                    constants_at=constants_at)
 
 
 @dataclass
@@ -200,8 +213,11 @@ class HostReplayer:
         whose inputs have all arrived, so ``_advance`` has run them."""
         if self.active is not None:
             self._advance(emit)
-        if frame.WhichOneof("msg") == "call":
+        kind = frame.WhichOneof("msg")
+        if kind == "call":
             self.last = None
+        elif kind == "release":
+            self._constants_released(frame.release)
         for down in self.handle(frame):
             emit(down)
 
@@ -237,6 +253,7 @@ class HostReplayer:
             act.args[slot] = tensor
         else:  # a weight or constant (re)bound: it holds for later inferences too
             seq.sticky[slot] = tensor
+            seq.gone.discard(slot)
         if not act.failed:  # else already reported; the rest of this inference is not run
             self._advance(emit)
 
@@ -296,6 +313,8 @@ class HostReplayer:
             k = act.position
             if any(s not in act.args and s not in act.seq.sticky for s in act.seq.inputs[k]):
                 return  # waits for the app to produce this input
+            if act.seq.gone and any(s in act.seq.gone for s in act.seq.constants_at[k]):
+                return  # reads a constant the app let go of: the app's abort follows
             refs, out_ids = self._bind(act, k)
             prepared = act.seq.prepared[k] if act.seq.prepared else None
             call = None
@@ -328,6 +347,19 @@ class HostReplayer:
                 self._free(free)
         if act.position == len(calls) and limit is None:
             self._close(act, complete=True)
+
+    def _constants_released(self, release: ops_pb2.Release) -> None:
+        """The app let go of tensors: a sequence call that reads one as its recorded constant
+        can no longer be matched by the app (a replacement is a mismatch), so the host must
+        not run it ahead of the app either: the tensor is freed, or about to be."""
+        seqs = [seq for seq in self.sequences.values() if seq.constants]
+        if not seqs:
+            return
+        for i in released_ids(release):
+            for seq in seqs:
+                for slot in seq.constants.get(i, ()):
+                    if slot not in seq.sticky:
+                        seq.gone.add(slot)
 
     def _take_released(self, act: Active) -> None:
         """Values of this inference the app released: free those past their last use in the
