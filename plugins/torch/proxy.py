@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._pytree import tree_map
 
+from .copying import deepcopy_proxy
+
 if TYPE_CHECKING:
     from .client import RemoteSession
 
@@ -63,6 +65,8 @@ class RemoteTensor(torch.Tensor):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
+
+    __deepcopy__ = deepcopy_proxy  # a host-side clone, not a copy of the session (copying.py)
 
     # -- module.to()/_apply and deepcopy treat us as a traceable wrapper subclass ---------------
     def __tensor_flatten__(self) -> tuple[list[str], Any]:
