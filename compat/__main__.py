@@ -234,6 +234,12 @@ def load_entries(args: argparse.Namespace) -> list[dict[str, Any]]:
     return entries
 
 
+def load_entries_all() -> list[str]:
+    """Every entry's name, in table order."""
+    return [e["name"] for e in load_entries(argparse.Namespace(
+        idioms_only=False, models_only=False, only=None))]
+
+
 def round_robin(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Run order: one entry of each library in turn, so that a run cut short has covered
     every library (the table keeps the order of models.yaml)."""
@@ -281,9 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             rows[entry["name"]] = row
             print(f"{entry['name']:40s} {row['status']:12s} {time.monotonic() - t0:6.1f} s "
                   f"{row.get('symptom', '')[:100]}", flush=True)
-            order = [e["name"] for e in load_entries(argparse.Namespace(
-                idioms_only=False, models_only=False, only=None))]
-            ordered = [rows[n] for n in order if n in rows]
+            ordered = [rows[n] for n in load_entries_all() if n in rows]
             args.results.write_text(json.dumps({"meta": meta, "rows": ordered}, indent=1,
                                                default=str))
             write_report(args.doc, meta, ordered)

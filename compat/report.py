@@ -64,7 +64,9 @@ def write_report(path: Path, meta: dict[str, Any], rows: list[dict[str, Any]]) -
         "",
         f"**{len(ok)} of {len(models)} models offload correctly** (outputs equal to local), "
         f"**{len(replay)} replay**; {sum(r['status'] == 'ok' for r in idioms)} of "
-        f"{len(idioms)} idioms pass.",
+        f"{len(idioms)} idioms pass; {len(rows)} of the corpus's entries measured in this run"
+        + (" (rows of several runs of the same code merged: `python -m compat.report`)"
+           if meta.get("merged_from") else "") + ".",
         "",
         "Columns: *equal*: outputs against local execution of the same app (bitwise, or the "
         "max abs difference); *ops/inf*: operators per inference (forwarded + replayed + run "
@@ -92,3 +94,28 @@ def write_report(path: Path, meta: dict[str, Any], rows: list[dict[str, Any]]) -
     lines += ["", "Per row, the daemon's record/replay log lines, the shim's warnings and the "
               "stderr of failures: compat/results/latest.json.", ""]
     path.write_text("\n".join(lines))
+
+
+def merge(results: Path, doc: Path, extra: list[Path]) -> None:
+    """Rows of other runs (``python -m compat --results X``) into ``results``: a row of a later
+    file replaces the same model's row; the page is rewritten from the merged rows."""
+    import json
+
+    from compat.__main__ import load_entries_all
+    base = json.loads(results.read_text())
+    rows = {r["name"]: r for r in base["rows"]}
+    for path in extra:
+        for r in json.loads(path.read_text())["rows"]:
+            rows[r["name"]] = r
+    ordered = [rows[n] for n in load_entries_all() if n in rows]
+    base["rows"] = ordered
+    base["meta"]["merged_from"] = [str(p) for p in extra]
+    results.write_text(json.dumps(base, indent=1, default=str))
+    write_report(doc, base["meta"], ordered)
+
+
+if __name__ == "__main__":
+    import sys
+
+    from compat.__main__ import DOC, RESULTS
+    merge(RESULTS, DOC, [Path(p) for p in sys.argv[1:]])
