@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo bench bench-quick proto proto-check lint clean fuzz
+.PHONY: install test demo bench bench-quick proto proto-check lint clean fuzz compat compat-venv
 
 install: $(STAMP)
 
@@ -43,6 +43,24 @@ proto: install
 FUZZ_SECONDS ?= 120
 fuzz: install
 	$(BIN)/python -m tests.fuzz.campaign --seconds $(FUZZ_SECONDS) --keep-corpus $(FUZZ_ARGS)
+
+# The model-zoo compatibility corpus (compat/, docs/compatibility.md): its own venv with torch
+# 2.14.1 + torchvision 0.29.1 (local disk, several GB, built once), timm, transformers and
+# ultralytics pinned in compat/requirements.txt; COMPAT_ARGS e.g. "--only resnet50 --timeout 300".
+CVENV  := .venv-compat
+CSTAMP := $(CVENV)/.installed
+
+compat-venv: $(CSTAMP)
+
+$(CSTAMP): compat/requirements.txt compat/constraints.txt pyproject.toml
+	$(PYTHON) -m venv $(CVENV)
+	$(CVENV)/bin/pip install -q --upgrade pip
+	$(CVENV)/bin/pip install -q -c compat/constraints.txt -r compat/requirements.txt
+	$(CVENV)/bin/pip install -q -c compat/constraints.txt -e ".[torch]"
+	touch $@
+
+compat: compat-venv
+	$(CVENV)/bin/python -m compat $(COMPAT_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

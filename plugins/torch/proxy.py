@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
+from .copying import deepcopy_proxy
 from .session_api import Session
 
 
@@ -55,6 +56,8 @@ class RemoteTensor(torch.Tensor):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
+
+    __deepcopy__ = deepcopy_proxy  # a host-side clone, not a copy of the session (copying.py)
 
     # -- module.to()/_apply and deepcopy treat us as a traceable wrapper subclass ---------------
     def __tensor_flatten__(self) -> tuple[list[str], Any]:
