@@ -1,2 +1,2 @@
 """The robot side: app sessions relayed to GPU hosts, their op logs, the sequence search, the
-recorded sequences, and energy per inference. Nothing here is imported by ``rrtod.gpu.service``."""
+recorded sequences, and energy per inference. Nothing here is imported by ``rrtod.gpu``."""
