@@ -180,7 +180,7 @@ def test_persistent_tensors_uploaded_once_across_sessions(tmp_path):
     assert second.session.counters["blob_bytes_up"] == 0
 
 
-def test_refused_op_raises_clearly_or_runs_locally(offload):
+def test_refused_op_raises_clearly_or_runs_locally(offload, capfd):
     m = mlp()
     itc = offload(deny=("aten::relu",), fallback="error")
     with pytest.raises(RemoteOpError, match="aten::relu.default is denied"):
@@ -190,10 +190,17 @@ def test_refused_op_raises_clearly_or_runs_locally(offload):
     m2, x = mlp(), torch.randn(2, 8)
     with torch.no_grad():
         ref = m2(x)
+    capfd.readouterr()
     itc = offload(deny=("aten::relu",), fallback="local")
     with torch.no_grad():
         y = m2(x)
-    assert torch.equal(y.cpu(), ref) and itc.session.counters["local_ops"] == 1
+        m2(x)
+    assert torch.equal(y.cpu(), ref) and itc.session.counters["local_ops"] == 2
+    warned = [line for line in capfd.readouterr().err.splitlines() if "runs locally" in line]
+    # one line, however often the operator runs, naming it and why
+    assert warned == ["rrto: warning: aten::relu.default runs locally (on this machine), not on "
+                      "the GPU host: the GPU host refuses it (rrto OP_NOT_ALLOWED: operator "
+                      "aten::relu.default is denied on this host)"], warned
 
 
 def test_async_error_surfaces_at_next_download(tmp_path):

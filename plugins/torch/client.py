@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import itertools
 import os
+import sys
 import threading
 import weakref
 from time import thread_time_ns
@@ -96,6 +97,7 @@ class RemoteSession:
         self._query_waiters: collections.deque[_Waiter] = collections.deque()
         self._async_errors: collections.deque[ops_pb2.Error] = collections.deque()
         self._ops: dict[int, OpInfo] = {}  # id(OpOverload) -> its info
+        self.local_warned: set[str] = set()  # operators that run locally, warned about once
         self._tls = threading.local()
         self._threads = itertools.count(0)
         self.counters: collections.Counter[str] = collections.Counter()
@@ -359,6 +361,15 @@ class RemoteSession:
             h.bound = True
             self.released.append(call.out_ids[0])
 
+    def _runs_locally(self, info: OpInfo, why: str) -> None:
+        """One warning line per operator that runs in the app instead of on the host: its
+        inputs then cross the wire each call, which the app's owner should know about."""
+        if info.name in self.local_warned:
+            return
+        self.local_warned.add(info.name)
+        print(f"rrto: warning: {info.name} runs locally (on this machine), not on the GPU "
+              f"host: {why}", file=sys.stderr, flush=True)
+
     def _forward(self, func: Any, args: tuple, kwargs: dict, info: OpInfo, template: Any) -> Any:
         call = ops_pb2.OpCall(op=info.name, grad_mode=self._grad_mode(), thread=self._thread())
         try:
@@ -366,7 +377,8 @@ class RemoteSession:
                 codec.encode_value(a, call.args.add(), self._encode_tensor)
             for k, v in kwargs.items():
                 codec.encode_value(v, call.kwargs[k], self._encode_tensor)
-        except codec.CodecError:
+        except codec.CodecError as exc:
+            self._runs_locally(info, f"an argument cannot be sent ({exc})")
             return run_local(self, func, args, kwargs, info)
         device = app_device(args, kwargs)
         want = template is None
@@ -397,6 +409,7 @@ class RemoteSession:
             if exc.code == "OP_NOT_ALLOWED" and (info.namespace != "aten"
                                                  or self.fallback == "local"):
                 info.local = True
+                self._runs_locally(info, f"the GPU host refuses it ({exc})")
                 return run_local(self, func, args, kwargs, info)
             raise
         info.probed = True
