@@ -115,7 +115,13 @@ def test_restarted_app_uploads_no_weight_bytes(daemon):
 def test_other_library_operator_forwarded_or_local(daemon):
     want = run_local("custom_op")
     rc, out, err = App("custom_op", app_env(daemon)).finish()
-    assert rc == 0 and err == "", err
+    # the allowed library operator is forwarded silently; the other one says once that it runs
+    # locally, and why
+    assert rc == 0 and err.splitlines() == [
+        "rrto: warning: rrtotest::shift.default runs locally (on this machine), not on the GPU "
+        "host: the GPU host refuses it (rrto OP_NOT_ALLOWED: operator rrtotest::shift.default "
+        "is not on this host's allowlist (no inference model needs it; executor.allow_extra "
+        "adds it))"], err
     assert out == want
 
 
@@ -125,6 +131,10 @@ def test_refused_operator_raises_or_runs_locally(rrtod_daemon):
     assert rc != 0 and "OP_NOT_ALLOWED" in err and "aten::tanh.default is denied" in err
     rc, out, err = App("mlp_policy", app_env(d)).finish()  # fallback: local (default)
     assert rc == 0 and out == run_local("mlp_policy")
+    assert [line for line in err.splitlines() if "runs locally" in line] == [
+        "rrto: warning: aten::tanh.default runs locally (on this machine), not on the GPU host: "
+        "the GPU host refuses it (rrto OP_NOT_ALLOWED: operator aten::tanh.default is denied "
+        "on this host)"], err
 
 
 def test_quota_exceeded_is_a_clear_error_and_session_freed(rrtod_daemon):
