@@ -30,6 +30,7 @@ import numpy as np
 import yaml
 
 from compat.report import write_report
+from testkit.apps import shim_stats
 from testkit.daemons import Launcher
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,9 +101,9 @@ def run_app(cmd: list[str], env: dict[str, str], timeout: float,
     result["rc"] = run.proc.returncode
     result["timed_out"] = time.monotonic() >= run.deadline
     result["stderr_tail"] = err[-4000:]
-    for line in err.splitlines():
-        if line.startswith("rrto-stats "):
-            result["stats"] = json.loads(line.removeprefix("rrto-stats "))
+    stats = shim_stats(err)
+    if stats is not None:
+        result["stats"] = stats
     result["warnings"] = sorted({ln.strip() for ln in err.splitlines()
                                  if ln.startswith("rrto: ") or "rrto" in ln and "warning" in ln})
     return result
