@@ -112,6 +112,10 @@ class ReplayExtension(Protocol):
         """Write a snapshot back in place, so views of those tensors see the old values."""
         ...
 
+    def missing(self, ids: list[int]) -> list[int]:
+        """Those of ``ids`` that are not live in this session (released, or never made)."""
+        ...
+
 
 @runtime_checkable
 class ReplyMemory(Protocol):

@@ -74,6 +74,9 @@ class NumberExecutor:
     def restore(self, token):
         self.store.update(token)
 
+    def missing(self, ids):
+        return [i for i in ids if i not in self.store]
+
 
 def call(op: str, out: int, *refs: ops_pb2.TensorRef) -> ops_pb2.OpCall:
     c = ops_pb2.OpCall(op=op, out_ids=[out])
@@ -243,6 +246,18 @@ def test_call_reading_a_released_constant_waits_for_the_apps_abort():
               ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=1, tensor=ref(555))),
               ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(2.0))))
     assert value(out[0]) == (2001, 9.0)  # (2 + 1)^2
+
+
+def test_a_definition_whose_constant_was_released_already_is_refused():
+    """The search ran while the app let go of the recorded constant (id 100): the definition
+    arrives after the release, so no replay could match it and running ahead would read a
+    freed tensor. The host refuses it (the robot records again) instead of failing later."""
+    ex = NumberExecutor()
+    r = HostReplayer(ex)
+    r.forwarded(ops_pb2.SessionUp(release=ops_pb2.Release(ids=[100])), [].append)
+    (ack,) = run(r, ops_pb2.SessionUp(define=sequence()))
+    assert not ack.defined.accepted and "released" in ack.defined.reason
+    assert 7 not in r.sequences
 
 
 def test_in_place_writes_need_an_executor_that_snapshots():

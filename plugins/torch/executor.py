@@ -340,6 +340,10 @@ class TorchExecutor:
                 ids.append(v.tensor.id)
         return ids
 
+    def missing(self, ids: list[int]) -> list[int]:
+        """Ids no live tensor has: a sequence reading one as its constant can never match."""
+        return [i for i in ids if self.store.get(i) is None]
+
     def restore(self, token: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Write the copies back in place, so views of those tensors see the old values too."""
         with torch.inference_mode():

@@ -267,6 +267,12 @@ class HostReplayer:
             if (any(compiled.writes) or any(compiled.mutates)) and replay is None:
                 raise ValueError(f"sequence {d.id} writes values in place and this executor "
                                  "cannot snapshot them (it declares no replay extension)")
+            # A constant the app released before the definition got here (the search ran
+            # meanwhile): no inference can match it, and running ahead would read freed memory.
+            dead = replay.missing(sorted(compiled.constants)) if replay is not None else []
+            if dead:
+                raise ValueError(f"sequence {d.id} reads tensors the app has already released "
+                                 f"as constants: {dead[:5]}")
         except (ValueError, KeyError) as exc:
             emit(ops_pb2.SessionDown(defined=ops_pb2.SequenceAck(id=d.id, reason=str(exc))))
             return

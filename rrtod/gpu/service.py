@@ -192,6 +192,7 @@ class _PacedReplay:
         self.written_ids = ext.written_ids
         self.snapshot = ext.snapshot
         self.restore = ext.restore
+        self.missing = ext.missing
         self._run_prepared = ext.run_prepared
         self._run = run
 
