@@ -132,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         else model
     if hasattr(net, "eval"):
         net.eval()
+    if entry.get("script"):  # TorchScript: the interpreter calls the operators, not Python
+        net = torch.jit.script(net)
     grad = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}[
         entry.get("grad", "inference_mode")]
     arrays: dict[str, np.ndarray] = {}
