@@ -60,7 +60,7 @@ GRAD_MODES: dict[str, Callable[[], Any]] = {
     "inference": torch.inference_mode,
 }
 NAMESPACES = ("aten", "torchvision")  # libraries whose operators the built-in list may hold
-SOURCES = ("suite", "bench", "torchvision", "timm", "transformers")
+SOURCES = ("suite", "bench", "torchvision", "timm", "transformers", "compat")
 
 # Reason classes, first match wins, on the base operator name (in-place "_" stripped). Every
 # observed operator must match one: the merge refuses to guess.
@@ -427,9 +427,43 @@ def transformers_cases() -> list[Case]:
     return cases
 
 
+class _CompatCall(torch.nn.Module):
+    """A compatibility-corpus model called as the corpus calls it (``forward``, ``generate``,
+    ``predict``): ``compat.app.infer`` on the model ``compat.app.build`` builds."""
+
+    def __init__(self, entry: dict[str, Any]):
+        super().__init__()
+        from compat.app import build
+
+        self.entry = entry
+        self.model = build(entry)
+
+    def eval(self) -> _CompatCall:
+        if hasattr(self.model, "eval"):
+            self.model.eval()
+        return self
+
+    def forward(self, x: Any) -> Any:
+        from compat.app import infer
+
+        return infer(self.model, self.entry, x)
+
+
+def compat_cases() -> list[Case]:
+    """Every model of the compatibility corpus (compat/models.yaml, issue 12), built, fed and
+    called by the corpus's own code; a library this interpreter lacks fails per model."""
+    import yaml
+
+    from compat.app import make_input
+
+    entries = yaml.safe_load((REPO / "compat" / "models.yaml").read_text())
+    return [(e["name"], (lambda e=e: _CompatCall(e)),
+             (lambda e=e: (make_input(e["input"], 0),))) for e in entries]
+
+
 FAMILIES: dict[str, Callable[[], list[Case]]] = {
     "bench": bench_cases, "torchvision": torchvision_cases, "timm": timm_cases,
-    "transformers": transformers_cases,
+    "transformers": transformers_cases, "compat": compat_cases,
 }
 
 
