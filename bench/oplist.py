@@ -3,6 +3,7 @@
     python -m bench.oplist                 # observe what this interpreter can, then merge
     python -m bench.oplist --merge-only    # rewrite the list from the committed observations
     /work/venv-tv/bin/python -m bench.oplist --sources torchvision,timm,transformers
+    /work/venv-tv/bin/python -m bench.oplist --sources compat --only '^(timm|hf)-'  # a subset
 
 Observation: each model runs (random weights, built from its config: nothing is downloaded) under
 the three grad modes apps use (default grad, ``no_grad``, ``inference_mode``: composite operators
@@ -19,7 +20,8 @@ Two observers:
   segmentation, detection, optical flow and video; timm; transformers). A family whose library is
   missing is skipped with a note: the observations of each interpreter are kept apart
   (bench/results/oplist/<source>-torch<version>.json) and the merge reads them all, so the list is
-  the union over both tested torch versions.
+  the union over both tested torch versions. ``compat`` observes the compatibility corpus
+  (compat/models.yaml) with the corpus's own builder, input and call (``generate`` included).
 
 Merge: every observed overload gets a reason class from ``CLASSES`` (a name no rule classifies
 stops the merge: a human decides), internal or unsafe names (rrtod/opnames.py) are left out and
@@ -60,7 +62,7 @@ GRAD_MODES: dict[str, Callable[[], Any]] = {
     "inference": torch.inference_mode,
 }
 NAMESPACES = ("aten", "torchvision")  # libraries whose operators the built-in list may hold
-SOURCES = ("suite", "bench", "torchvision", "timm", "transformers")
+SOURCES = ("suite", "bench", "torchvision", "timm", "transformers", "compat")
 
 # Reason classes, first match wins, on the base operator name (in-place "_" stripped). Every
 # observed operator must match one: the merge refuses to guess.
@@ -427,9 +429,46 @@ def transformers_cases() -> list[Case]:
     return cases
 
 
+class _CompatCall(torch.nn.Module):
+    """A compatibility-corpus model called as the corpus calls it (``forward``, ``generate``,
+    ``predict``): ``compat.app.infer`` on the model ``compat.app.build`` builds."""
+
+    def __init__(self, entry: dict[str, Any]):
+        super().__init__()
+        from compat.app import build
+
+        self.entry = entry
+        self.model = build(entry)
+
+    def eval(self) -> _CompatCall:
+        if hasattr(self.model, "eval"):
+            self.model.eval()
+        return self
+
+    def forward(self, x: Any) -> Any:
+        from compat.app import infer
+
+        return infer(self.model, self.entry, x)
+
+
+def compat_cases() -> list[Case]:
+    """Every model of the compatibility corpus (compat/models.yaml, issue 12), built, fed and
+    called by the corpus's own code; a library this interpreter lacks fails per model."""
+    import timm  # noqa: F401  the corpus's libraries (ultralytics is optional: its
+    import torchvision  # noqa: F401  models fail one by one, with a note, where it is missing)
+    import transformers  # noqa: F401
+    import yaml
+
+    from compat.app import make_input
+
+    entries = yaml.safe_load((REPO / "compat" / "models.yaml").read_text())
+    return [(e["name"], (lambda e=e: _CompatCall(e)),
+             (lambda e=e: (make_input(e["input"], 0),))) for e in entries]
+
+
 FAMILIES: dict[str, Callable[[], list[Case]]] = {
     "bench": bench_cases, "torchvision": torchvision_cases, "timm": timm_cases,
-    "transformers": transformers_cases,
+    "transformers": transformers_cases, "compat": compat_cases,
 }
 
 
@@ -438,8 +477,9 @@ def _note(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def observe(source: str, shim_ok: bool) -> dict[str, list[str]] | None:
-    """op name -> ["model@grad-mode", ...] for one source; None when it cannot run here."""
+def observe(source: str, shim_ok: bool, only: str | None = None) -> dict[str, list[str]] | None:
+    """op name -> ["model@grad-mode", ...] for one source; None when it cannot run here.
+    ``only``: a regular expression; models whose name it does not match are skipped."""
     seen: dict[str, set[str]] = {}
 
     def add(ops: set[str], where: str) -> None:
@@ -466,6 +506,8 @@ def observe(source: str, shim_ok: bool) -> dict[str, list[str]] | None:
         _note(f"{source}: skipped ({exc})")
         return None
     for name, build, make_input in cases:
+        if only is not None and not re.search(only, name):
+            continue
         for mode in GRAD_MODES:
             t0 = time.monotonic()
             try:
@@ -542,6 +584,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sources", default=",".join(SOURCES),
                         help=f"comma-separated, of {', '.join(SOURCES)}")
     parser.add_argument("--merge-only", action="store_true")
+    parser.add_argument("--only", metavar="REGEX",
+                        help="observe only the models whose name matches; their operators are "
+                             "added to the source's earlier observations instead of replacing them")
     args = parser.parse_args(argv)
     if not args.merge_only:
         torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -549,10 +594,14 @@ def main(argv: list[str] | None = None) -> int:
         OBS_DIR.mkdir(parents=True, exist_ok=True)
         version = torch.__version__.split("+")[0]
         for source in args.sources.split(","):
-            seen = observe(source.strip(), shim_ok)
+            seen = observe(source.strip(), shim_ok, args.only)
             if seen is None:
                 continue
             path = OBS_DIR / f"{source}-torch{version}.json"
+            if args.only and path.exists():  # a partial run adds to what was seen before
+                for name, where in json.loads(path.read_text())["ops"].items():
+                    seen[name] = sorted(set(seen.get(name, [])) | set(where))
+                seen = dict(sorted(seen.items()))
             path.write_text(json.dumps({"source": source, "torch": version, "device": "cpu",
                                         "ops": seen}, indent=0, sort_keys=True) + "\n")
             _note(f"{source}: {len(seen)} operators -> {path.relative_to(REPO)}")

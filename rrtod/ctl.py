@@ -64,6 +64,18 @@ def _table(rows: list[list[str]]) -> str:
                      for r in rows)
 
 
+def _frameworks(app: dict[str, str] | None, host: dict[str, str] | None) -> str:
+    """A session's framework versions, app then host: ``torch 2.13.0`` when both ends run
+    the same, ``torch 2.13.0 / 2.14.1`` when they differ (operators whose schemas differ then
+    run in the app)."""
+    app, host = app or {}, host or {}
+    out = []
+    for name in sorted(k for k in app.keys() | host.keys() if k != "rrtod"):
+        a, h = app.get(name, "?"), host.get(name, "?")
+        out.append(f"{name} {a}" if a == h else f"{name} {a} / {h}")
+    return ", ".join(out) or "-"
+
+
 def render_status(s: dict[str, Any]) -> str:
     lines = [
         f"rrtod {s['version']} on {s['node']}  roles: {', '.join(s['roles'])}  "
@@ -83,11 +95,13 @@ def render_status(s: dict[str, Any]) -> str:
         lines.append(_table(rows))
     if s.get("sessions"):
         lines += ["", "APP SESSIONS"]
-        rows = [["ID", "APP", "PID", "HOST", "STATE", "OPS", "INFERENCES", "UP", "DOWN"]]
+        rows = [["ID", "APP", "PID", "HOST", "STATE", "OPS", "INFERENCES", "UP", "DOWN",
+                 "APP / HOST"]]
         for x in s["sessions"]:
             rows.append([x["id"], x["app"], str(x["pid"]), x["host"], x["state"],
                          str(x["ops_forwarded"]), str(x["inferences"]),
-                         f"{x['bytes_up'] / 1e6:.2f} MB", f"{x['bytes_down'] / 1e6:.2f} MB"])
+                         f"{x['bytes_up'] / 1e6:.2f} MB", f"{x['bytes_down'] / 1e6:.2f} MB",
+                         _frameworks(x.get("versions"), x.get("host_versions"))])
         lines.append(_table(rows))
     gpu = s.get("gpu")
     if gpu:
@@ -95,10 +109,11 @@ def render_status(s: dict[str, Any]) -> str:
         lines += ["", f"GPU ROLE  peer unix:{gpu.get('peer_socket')}  {tcp}  "
                       f"device {gpu['device']}"]
         if gpu["sessions"]:
-            rows = [["ID", "APP", "PID", "IDENTITY", "ROBOT", "OPS", "LIVE"]]
+            rows = [["ID", "APP", "PID", "IDENTITY", "ROBOT", "OPS", "LIVE", "APP / HOST"]]
             for x in gpu["sessions"]:
                 rows.append([x["id"], x["app"], str(x["pid"]), x.get("identity", "-"), x["robot"],
-                             str(x.get("ops", "-")), f"{x.get('bytes_live', 0) / 1e6:.2f} MB"])
+                             str(x.get("ops", "-")), f"{x.get('bytes_live', 0) / 1e6:.2f} MB",
+                             _frameworks(x.get("app_versions"), x.get("host_versions"))])
             lines.append(_table(rows))
     power = s.get("power")
     if power:

@@ -270,6 +270,10 @@ class InterceptionBackend(PluginRecord[InterceptorFactory]):
     executor: ExecutorFactory | None = None
     # The operators its executor admits by default (``rrtoctl ops``); None: it does not say.
     operators: Callable[[], list[OperatorInfo]] | None = None
+    # The versions of what it intercepts, as this process runs them (e.g. {"torch":
+    # "2.13.0+cpu"}): the shim sends the app's in its hello, the host reports its own, so a
+    # session whose two ends run different versions is visible (``rrtoctl status``).
+    versions: Callable[[], dict[str, str]] | None = None
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ Boundaries (the messages are in proto/rrto/v1/*.proto):
 =============================  ================================================================
 app (shim) -> robot daemon     unix socket (``SOCK_STREAM``), frames: ``HEADER`` (4-byte
                                little-endian length) + one serialized ``local.LocalRequest``:
-                               ``app_hello`` first, then ``session`` (an ``ops.SessionUp``:
+                               ``app_hello`` first (with the app's versions: rrtod, torch),
+                               then ``session`` (an ``ops.SessionUp``:
                                call, fetch, release, blob, query, close, replay start/arg/abort)
                                and ``mark`` (``InferenceMark``); ``rrtoctl`` sends ``ctl``
                                instead. The shim wraps a SessionUp's bytes in the ``session``
@@ -17,11 +18,13 @@ robot daemon -> app (shim)     same socket, ``HEADER`` + ``local.LocalReply``: `
                                ``sequence``: a verified sequence to replay) and ``error``
                                (``HOST_LOST`` ends the session); ``ctl`` to ``rrtoctl``.
 robot daemon -> GPU daemon     gRPC ``peer.Peer.Session`` request stream of ``ops.SessionUp``:
-                               ``open`` first, then the app's frames (what the app wrote in one
+                               ``open`` first (the app's versions from its hello), then the
+                               app's frames (what the app wrote in one
                                go as one ``batch``) and ``define`` (a sequence found in the op
                                log). Unary: ``Hello``, ``Ping``; and the standard gRPC health service.
                                gRPC frames the messages (HTTP/2; limits in grpc_options).
-GPU daemon -> robot daemon     response stream of ``ops.SessionDown``: ``ready``, then replies
+GPU daemon -> robot daemon     response stream of ``ops.SessionDown``: ``ready`` (with the
+                               host's versions), then replies
                                (those ready together as one ``batch``, which the robot daemon
                                unpacks for the app) and ``defined`` (``SequenceAck``).
 =============================  ================================================================

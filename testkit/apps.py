@@ -24,8 +24,8 @@ TOLERANCE = {"transformer": 1e-5}
 # the echo plugin on its path, and offloading off inside the daemon itself.
 DAEMON_ENV = {"PYTHONPATH": os.pathsep.join([str(APPS / "hostlib"), str(ECHO_PLUGIN)]),
               "RRTO_OFFLOAD": "0"}
-# Host config allowing the custom-op app's operator (tests/apps/custom_op.py).
-HOST = {"executor": {"allow_extra": ["rrtotest::scale"]}}
+# Host config allowing the custom-op apps' operators (tests/apps/custom_op.py, skewed_op.py).
+HOST = {"executor": {"allow_extra": ["rrtotest::scale", "rrtotest::blend"]}}
 
 # With RRTO_STATS=1 the shim prints its counters as one such line on stderr at exit.
 STATS_PREFIX = "rrto-stats "

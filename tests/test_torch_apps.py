@@ -14,7 +14,10 @@ import sys
 from typing import Any
 
 import pytest
+import torch
 
+import rrtod
+from rrtod.ctl import render_status
 from testkit.apps import APPS, DAEMON_ENV, HOST, MODELS, assert_same_as_local
 from testkit.apps import app_env as clean_env
 from testkit.daemons import BIN, TEST_DEFAULTS, Launcher, free_port
@@ -123,6 +126,39 @@ def test_other_library_operator_forwarded_or_local(daemon):
         "is not on this host's allowlist (no inference model needs it; executor.allow_extra "
         "adds it))"], err
     assert out == want
+
+
+def test_operator_with_another_schema_on_the_host_runs_locally(daemon):
+    # rrtotest::blend has version 2's schema in the app, version 1's on the host: the host must
+    # refuse it (running its own meaning would be a wrong result), naming both schemas and
+    # versions; the app runs it here with one warning, or raises under fallback: error.
+    want = run_local("skewed_op")
+    rc, out, err = App("skewed_op", app_env(daemon)).finish()
+    assert rc == 0 and out == want, err
+    (line,) = err.splitlines()
+    torch_version = torch.__version__
+    assert line.startswith(
+        "rrto: warning: rrtotest::blend.default runs locally (on this machine), not on the GPU "
+        "host: the GPU host refuses it (rrto SCHEMA_MISMATCH: operator rrtotest::blend.default "
+        f"has a different schema in the app (torch {torch_version}, schema hash "), line
+    assert line.endswith(
+        f"than on this host (torch {torch_version}: rrtotest::blend(Tensor x, float w) -> "
+        "Tensor)); here: rrtotest::blend(Tensor x, float w, float bias=0.) -> Tensor"), line
+    rc, out, err = App("skewed_op", app_env(daemon, RRTO_FALLBACK="error")).finish()
+    assert rc != 0 and "SCHEMA_MISMATCH" in err and "rrtotest::blend.default" in err, err
+
+
+def test_status_names_each_sessions_versions_on_both_ends(daemon):
+    app = App("mlp_policy", app_env(daemon), "--hold")
+    app.until_hold()
+    session = host_session(daemon, app.proc.pid)
+    status = daemon.ctl("status")
+    assert app.finish()[0] == 0
+    mine = {"torch": torch.__version__, "rrtod": rrtod.__version__}  # the app runs this venv
+    assert session["app_versions"] == mine and session["host_versions"] == mine
+    (robot_side,) = [s for s in status["sessions"] if s["pid"] == app.proc.pid]
+    assert robot_side["versions"] == mine and robot_side["host_versions"]["torch"] == mine["torch"]
+    assert f"torch {torch.__version__}" in render_status(status)
 
 
 def test_refused_operator_raises_or_runs_locally(rrtod_daemon):

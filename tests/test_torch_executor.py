@@ -267,3 +267,36 @@ def test_prepared_call_computes_what_forwarding_computes(tmp_path):
     assert ex.stats()["ops"] == 5
     with pytest.raises(Exception, match="not allowed|from_file"):
         ex.prepare(ops_pb2.OpCall(op="aten::from_file.default"))
+
+
+def test_schema_hash_is_compared_once_and_a_mismatch_refuses_the_operator(tmp_path):
+    from rrto_plugins.torch.schemas import schema_hash
+
+    ex = make(tmp_path)
+    ex.open(ops_pb2.SessionOpen(app="t", executor="torch", versions={"torch": "0.0-other"}))
+    relu, neg = torch.ops.aten.relu.default, torch.ops.aten.neg.default
+    x = torch.arange(4.0)
+    # another torch: a sequence naming an operator not compared in this session is refused
+    with pytest.raises(ValueError, match="aten::relu.default has not been compared"):
+        ex.written_ids(ops_pb2.OpCall(op="aten::relu.default", args=[ref(1)]))
+    assert call(ex, "aten::relu.default", [up(x)], [1], seq=1, sync=True,
+                schema=schema_hash(relu))[0].WhichOneof("msg") == "result"
+    assert ex.written_ids(ops_pb2.OpCall(op="aten::relu.default", args=[ref(1)])) == []
+    # a different schema: refused with both versions and the host's schema, then every call
+    (down,) = call(ex, "aten::neg.default", [ref(1)], [2], seq=2, sync=True,
+                   schema=schema_hash(relu))
+    assert down.error.code == "SCHEMA_MISMATCH" and down.error.seq == 2
+    assert ("operator aten::neg.default has a different schema in the app (torch 0.0-other"
+            in down.error.message)
+    assert f"this host (torch {torch.__version__}: {neg._schema})" in down.error.message
+    (down,) = call(ex, "aten::neg.default", [ref(1)], [3], seq=3, sync=True)
+    assert down.error.code == "SCHEMA_MISMATCH"
+    with pytest.raises(ValueError, match="different schema"):
+        ex.written_ids(ops_pb2.OpCall(op="aten::neg.default", args=[ref(1)]))
+    assert ex.stats()["schema_mismatches"] == 1
+
+
+def test_same_torch_on_both_ends_accepts_sequences_without_comparison(tmp_path):
+    ex = make(tmp_path)
+    ex.open(ops_pb2.SessionOpen(app="t", executor="torch", versions={"torch": torch.__version__}))
+    assert ex.written_ids(ops_pb2.OpCall(op="aten::relu_.default", args=[ref(1)])) == [1]

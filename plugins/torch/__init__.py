@@ -48,6 +48,14 @@ def builtin_operators() -> list[BuiltinEntry]:
     return list(builtin_entries().values())
 
 
+def framework_versions() -> dict[str, str]:
+    """``InterceptionBackend.versions``: the torch this process runs (in the app, the app's;
+    on the host, the executor's)."""
+    import torch
+
+    return {"torch": torch.__version__}
+
+
 @hookimpl
 def rrto_interception_backends() -> list[InterceptionBackend]:
     return [
@@ -56,6 +64,7 @@ def rrto_interception_backends() -> list[InterceptionBackend]:
             factory=make_interceptor,
             executor=make_executor,
             operators=builtin_operators,
+            versions=framework_versions,
             description="PyTorch: forwards every aten operator of an app's models to a GPU host",
         )
     ]

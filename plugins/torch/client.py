@@ -37,6 +37,10 @@ from .fallback import run_local, run_lost, writes_local
 from .metadata import MetaCache, OpInfo, app_device, arg_at, materialize, restride
 from .proxy import Handle, RemoteTensor, new_proxy
 from .replay import MISS, ReplayClient
+from .schemas import schema_hash, schema_of
+
+# Host refusals after which an operator runs in the app instead (``fallback: local``).
+_REFUSED = ("OP_NOT_ALLOWED", "SCHEMA_MISMATCH")
 
 
 class _Dead:
@@ -401,15 +405,22 @@ class RemoteSession:
                     call.out_ids.append(h.id)
                 call.out_meta.add(dtype=codec.DTYPE_NAMES[o.dtype], shape=o.shape,
                                   stride=o.stride, storage_offset=o.offset, device=str(device))
+        if probe:  # the host compares the schema once (schemas.py); the call waits for it anyway
+            call.schema = schema_hash(func)
         wait = want or probe or self.mode == "sync"
         call.sync = wait
         try:
             reply = self.submit(ops_pb2.SessionUp(call=call), numbered=True, wait=wait)
         except RemoteOpError as exc:
-            if exc.code == "OP_NOT_ALLOWED" and (info.namespace != "aten"
-                                                 or self.fallback == "local"):
+            # Another library's operator the host lacks runs here even under fallback: error
+            # (the app could not run otherwise); a schema that differs only under local.
+            if exc.code in _REFUSED and (self.fallback == "local" or (
+                    exc.code == "OP_NOT_ALLOWED" and info.namespace != "aten")):
                 info.local = True
-                self._runs_locally(info, f"the GPU host refuses it ({exc})")
+                why = f"the GPU host refuses it ({exc})"
+                if exc.code == "SCHEMA_MISMATCH":
+                    why += f"; here: {schema_of(func)}"
+                self._runs_locally(info, why)
                 return run_local(self, func, args, kwargs, info)
             raise
         info.probed = True

@@ -31,6 +31,7 @@ from rrtod.wire import BIND_OP, HOST_ID_BASE, hash_of, released_ids
 from . import codec, sizing
 from .allowlist import Allowlist, OpNotAllowed
 from .bounds import BadView, check_view
+from .schemas import SchemaCheck, SchemaMismatch
 from .store import QuotaExceeded, TensorStore
 
 
@@ -235,6 +236,8 @@ class TorchExecutor:
         self.blobs = ctx.blobs
         self.identity = ctx.identity  # whose view of the weight cache this session has
         self.session = ""
+        self.versions = {"torch": torch.__version__}  # what this host runs (SessionReady)
+        self.schemas = SchemaCheck({}, self.versions)  # the app's versions come with open
         self.poisoned: dict[int, str] = {}  # id -> why its value does not exist
         self._host_ids = itertools.count(HOST_ID_BASE)
         self.counters = {
@@ -261,7 +264,9 @@ class TorchExecutor:
         if request.memory_quota > 0:  # an app may ask for less than the host allows, not more
             self.store.quota = min(self.store.quota, request.memory_quota)
         self.session = uuid.uuid4().hex[:12]
-        return ops_pb2.SessionReady(session=self.session, device=str(self.device))
+        self.schemas = SchemaCheck(dict(request.versions), self.versions)
+        return ops_pb2.SessionReady(session=self.session, device=str(self.device),
+                                    versions=self.versions)
 
     def handle(self, frame: ops_pb2.SessionUp) -> Iterator[ops_pb2.SessionDown]:
         kind = frame.WhichOneof("msg")
@@ -296,6 +301,7 @@ class TorchExecutor:
             "tensors": len(self.store),
             "memory_quota": self.store.quota,
             "bytes_queued": self.store.queued,
+            "schema_mismatches": len(self.schemas.refused),
         }
 
     # -- ReplyMemory: replies queued for the client (rrtod/gpu/service.py Outbox) ---------------
@@ -321,7 +327,9 @@ class TorchExecutor:
     def written_ids(self, call: ops_pb2.OpCall) -> list[int]:
         """Ids of the tensor arguments ``call`` writes in place, from its operator's schema
         (``Tensor(a!)``): running statistics of a batch norm in training mode are written but
-        not returned, so its output ids do not show them."""
+        not returned, so its output ids do not show them. Raises ValueError (the sequence is
+        refused) for an operator whose schema this session has not compared (``schemas``)."""
+        self.schemas.require(call.op)
         try:
             op = self.allow.resolve(call.op)
         except OpNotAllowed:
@@ -416,6 +424,8 @@ class TorchExecutor:
 
         def decode() -> tuple[Any, list[Any], dict[str, Any]]:
             op = self.allow.resolve(call.op)
+            if call.schema or call.op in self.schemas.refused:
+                self.schemas.check(call.op, op, call.schema)
             args = [codec.decode_value(v, lambda r: self._tensor_from_ref(r, what),
                                        self._map_device) for v in call.args]
             kwargs = {k: codec.decode_value(v, lambda r: self._tensor_from_ref(r, what),
@@ -492,6 +502,8 @@ class TorchExecutor:
             return self._fail(ids + self._bad_views(exc.tensor), seq, "BAD_VIEW", str(exc))
         except OpNotAllowed as exc:
             return self._fail(ids, seq, "OP_NOT_ALLOWED", str(exc))
+        except SchemaMismatch as exc:
+            return self._fail(ids, seq, "SCHEMA_MISMATCH", str(exc))
         except QuotaExceeded as exc:
             return self._fail(ids, seq, "QUOTA_EXCEEDED", str(exc))
         except CallFailed as exc:

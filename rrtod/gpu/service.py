@@ -216,6 +216,10 @@ class HostSession:
         self.app = request.app
         self.pid = request.pid
         self.robot = request.robot  # what the robot calls itself: informational only
+        # What each end runs (the app's as its shim says; the host's from its executor's
+        # SessionReady, set once open): a torch version skew is visible in ``rrtoctl status``.
+        self.app_versions = dict(request.versions)
+        self.host_versions: dict[str, str] = {"rrtod": __version__}
         # Who it is: from the transport (certificate); no grant: a local caller (tests).
         self.identity = grant.identity if grant is not None else LOCAL
         self.grant = grant
@@ -303,6 +307,7 @@ class HostSession:
             stats = {"error": repr(exc)}
         return {"id": self.id, "app": self.app, "pid": self.pid, "robot": self.robot,
                 "identity": self.identity, "peer": self.peer, "opened": self.opened,
+                "app_versions": self.app_versions, "host_versions": self.host_versions,
                 "frames": self.frames, "sequences": len(self.replayer.sequences),
                 "replays": self.replayer.replays, "aborts": self.replayer.aborts, **stats}
 
@@ -466,7 +471,8 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
         self.sessions[sid] = session
         bound = log.bind(session=sid, identity=grant.identity, app=first.open.app,
                          pid=first.open.pid, robot=first.open.robot)
-        bound.info("session opened", peer=session.peer, memory_quota=grant.memory_quota)
+        bound.info("session opened", peer=session.peer, memory_quota=grant.memory_quota,
+                   app_versions=session.app_versions)
         loop = asyncio.get_running_loop()
         handler = asyncio.current_task()
 
@@ -508,6 +514,12 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
             ready = await session.submit(executor.open, first.open)
             if not ready.session:
                 ready.session = sid
+            session.host_versions.update(ready.versions)
+            skew = {k: (v, session.host_versions[k]) for k, v in session.app_versions.items()
+                    if session.host_versions.get(k, v) != v}
+            if skew:  # operators whose schemas differ are refused one by one (SCHEMA_MISMATCH)
+                bound.warning("app and host run different versions",
+                              **{k: f"app {a}, host {h}" for k, (a, h) in skew.items()})
             yield ops_pb2.SessionDown(ready=ready)
             reader = loop.create_task(read_ahead())
             done = False

@@ -46,6 +46,8 @@ class AppSession:
         self.app = hello.app
         self.pid, self.uid, self.gid = cred
         self.argv = list(hello.argv)
+        self.versions = dict(hello.versions)  # what the app runs, as its shim says
+        self.host_versions: dict[str, str] = {}  # what the host's executor runs (its ready)
         self.host = host
         self.host_session: str | None = None
         self.opened = time.time()
@@ -64,6 +66,7 @@ class AppSession:
             "frames_down": self.frames_down, "bytes_up": self.bytes_up,
             "bytes_down": self.bytes_down, "inferences": self.inferences,
             "record": self.recorder.describe() if self.recorder else None,
+            "versions": self.versions, "host_versions": self.host_versions,
         }
 
 
@@ -127,6 +130,7 @@ class AppRelay:
         if first is grpc.aio.EOF or first.WhichOneof("msg") != "ready":
             raise grpc.aio.AioRpcError(grpc.StatusCode.UNKNOWN, None, None, "no ready frame")
         session.host_session = first.ready.session
+        session.host_versions = dict(first.ready.versions)
         session.state = "active"
         self.writer.write(encode(local_pb2.LocalReply(welcome=local_pb2.AppWelcome(
             session=session.id, host=session.host.name, device=first.ready.device))))

@@ -104,7 +104,8 @@ class RobotRole:
         try:
             await relay.serve(ops_pb2.SessionOpen(
                 app=hello.app, pid=cred[0], uid=cred[1], robot=self.config.node,
-                executor=hello.executor or self.config.intercept.backend))
+                executor=hello.executor or self.config.intercept.backend,
+                versions=hello.versions))
         finally:
             link.sessions -= 1
             self.relays.pop(sid, None)

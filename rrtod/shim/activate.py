@@ -83,6 +83,16 @@ def _backend(name: str) -> Any:
     raise LookupError(f"no interception backend named {name!r} is installed")
 
 
+def app_versions(record: Any) -> dict[str, str]:
+    """What the app runs, for its hello: this rrtod and the backend's framework."""
+    from rrtod import __version__
+
+    versions = {"rrtod": __version__}
+    if getattr(record, "versions", None) is not None:
+        versions.update(record.versions())
+    return versions
+
+
 _state: dict[str, Any] = {}
 
 
@@ -102,7 +112,7 @@ def activate() -> Any:
 
         app = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
         channel = SocketChannel(s.socket, app=app, pid=os.getpid(), argv=list(sys.argv),
-                                executor=s.backend)
+                                executor=s.backend, versions=app_versions(record))
     except (OSError, LookupError) as exc:
         reason = f"{exc}" if not isinstance(exc, FileNotFoundError) else \
             f"no rrtod socket at {s.socket}"

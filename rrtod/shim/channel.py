@@ -75,11 +75,12 @@ class SocketChannel:
     _marks: list[bytes] | tuple[()] = ()  # queued inference marks (a list once connected)
 
     def __init__(self, path: str, app: str, pid: int, argv: list[str], executor: str = "torch",
-                 timeout: float = 10.0):
+                 timeout: float = 10.0, versions: dict[str, str] | None = None):
         self.sock = FramedSocket(path, timeout=timeout)
         try:
             self.sock.send(local_pb2.LocalRequest(app_hello=local_pb2.AppHello(
-                app=app[:HELLO_TEXT], pid=pid, argv=hello_argv(argv), executor=executor)))
+                app=app[:HELLO_TEXT], pid=pid, argv=hello_argv(argv), executor=executor,
+                versions={k[:64]: v[:256] for k, v in (versions or {}).items()})))
             reply = self.sock.recv(local_pb2.LocalReply)
         except BaseException:
             self.sock.close()
@@ -171,9 +172,10 @@ class SocketChannel:
 class LoopbackChannel:
     """Feeds frames straight into an executor in this process (unit tests, benchmarks)."""
 
-    def __init__(self, executor, app: str = "loopback") -> None:
+    def __init__(self, executor, app: str = "loopback",
+                 versions: dict[str, str] | None = None) -> None:
         self.executor = executor
-        ready = executor.open(ops_pb2.SessionOpen(app=app, executor="torch"))
+        ready = executor.open(ops_pb2.SessionOpen(app=app, executor="torch", versions=versions))
         self.session, self.device, self.host = ready.session, ready.device, "loopback"
         self.marks: list[tuple[int, int, int]] = []
         self._lock = threading.Lock()

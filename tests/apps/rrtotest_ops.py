@@ -23,3 +23,21 @@ def shift(x: torch.Tensor, by: float) -> torch.Tensor:
 @shift.register_fake
 def _(x: torch.Tensor, by: float) -> torch.Tensor:
     return torch.empty_like(x)
+
+
+def register_blend(version: int) -> None:
+    """``rrtotest::blend`` as two releases of this library declare it: version 2 added
+    ``bias``. The test GPU daemon has version 1 (``hostlib``), the skewed_op app version 2:
+    one operator name, two schemas, as after a library or torch upgrade on one end only."""
+    if version == 1:
+        @torch.library.custom_op("rrtotest::blend", mutates_args=())
+        def blend(x: torch.Tensor, w: float) -> torch.Tensor:
+            return x * w
+    else:
+        @torch.library.custom_op("rrtotest::blend", mutates_args=())
+        def blend(x: torch.Tensor, w: float, bias: float = 0.0) -> torch.Tensor:
+            return x * w + bias
+
+    @blend.register_fake
+    def _(x: torch.Tensor, *args: float) -> torch.Tensor:
+        return torch.empty_like(x)

@@ -11,6 +11,7 @@ dictionaries of values that matter to the decoders (operator names, dtypes, boun
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor as FD
@@ -42,10 +43,14 @@ RANGES = {FD.TYPE_INT32: (-(2**31), 2**31 - 1), FD.TYPE_SINT32: (-(2**31), 2**31
 class Builder:
     """Builds messages from a ``FuzzedDataProvider``; ``budget`` bounds the fields per input."""
 
-    def __init__(self, fdp: Any, budget: int = 200, max_depth: int = 6):
+    def __init__(self, fdp: Any, budget: int = 200, max_depth: int = 6,
+                 schema_of: Callable[[str], bytes | None] | None = None):
         self.fdp = fdp
         self.budget = budget
         self.max_depth = max_depth
+        # The host's own schema hash of an operator name (None: no such operator): an OpCall's
+        # ``schema`` then sometimes matches, so the paths past the schema check are reached too.
+        self.schema_of = schema_of
 
     def build(self, cls: type[Message]) -> Message:
         msg = cls()
@@ -79,6 +84,9 @@ class Builder:
                 self.fill(sub, depth + 1)
             else:
                 setattr(msg, field.name, self.scalar(field))
+        if self.schema_of is not None and msg.DESCRIPTOR.name == "OpCall" and msg.schema \
+                and fdp.ConsumeBool():
+            msg.schema = self.schema_of(msg.op) or msg.schema
 
     def _repeated(self, msg: Message, field: Any, depth: int) -> None:
         count = self.fdp.ConsumeIntInRange(0, 4)

@@ -33,12 +33,15 @@ from pathlib import Path
 from typing import Any
 
 import atheris
+import torch
 from google.protobuf.message import DecodeError
 
 from rrto.v1 import local_pb2, ops_pb2, peer_pb2
 from rrto_plugins.search.dds import DataDependencySearch
 from rrto_plugins.torch import codec
+from rrto_plugins.torch.allowlist import Allowlist, OpNotAllowed
 from rrto_plugins.torch.executor import TorchExecutor
+from rrto_plugins.torch.schemas import schema_hash
 from rrtod.config import SocketLimitsConfig
 from rrtod.executor import ExecutorContext
 from rrtod.framing import ByteBudget, FrameError, FrameReader, encode, read_frame
@@ -58,6 +61,7 @@ STATE = Path(os.environ.get("RRTO_FUZZ_STATE") or tempfile.mkdtemp(prefix="rrto-
 STATE.mkdir(parents=True, exist_ok=True)
 LOOP = asyncio.new_event_loop()
 QUOTA = 1 << 20  # a session's quota: nothing a fuzz input asks for may allocate more
+_ALLOW = Allowlist()
 
 
 def _stream(fdp: atheris.FuzzedDataProvider, kind: type, max_messages: int = 4) -> bytes:
@@ -234,6 +238,14 @@ def _emit(down: ops_pb2.SessionDown) -> None:
 UNARY = (peer_pb2.PeerHello, peer_pb2.PingRequest, ops_pb2.SessionUp)
 
 
+def _host_schema(name: str) -> bytes | None:
+    """The schema hash an honest app on this torch sends for ``name`` (None: no such op)."""
+    try:
+        return schema_hash(_ALLOW.resolve(name))
+    except OpNotAllowed:
+        return None
+
+
 def peer_session(data: bytes) -> None:
     fdp = atheris.FuzzedDataProvider(data)
     if fdp.ConsumeIntInRange(0, 4) == 0:  # raw bytes into every message the peer port parses
@@ -244,11 +256,13 @@ def peer_session(data: bytes) -> None:
             except DecodeError:
                 pass
         return
-    builder = Builder(fdp, budget=150)
+    builder = Builder(fdp, budget=150, schema_of=_host_schema)
     ex = _executor()
     try:
-        ready = ex.open(ops_pb2.SessionOpen.FromString(
-            builder.build(ops_pb2.SessionOpen).SerializeToString()))
+        request = builder.build(ops_pb2.SessionOpen)
+        if fdp.ConsumeBool():  # the app runs the host's torch: sequences need no comparison
+            request.versions["torch"] = torch.__version__
+        ready = ex.open(ops_pb2.SessionOpen.FromString(request.SerializeToString()))
         assert ready.session
         replayer = HostReplayer(ex)
         while fdp.remaining_bytes() and builder.budget > 0:

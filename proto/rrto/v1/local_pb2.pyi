@@ -33,16 +33,25 @@ class CtlReply(_message.Message):
     def __init__(self, ok: _Optional[bool] = ..., json: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
 
 class AppHello(_message.Message):
-    __slots__ = ("app", "pid", "argv", "executor")
+    __slots__ = ("app", "pid", "argv", "executor", "versions")
+    class VersionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     APP_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     ARGV_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
     app: str
     pid: int
     argv: _containers.RepeatedScalarFieldContainer[str]
     executor: str
-    def __init__(self, app: _Optional[str] = ..., pid: _Optional[int] = ..., argv: _Optional[_Iterable[str]] = ..., executor: _Optional[str] = ...) -> None: ...
+    versions: _containers.ScalarMap[str, str]
+    def __init__(self, app: _Optional[str] = ..., pid: _Optional[int] = ..., argv: _Optional[_Iterable[str]] = ..., executor: _Optional[str] = ..., versions: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class AppWelcome(_message.Message):
     __slots__ = ("session", "host", "device")

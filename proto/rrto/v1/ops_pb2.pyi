@@ -99,7 +99,7 @@ class Value(_message.Message):
     def __init__(self, none: _Optional[bool] = ..., b: _Optional[bool] = ..., i: _Optional[int] = ..., f: _Optional[float] = ..., s: _Optional[str] = ..., tensor: _Optional[_Union[TensorRef, _Mapping]] = ..., list: _Optional[_Union[ValueList, _Mapping]] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., layout: _Optional[str] = ..., memory_format: _Optional[str] = ..., c: _Optional[_Union[Complex, _Mapping]] = ..., tuple: _Optional[_Union[ValueList, _Mapping]] = ...) -> None: ...
 
 class OpCall(_message.Message):
-    __slots__ = ("seq", "op", "args", "kwargs", "out_ids", "sync", "want_meta", "grad_mode", "thread", "out_meta")
+    __slots__ = ("seq", "op", "args", "kwargs", "out_ids", "sync", "want_meta", "grad_mode", "thread", "out_meta", "schema")
     class KwargsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +117,7 @@ class OpCall(_message.Message):
     GRAD_MODE_FIELD_NUMBER: _ClassVar[int]
     THREAD_FIELD_NUMBER: _ClassVar[int]
     OUT_META_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
     seq: int
     op: str
     args: _containers.RepeatedCompositeFieldContainer[Value]
@@ -127,7 +128,8 @@ class OpCall(_message.Message):
     grad_mode: GradMode
     thread: int
     out_meta: _containers.RepeatedCompositeFieldContainer[TensorMeta]
-    def __init__(self, seq: _Optional[int] = ..., op: _Optional[str] = ..., args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., kwargs: _Optional[_Mapping[str, Value]] = ..., out_ids: _Optional[_Iterable[int]] = ..., sync: _Optional[bool] = ..., want_meta: _Optional[bool] = ..., grad_mode: _Optional[_Union[GradMode, str]] = ..., thread: _Optional[int] = ..., out_meta: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ...) -> None: ...
+    schema: bytes
+    def __init__(self, seq: _Optional[int] = ..., op: _Optional[str] = ..., args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., kwargs: _Optional[_Mapping[str, Value]] = ..., out_ids: _Optional[_Iterable[int]] = ..., sync: _Optional[bool] = ..., want_meta: _Optional[bool] = ..., grad_mode: _Optional[_Union[GradMode, str]] = ..., thread: _Optional[int] = ..., out_meta: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., schema: _Optional[bytes] = ...) -> None: ...
 
 class OpResult(_message.Message):
     __slots__ = ("seq", "outs", "value")
@@ -198,28 +200,46 @@ class Error(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., seq: _Optional[int] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class SessionOpen(_message.Message):
-    __slots__ = ("app", "pid", "uid", "robot", "executor", "memory_quota")
+    __slots__ = ("app", "pid", "uid", "robot", "executor", "memory_quota", "versions")
+    class VersionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     APP_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
     ROBOT_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_FIELD_NUMBER: _ClassVar[int]
     MEMORY_QUOTA_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
     app: str
     pid: int
     uid: int
     robot: str
     executor: str
     memory_quota: int
-    def __init__(self, app: _Optional[str] = ..., pid: _Optional[int] = ..., uid: _Optional[int] = ..., robot: _Optional[str] = ..., executor: _Optional[str] = ..., memory_quota: _Optional[int] = ...) -> None: ...
+    versions: _containers.ScalarMap[str, str]
+    def __init__(self, app: _Optional[str] = ..., pid: _Optional[int] = ..., uid: _Optional[int] = ..., robot: _Optional[str] = ..., executor: _Optional[str] = ..., memory_quota: _Optional[int] = ..., versions: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class SessionReady(_message.Message):
-    __slots__ = ("session", "device")
+    __slots__ = ("session", "device", "versions")
+    class VersionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     SESSION_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
     session: str
     device: str
-    def __init__(self, session: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
+    versions: _containers.ScalarMap[str, str]
+    def __init__(self, session: _Optional[str] = ..., device: _Optional[str] = ..., versions: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Close(_message.Message):
     __slots__ = ()
