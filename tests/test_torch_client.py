@@ -286,3 +286,32 @@ def test_session_implements_the_interface_its_parts_use(tmp_path):
         assert not_callable == []
     finally:
         itc.uninstall()
+
+
+def test_a_tensor_read_back_mid_model_keeps_its_layout_on_the_host(tmp_path):
+    """hf-clip's ``text @ image.t().to(text.device)``: ``.to("cpu")`` of a proxy is a read, so
+    the transposed operand is downloaded and uploaded again. The host must rebuild it with the
+    app's strides (``(1, 32)``, not the canonical ``(1, 1)`` of a C-contiguous ``[32, 1]``):
+    the CPU matmul picks its kernel by strides, and the logits differed in the last bit."""
+
+    class Logits(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(16, 32), nn.Linear(16, 32)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            a, b = self.a(x[:1]), self.b(x[1:])
+            a, b = a / a.norm(dim=-1, keepdim=True), b / b.norm(dim=-1, keepdim=True)
+            return a @ b.t().to(a.device)
+
+    torch.manual_seed(0)
+    model, xs = Logits().eval(), [torch.randn(2, 16) for _ in range(16)]
+    with torch.no_grad():
+        want = [model(x) for x in xs]
+        itc = loopback(tmp_path)
+        try:
+            got = [model(x).cpu() for x in xs]
+            assert itc.session.counters["calls"] > 0
+        finally:
+            itc.uninstall()
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))

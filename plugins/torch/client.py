@@ -334,7 +334,7 @@ class RemoteSession:
         """A local tensor's value as uploaded (not counted: the caller counts what it sends)."""
         if t.requires_grad or type(t) is not torch.Tensor:
             t = t.detach()
-        return codec.tensor_data(t, device=device)
+        return codec.tensor_data(t, device=device, keep_layout=True)
 
     def bind(self, h: Handle) -> None:
         """First use of a persistent tensor: have the host bind the cached blob to its id.
