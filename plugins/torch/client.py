@@ -97,7 +97,8 @@ class RemoteSession:
         self._query_waiters: collections.deque[_Waiter] = collections.deque()
         self._async_errors: collections.deque[ops_pb2.Error] = collections.deque()
         self._ops: dict[int, OpInfo] = {}  # id(OpOverload) -> its info
-        self.local_warned: set[str] = set()  # operators that run locally, warned about once
+        self.local_warned: set[str] = set()  # what warn_once warned about (operators, patterns)
+        self._warn_lock = threading.Lock()
         self._tls = threading.local()
         self._threads = itertools.count(0)
         self.counters: collections.Counter[str] = collections.Counter()
@@ -361,14 +362,20 @@ class RemoteSession:
             h.bound = True
             self.released.append(call.out_ids[0])
 
+    def warn_once(self, key: str, message: str) -> None:
+        """One ``rrto: warning:`` line on stderr per ``key`` (an operator, a pattern) for the
+        life of the process: the app's owner should know, and a loop must not flood its log."""
+        with self._warn_lock:  # not the send lock: callers may hold it
+            if key in self.local_warned:
+                return
+            self.local_warned.add(key)
+        print(f"rrto: warning: {message}", file=sys.stderr, flush=True)
+
     def _runs_locally(self, info: OpInfo, why: str) -> None:
         """One warning line per operator that runs in the app instead of on the host: its
         inputs then cross the wire each call, which the app's owner should know about."""
-        if info.name in self.local_warned:
-            return
-        self.local_warned.add(info.name)
-        print(f"rrto: warning: {info.name} runs locally (on this machine), not on the GPU "
-              f"host: {why}", file=sys.stderr, flush=True)
+        self.warn_once(info.name, f"{info.name} runs locally (on this machine), not on the GPU "
+                                  f"host: {why}")
 
     def _forward(self, func: Any, args: tuple, kwargs: dict, info: OpInfo, template: Any) -> Any:
         call = ops_pb2.OpCall(op=info.name, grad_mode=self._grad_mode(), thread=self._thread())
