@@ -70,12 +70,17 @@ class _Waiter:
 _SESSIONS: weakref.WeakSet[RemoteSession] = weakref.WeakSet()
 
 
+def _before_fork() -> None:
+    for session in list(_SESSIONS):
+        session._before_fork()
+
+
 def _after_fork_in_child() -> None:
     for session in list(_SESSIONS):
         session._forked()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 class RemoteSession:
@@ -100,6 +105,8 @@ class RemoteSession:
         self.local_warned: set[str] = set()  # what warn_once warned about (operators, patterns)
         self._warn_lock = threading.Lock()
         self._tls = threading.local()
+        # Persistent tensors written on the host since the last fork (_note_writes), by id.
+        self._written: weakref.WeakValueDictionary[int, Handle] = weakref.WeakValueDictionary()
         self._threads = itertools.count(0)
         self.counters: collections.Counter[str] = collections.Counter()
         self._metadata = MetaCache(self.counters)
@@ -109,6 +116,34 @@ class RemoteSession:
         self.replay = ReplayClient(self) if replay else None
         channel.start(self._on_down, self._on_lost)
         _SESSIONS.add(self)
+
+    def _note_writes(self, args: tuple, kwargs: dict, info: OpInfo) -> None:
+        """A persistent tensor written in place on the host (``load_state_dict``, a fused or
+        edited weight, an EMA step, a buffer the forward updates) no longer equals the app's
+        copy of it, which is what a forked child or a lost host computes with."""
+        for i, n in info.writes:
+            t = arg_at(args, kwargs, i, n)
+            if isinstance(t, RemoteTensor) and t._rrto_handle.local is not None:
+                self._written[t._rrto_handle.id] = t._rrto_handle
+
+    def _before_fork(self) -> None:
+        """In the parent, before ``fork``: bring the app's copies of the persistent tensors
+        written on the host up to date (one fetch each), so that the child, which computes
+        locally with them (``_forked``), computes what the parent would. A copy that cannot
+        be fetched is dropped: the child then fails with HostLost, never computes with an old
+        weight."""
+        if self.lost is not None:
+            return
+        for h in list(self._written.values()):
+            local = h.local
+            if local is None:
+                continue
+            proxy = new_proxy(h, local.shape, local.stride(), 0, local.dtype, local.device)
+            try:
+                h.local = downloads.read_value(self, proxy)
+            except Exception:  # the host is gone or refuses: no copy beats an old one
+                h.local = None
+        self._written.clear()
 
     def _forked(self) -> None:
         """A forked child shares the parent's socket but not its reader thread or its session:
@@ -148,6 +183,8 @@ class RemoteSession:
 
     def _on_lost(self, reason: str) -> None:
         self.lost = reason
+        for h in list(self._written.values()):  # their copies are older than the host's
+            h.local = None
         waiters = list(self._waiters.values()) + list(self._query_waiters)
         self._waiters.clear()
         self._query_waiters.clear()
@@ -278,6 +315,8 @@ class RemoteSession:
             src = args[0]
             return new_proxy(src._rrto_handle, src.shape, src.stride(), src.storage_offset(),
                              src.dtype, src.device)
+        if info.writes and self.lost is None:
+            self._note_writes(args, kwargs, info)
         if self.lost is not None:
             return run_lost(self, func, args, kwargs)
         if info.local or (info.writes and writes_local(args, kwargs, info)):
