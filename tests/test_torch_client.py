@@ -268,6 +268,47 @@ def test_forked_child_runs_locally_without_touching_the_connection(tmp_path):
         itc.uninstall()
 
 
+def test_a_forked_child_computes_with_weights_edited_after_offloading_started(tmp_path):
+    """The child computes locally with the app's copies of the weights: a weight edited in
+    place on the host (load_state_dict, fusion, an EMA step) is fetched before the fork, not
+    left at its old value."""
+    import multiprocessing
+
+    m, x = mlp(), torch.randn(2, 8)
+    itc = loopback(tmp_path)
+    try:
+        with torch.no_grad():
+            m(x).cpu()  # offloading started
+            m[0].weight.mul_(0.5)
+            m[2].bias.fill_(0.25)
+            want = m(x).cpu()
+        ctx = multiprocessing.get_context("fork")
+        q = ctx.Queue()
+        p = ctx.Process(target=_child, args=(m, x, q))
+        p.start()
+        kind, values = q.get(timeout=60)
+        p.join(60)
+        assert kind == "Tensor" and values == want.tolist()
+    finally:
+        itc.uninstall()
+
+
+def test_a_lost_host_never_computes_with_a_weight_older_than_the_hosts(tmp_path):
+    """After the host is lost, inferences run on the app's copies of the weights; a weight
+    edited on the host since is not there, so its use raises instead of a wrong result."""
+    m, x = mlp(), torch.randn(2, 8)
+    itc = loopback(tmp_path, fallback="local")
+    try:
+        with torch.no_grad():
+            m(x).cpu()
+            m[2].bias.fill_(0.25)
+            itc.session.channel.lose("GPU host vanished")
+            with pytest.raises(HostLost, match="lived on the GPU host"):
+                m(x)
+    finally:
+        itc.uninstall()
+
+
 def test_session_implements_the_interface_its_parts_use(tmp_path):
     """Proxies, replay, downloads and fallback see the session only as ``session_api.Session``
     (so they need not import client.py): every member it declares is there, callables too."""
