@@ -268,6 +268,47 @@ def test_forked_child_runs_locally_without_touching_the_connection(tmp_path):
         itc.uninstall()
 
 
+def test_a_forked_child_computes_with_weights_edited_after_offloading_started(tmp_path):
+    """The child computes locally with the app's copies of the weights: a weight edited in
+    place on the host (load_state_dict, fusion, an EMA step) is fetched before the fork, not
+    left at its old value."""
+    import multiprocessing
+
+    m, x = mlp(), torch.randn(2, 8)
+    itc = loopback(tmp_path)
+    try:
+        with torch.no_grad():
+            m(x).cpu()  # offloading started
+            m[0].weight.mul_(0.5)
+            m[2].bias.fill_(0.25)
+            want = m(x).cpu()
+        ctx = multiprocessing.get_context("fork")
+        q = ctx.Queue()
+        p = ctx.Process(target=_child, args=(m, x, q))
+        p.start()
+        kind, values = q.get(timeout=60)
+        p.join(60)
+        assert kind == "Tensor" and values == want.tolist()
+    finally:
+        itc.uninstall()
+
+
+def test_a_lost_host_never_computes_with_a_weight_older_than_the_hosts(tmp_path):
+    """After the host is lost, inferences run on the app's copies of the weights; a weight
+    edited on the host since is not there, so its use raises instead of a wrong result."""
+    m, x = mlp(), torch.randn(2, 8)
+    itc = loopback(tmp_path, fallback="local")
+    try:
+        with torch.no_grad():
+            m(x).cpu()
+            m[2].bias.fill_(0.25)
+            itc.session.channel.lose("GPU host vanished")
+            with pytest.raises(HostLost, match="lived on the GPU host"):
+                m(x)
+    finally:
+        itc.uninstall()
+
+
 def test_session_implements_the_interface_its_parts_use(tmp_path):
     """Proxies, replay, downloads and fallback see the session only as ``session_api.Session``
     (so they need not import client.py): every member it declares is there, callables too."""
@@ -286,3 +327,32 @@ def test_session_implements_the_interface_its_parts_use(tmp_path):
         assert not_callable == []
     finally:
         itc.uninstall()
+
+
+def test_a_tensor_read_back_mid_model_keeps_its_layout_on_the_host(tmp_path):
+    """hf-clip's ``text @ image.t().to(text.device)``: ``.to("cpu")`` of a proxy is a read, so
+    the transposed operand is downloaded and uploaded again. The host must rebuild it with the
+    app's strides (``(1, 32)``, not the canonical ``(1, 1)`` of a C-contiguous ``[32, 1]``):
+    the CPU matmul picks its kernel by strides, and the logits differed in the last bit."""
+
+    class Logits(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(16, 32), nn.Linear(16, 32)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            a, b = self.a(x[:1]), self.b(x[1:])
+            a, b = a / a.norm(dim=-1, keepdim=True), b / b.norm(dim=-1, keepdim=True)
+            return a @ b.t().to(a.device)
+
+    torch.manual_seed(0)
+    model, xs = Logits().eval(), [torch.randn(2, 16) for _ in range(16)]
+    with torch.no_grad():
+        want = [model(x) for x in xs]
+        itc = loopback(tmp_path)
+        try:
+            got = [model(x).cpu() for x in xs]
+            assert itc.session.counters["calls"] > 0
+        finally:
+            itc.uninstall()
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))

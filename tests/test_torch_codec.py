@@ -29,6 +29,36 @@ def test_non_contiguous_and_empty_tensors():
     assert torch.equal(codec.from_tensor_data(codec.tensor_data(torch.tensor(7))), torch.tensor(7))
 
 
+@pytest.mark.parametrize("t", [
+    torch.randn(1, 32).t(),  # strides (1, 32): only a size-1 dimension differs
+    torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
+    torch.arange(12.0).reshape(3, 4).t(),
+], ids=["transposed-row", "channels_last", "transposed"])
+def test_an_upload_keeps_the_apps_dense_layout(t):
+    """The host rebuilds an uploaded tensor in the app's layout: CPU kernels pick their
+    summation order by strides (hf-clip's logits differed in the last bit when a ``[32, 1]``
+    operand with strides ``(1, 32)`` arrived as ``(1, 1)``). The bytes stay C-contiguous."""
+    msg = ops_pb2.TensorData.FromString(codec.tensor_data(t, keep_layout=True).SerializeToString())
+    assert msg.data == t.contiguous().numpy().tobytes()
+    back = codec.from_tensor_data(msg)
+    assert back.stride() == t.stride() and torch.equal(back, t)
+    assert codec.from_tensor_data(codec.tensor_data(t)).is_contiguous()  # persistent: canonical
+
+
+@pytest.mark.parametrize("shape,stride", [
+    ((4, 3), (1, 1)),  # overlapping
+    ((4, 3), (0, 1)),  # a broadcast: 12 elements from 3
+    ((4, 3), (6, 1)),  # gaps: a storage larger than the data
+    ((4, 3), (3,)),  # a stride per dimension
+    ((4, 3), (-3, 1)),
+])
+def test_wire_strides_that_are_not_a_dense_layout_are_refused(shape, stride):
+    msg = codec.tensor_data(torch.zeros(shape))
+    msg.meta.stride[:] = stride
+    with pytest.raises(codec.CodecError, match="strides"):
+        codec.from_tensor_data(msg)
+
+
 def test_size_mismatch_is_rejected():
     msg = codec.tensor_data(torch.zeros(4))
     msg.data = msg.data[:-1]
@@ -81,7 +111,7 @@ def test_encoded_replay_upload_is_the_message_it_stands_for(t, slot):
     """An input frame encoded without copying the tensor parses as exactly the SessionUp the
     message-building path makes, and channels that take messages can serialize it."""
     want = ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(
-        slot=slot, tensor=ops_pb2.TensorRef(upload=codec.tensor_data(t))))
+        slot=slot, tensor=ops_pb2.TensorRef(upload=codec.tensor_data(t, keep_layout=True))))
     cache: dict = {}
     for _ in range(2):  # the second time with the metadata from the cache
         frame = codec.replay_upload(slot, t, cache)

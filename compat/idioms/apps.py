@@ -71,7 +71,9 @@ def deepcopy_tensor(model, frames):
     for i in range(frames):
         with torch.no_grad():
             y = model(frame(i))
-        out.append(copy.deepcopy(y).cpu())
+            twin = copy.deepcopy(y)
+            y.add_(1.0)  # a copy, not an alias: the edit of the original leaves it as it was
+        out += [twin.cpu(), y.cpu()]
     return out
 
 
@@ -82,6 +84,8 @@ def pickle_model(model, frames):
     torch.save(model, buf)  # a checkpoint of the whole module must hold the real weights
     buf.seek(0)
     third = torch.load(buf, weights_only=False)
+    # The loaded objects hold the real values (read before their first inference offloads them).
+    out += [t.clone() for t in (*twin.state_dict().values(), *third.state_dict().values())]
     return out + loop(twin, frames) + [infer(third, 98)]
 
 
@@ -117,7 +121,12 @@ def inplace_weight_edit(model, frames):
     with torch.no_grad():
         model.head.weight.mul_(0.5)
         model.head.bias.fill_(0.25)
-    return out + loop(model, frames)
+    out.append(infer(model, 1))
+    # Re-parameterizing nets (timm's reparameterize(), RepVGG) assign new values to .data,
+    # or a new local Parameter to a module that is offloaded already.
+    model.body[0].weight.data = model.body[0].weight.data * 0.5
+    model.body[3].weight = nn.Parameter(torch.full_like(model.body[3].weight, 0.01))
+    return out + loop(model, frames, start=2) + [model.body[3].weight.sum().detach()]
 
 
 def half_float_to(model, frames):
@@ -155,27 +164,41 @@ def threads(model, frames):
 
 
 class Frames(torch.utils.data.Dataset):
+    """Pre-processing in the worker, and a model that runs there too (a teacher, a feature
+    extractor): a worker is a forked child, so it must not use the parent's session."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
     def __len__(self) -> int:
         return 4
 
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return (frame(i)[0] - 0.5) / 0.25  # torch pre-processing in the worker
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = (frame(i)[0] - 0.5) / 0.25  # torch pre-processing in the worker
+        with torch.no_grad():
+            return x, self.model(x[None])[0]
 
 
 def dataloader_workers(model, frames):
     out = [infer(model, 0)]
-    loader = torch.utils.data.DataLoader(Frames(), batch_size=1, num_workers=2)
+    with torch.no_grad():  # after offloading started: the workers must see these weights
+        model.head.bias.fill_(0.25)
+    loader = torch.utils.data.DataLoader(Frames(model), batch_size=1, num_workers=2)
     with torch.no_grad():
-        out += [model(x).cpu() for x in loader]
+        for x, in_worker in loader:
+            out += [model(x).cpu(), in_worker]
     return out
 
 
 def fork_child(model, frames):
     out = [infer(model, 0)]
+    with torch.no_grad():  # weights edited after offloading started: the child must see them
+        model.head.weight.mul_(0.5)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child runs the model too: it must not share the parent's session
         try:
+            torch.set_num_threads(1)  # GNU OpenMP hangs in a forked child otherwise
             y = infer(model, 1)
             os.write(w, y.numpy().tobytes())
         finally:
@@ -190,8 +213,11 @@ def fork_child(model, frames):
 
 
 def buffer_state(model, frames):
-    model = make_model(count_calls=True)
-    return [infer(model, i) for i in range(frames)]
+    model = make_model(count_calls=True)  # the forward adds 1 to a buffer, on the host
+    out = [infer(model, i) for i in range(2)] + [model.calls.clone()]
+    model.register_buffer("calls", torch.tensor(10.0))  # the app replaces it between inferences
+    out += [infer(model, i) for i in range(2, frames)]
+    return out + [model.calls.clone()]
 
 
 def numpy_pil(model, frames):
@@ -209,9 +235,22 @@ def numpy_pil(model, frames):
 
 
 def torch_compile(model, frames):
+    """A compiled model and a compiled post-processing function, after offloading started.
+    Under the shim both run eagerly with one warning line (plugins/torch/compiling.py). The
+    "eager" backend: Dynamo traces, nothing is generated, so this runs on a machine without a
+    C++ toolchain in seconds (inductor, the default, takes minutes on these 2 CPUs)."""
     out = [infer(model, 0)]
-    compiled = torch.compile(model)
-    return out + loop(compiled, frames)
+    compiled = torch.compile(model, backend="eager")
+
+    @torch.compile(backend="eager")
+    def scores(logits: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(logits, -1)
+
+    for i in range(1, frames):
+        with torch.no_grad():
+            logits = compiled(frame(i))
+            out += [logits.cpu(), scores(logits).cpu()]
+    return out
 
 
 IDIOMS: dict[str, Callable[[nn.Module, int], list[Any]]] = {

@@ -74,12 +74,17 @@ class _Waiter:
 _SESSIONS: weakref.WeakSet[RemoteSession] = weakref.WeakSet()
 
 
+def _before_fork() -> None:
+    for session in list(_SESSIONS):
+        session._before_fork()
+
+
 def _after_fork_in_child() -> None:
     for session in list(_SESSIONS):
         session._forked()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 class RemoteSession:
@@ -101,8 +106,11 @@ class RemoteSession:
         self._query_waiters: collections.deque[_Waiter] = collections.deque()
         self._async_errors: collections.deque[ops_pb2.Error] = collections.deque()
         self._ops: dict[int, OpInfo] = {}  # id(OpOverload) -> its info
-        self.local_warned: set[str] = set()  # operators that run locally, warned about once
+        self.local_warned: set[str] = set()  # what warn_once warned about (operators, patterns)
+        self._warn_lock = threading.Lock()
         self._tls = threading.local()
+        # Persistent tensors written on the host since the last fork (_note_writes), by id.
+        self._written: weakref.WeakValueDictionary[int, Handle] = weakref.WeakValueDictionary()
         self._threads = itertools.count(0)
         self.counters: collections.Counter[str] = collections.Counter()
         self._metadata = MetaCache(self.counters)
@@ -112,6 +120,34 @@ class RemoteSession:
         self.replay = ReplayClient(self) if replay else None
         channel.start(self._on_down, self._on_lost)
         _SESSIONS.add(self)
+
+    def _note_writes(self, args: tuple, kwargs: dict, info: OpInfo) -> None:
+        """A persistent tensor written in place on the host (``load_state_dict``, a fused or
+        edited weight, an EMA step, a buffer the forward updates) no longer equals the app's
+        copy of it, which is what a forked child or a lost host computes with."""
+        for i, n in info.writes:
+            t = arg_at(args, kwargs, i, n)
+            if isinstance(t, RemoteTensor) and t._rrto_handle.local is not None:
+                self._written[t._rrto_handle.id] = t._rrto_handle
+
+    def _before_fork(self) -> None:
+        """In the parent, before ``fork``: bring the app's copies of the persistent tensors
+        written on the host up to date (one fetch each), so that the child, which computes
+        locally with them (``_forked``), computes what the parent would. A copy that cannot
+        be fetched is dropped: the child then fails with HostLost, never computes with an old
+        weight."""
+        if self.lost is not None:
+            return
+        for h in list(self._written.values()):
+            local = h.local
+            if local is None:
+                continue
+            proxy = new_proxy(h, local.shape, local.stride(), 0, local.dtype, local.device)
+            try:
+                h.local = downloads.read_value(self, proxy)
+            except Exception:  # the host is gone or refuses: no copy beats an old one
+                h.local = None
+        self._written.clear()
 
     def _forked(self) -> None:
         """A forked child shares the parent's socket but not its reader thread or its session:
@@ -151,6 +187,8 @@ class RemoteSession:
 
     def _on_lost(self, reason: str) -> None:
         self.lost = reason
+        for h in list(self._written.values()):  # their copies are older than the host's
+            h.local = None
         waiters = list(self._waiters.values()) + list(self._query_waiters)
         self._waiters.clear()
         self._query_waiters.clear()
@@ -281,6 +319,8 @@ class RemoteSession:
             src = args[0]
             return new_proxy(src._rrto_handle, src.shape, src.stride(), src.storage_offset(),
                              src.dtype, src.device)
+        if info.writes and self.lost is None:
+            self._note_writes(args, kwargs, info)
         if self.lost is not None:
             return run_lost(self, func, args, kwargs)
         if info.local or (info.writes and writes_local(args, kwargs, info)):
@@ -338,7 +378,7 @@ class RemoteSession:
         """A local tensor's value as uploaded (not counted: the caller counts what it sends)."""
         if t.requires_grad or type(t) is not torch.Tensor:
             t = t.detach()
-        return codec.tensor_data(t, device=device)
+        return codec.tensor_data(t, device=device, keep_layout=True)
 
     def bind(self, h: Handle) -> None:
         """First use of a persistent tensor: have the host bind the cached blob to its id.
@@ -365,14 +405,20 @@ class RemoteSession:
             h.bound = True
             self.released.append(call.out_ids[0])
 
+    def warn_once(self, key: str, message: str) -> None:
+        """One ``rrto: warning:`` line on stderr per ``key`` (an operator, a pattern) for the
+        life of the process: the app's owner should know, and a loop must not flood its log."""
+        with self._warn_lock:  # not the send lock: callers may hold it
+            if key in self.local_warned:
+                return
+            self.local_warned.add(key)
+        print(f"rrto: warning: {message}", file=sys.stderr, flush=True)
+
     def _runs_locally(self, info: OpInfo, why: str) -> None:
         """One warning line per operator that runs in the app instead of on the host: its
         inputs then cross the wire each call, which the app's owner should know about."""
-        if info.name in self.local_warned:
-            return
-        self.local_warned.add(info.name)
-        print(f"rrto: warning: {info.name} runs locally (on this machine), not on the GPU "
-              f"host: {why}", file=sys.stderr, flush=True)
+        self.warn_once(info.name, f"{info.name} runs locally (on this machine), not on the GPU "
+                                  f"host: {why}")
 
     def _forward(self, func: Any, args: tuple, kwargs: dict, info: OpInfo, template: Any) -> Any:
         call = ops_pb2.OpCall(op=info.name, grad_mode=self._grad_mode(), thread=self._thread())

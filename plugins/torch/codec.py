@@ -8,6 +8,7 @@ into uploads, and the host can turn refs back into its own tensors.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -61,6 +62,44 @@ def meta_of(t: torch.Tensor, device: str | None = None) -> ops_pb2.TensorMeta:
     )
 
 
+def wire_layout(t: torch.Tensor) -> tuple[int, ...] | None:
+    """The strides an upload of ``t`` names: those of a dense (non-overlapping, gap-free)
+    layout that differs from the C-contiguous strides, else None (the default layout)."""
+    stride = t.stride()
+    if t.numel() == 0 or stride == _contiguous_strides(tuple(t.shape)):
+        return None
+    try:
+        return _wire_stride(tuple(t.shape), stride)
+    except CodecError:  # overlapping or with gaps: the C-contiguous copy is all there is
+        return None
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, step = [], 1
+    for size in reversed(shape):
+        out.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(out))
+
+
+def _wire_stride(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Strides from the wire, checked: none, or a dense layout of ``shape`` (a permutation of
+    the dimensions; size-1 dimensions may have any stride, as in torch). Anything else could
+    make the receiver allocate more than the data or alias elements, so it is refused."""
+    if not stride:
+        return None
+    if len(stride) != len(shape) or any(s < 0 for s in stride):
+        raise CodecError(f"strides {list(stride)} do not fit shape {list(shape)}")
+    step = 1
+    for size, st in sorted((p for p in zip(shape, stride, strict=True) if p[0] != 1),
+                           key=lambda p: p[1]):
+        if st != step:
+            raise CodecError(f"strides {list(stride)} are not a dense layout of shape "
+                             f"{list(shape)}")
+        step *= size
+    return stride
+
+
 def nbytes_of(meta: ops_pb2.TensorMeta) -> int:
     n = 1
     for s in meta.shape:
@@ -81,13 +120,20 @@ def raw_bytes(t: torch.Tensor) -> memoryview:
     return memoryview(flat.view(torch.uint8).numpy()).cast("B")
 
 
-def tensor_data(t: torch.Tensor, device: str | None = None) -> ops_pb2.TensorData:
-    """``t``'s value for the wire (moved to the CPU first if it lives elsewhere)."""
+def tensor_data(t: torch.Tensor, device: str | None = None,
+                keep_layout: bool = False) -> ops_pb2.TensorData:
+    """``t``'s value for the wire (moved to the CPU first if it lives elsewhere). The bytes are
+    C-contiguous whatever the source strides were; ``keep_layout`` also sends the strides of a
+    dense tensor whose layout is not C-contiguous (``wire_layout``), so that the receiver
+    rebuilds the layout the app has: CPU kernels choose their summation order by strides, even
+    those of size-1 dimensions (a ``[32, 1]`` matmul operand with strides ``(1, 32)`` and one
+    with ``(1, 1)`` round differently)."""
     cpu = t.detach()
     if cpu.device.type != "cpu":
         cpu = cpu.cpu()
     meta = meta_of(cpu, device=device if device is not None else str(t.device))
-    meta.ClearField("stride")  # the bytes are C-contiguous whatever the source strides were
+    if not (keep_layout and wire_layout(cpu)):
+        meta.ClearField("stride")
     meta.storage_offset = 0
     return ops_pb2.TensorData(meta=meta, data=bytes(raw_bytes(cpu)))
 
@@ -101,11 +147,13 @@ def replay_upload(slot: int, t: torch.Tensor, meta_cache: dict[Any, bytes]) -> E
     cpu = t.detach()
     if cpu.device.type != "cpu":
         cpu = cpu.cpu()
-    key = (cpu.dtype, tuple(cpu.shape), str(t.device))
+    layout = wire_layout(cpu)
+    key = (cpu.dtype, tuple(cpu.shape), str(t.device), layout)
     meta = meta_cache.get(key)
     if meta is None:
         m = meta_of(cpu, device=key[2])
-        m.ClearField("stride")  # the bytes are C-contiguous whatever the source strides were
+        if not layout:  # the bytes are C-contiguous; strides only for another dense layout
+            m.ClearField("stride")
         m.storage_offset = 0
         m.requires_grad = False
         meta = meta_cache[key] = m.SerializeToString()
@@ -127,10 +175,21 @@ def from_tensor_data(msg: ops_pb2.TensorData, device: str | torch.device = "cpu"
             f"tensor data has {len(msg.data)} bytes, expected {numel * dtype.itemsize} "
             f"for {meta.dtype}{list(shape)}"
         )
-    if numel == 0:
+    # Allocated by torch, as the app's tensors are (64-byte aligned; a bytearray is 16), then
+    # filled: one copy, as before, and vectorized kernels see the alignment they see locally.
+    stride = _wire_stride(shape, tuple(meta.stride)) if numel else None
+    if stride is None:
         out = torch.empty(shape, dtype=dtype)
     else:
-        out = torch.frombuffer(bytearray(msg.data), dtype=dtype).reshape(shape)
+        out = torch.empty_strided(shape, stride, dtype=dtype)
+    if numel:
+        with warnings.catch_warnings():  # read only: the message's bytes are never written
+            warnings.simplefilter("ignore", UserWarning)
+            data = torch.frombuffer(msg.data, dtype=torch.uint8)
+        if stride is None:
+            out.view(-1).view(torch.uint8).copy_(data)
+        else:
+            out.copy_(data.view(dtype).view(shape))
     if str(device) != "cpu":
         out = out.to(device)
     return out

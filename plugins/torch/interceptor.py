@@ -28,6 +28,7 @@ from torch import nn
 
 from rrtod.switches import SwitchError, flag
 
+from . import compiling
 from .client import RemoteSession
 from .proxy import RemoteTensor
 
@@ -84,6 +85,7 @@ class TorchInterceptor:
         if self.stats_enabled:
             atexit.register(self.print_stats)
         atexit.register(self.close_marks)  # registered last, so it runs before print_stats
+        compiling.install(self.session.warn_once)  # torch.compile runs eagerly (compiling.py)
         self._hooks.append(nn.modules.module.register_module_forward_pre_hook(self._pre))
         self._hooks.append(nn.modules.module.register_module_forward_hook(
             self._post, always_call=True))
@@ -92,6 +94,7 @@ class TorchInterceptor:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        compiling.uninstall()
 
     def stats(self) -> dict[str, Any]:
         """The shim's own figures: operators seen, time spent in the shim (host waits

@@ -94,6 +94,9 @@ class RemoteTensor(torch.Tensor):
         reader = _READS.get(func)
         if reader is not None:
             return reader(args, kwargs)
+        if type(func) is _METHOD_WRAPPER and getattr(func, "__self__", None) is _DATA:
+            if func.__name__ == "__set__":
+                return _set_data(args[0], args[1])
         with torch._C.DisableTorchFunctionSubclass():
             out = func(*args, **kwargs)
         if func is _TO and isinstance(out, RemoteTensor) and _names_cpu(args[1:], kwargs):
@@ -130,6 +133,22 @@ def _session_of(args: tuple, kwargs: dict | None) -> Session:
     found: list[RemoteTensor] = []
     tree_map(lambda x: found.append(x) if isinstance(x, RemoteTensor) else None, (args, kwargs))
     return found[0]._rrto_handle.session
+
+
+_DATA = torch._C.TensorBase.data  # the ``.data`` property: ``p.data = t`` calls its __set__
+_METHOD_WRAPPER = type(_DATA.__set__)
+
+
+def _set_data(proxy: RemoteTensor, new: torch.Tensor) -> None:
+    """``proxy.data = new`` (re-parameterizing nets assign fused kernels this way). torch swaps
+    the tensor under the Python object, which keeps its attributes: the proxy would go on
+    naming its old value on the host. So it takes ``new``'s handle, and a local ``new`` first
+    becomes a persistent tensor of the session (offered by hash, uploaded if missing)."""
+    if not isinstance(new, RemoteTensor):
+        new = proxy._rrto_handle.session.persist([new.detach()])[0]
+    with torch._C.DisableTorchFunctionSubclass():
+        _DATA.__set__(proxy, new)
+    proxy._rrto_handle = new._rrto_handle
 
 
 def _names_cpu(args: tuple, kwargs: dict) -> bool:

@@ -60,6 +60,9 @@ class Session(Protocol):
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """Run one aten operator on proxies (``RemoteTensor.__torch_dispatch__``)."""
 
+    def persist(self, tensors: list[torch.Tensor]) -> list[Any]:
+        """Proxies for new persistent tensors (offered by hash, uploaded if missing)."""
+
     def download(self, proxy: torch.Tensor) -> torch.Tensor:
         """The value of ``proxy``, a ``RemoteTensor`` (an app's data read)."""
 

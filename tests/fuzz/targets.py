@@ -284,6 +284,7 @@ def codec_values(data: bytes) -> None:
         except codec.CodecError:
             return
         assert t.numel() * t.element_size() <= 1 << 16  # never more than the bytes it came with
+        assert t.untyped_storage().nbytes() == t.numel() * t.element_size()  # strides: dense
         return
 
     def tensor(ref: ops_pb2.TensorRef) -> Any:
