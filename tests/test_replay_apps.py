@@ -228,3 +228,12 @@ def test_two_robots_share_one_gpu_host_in_isolation(tmp_path):
         for r in robots:
             (seq,) = r.ctl("sequences")["sequences"]
             assert seq["app"] == "small_cnn.py"
+
+
+def test_twin_weights_rebind_by_hash_and_never_raise(fresh, tmp_path):
+    """A model and its deep copy with the same weights, used in turn: the copy matches the
+    sequence by content hash. Its first weight is rebound before the replay's input goes
+    out; a later one would reach the host after it ran ahead, so it is a mismatch (the app
+    crashed with ``NO_REPLAY`` before). Outputs equal local."""
+    stats = same_as_local("twin_weights", fresh, tmp=tmp_path)
+    assert stats["failed"] == 0 and stats["replays"] > 0, stats
