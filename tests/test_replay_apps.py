@@ -241,10 +241,10 @@ def test_twin_weights_rebind_by_hash_and_never_raise(fresh, tmp_path):
 
 # App idioms of the compatibility corpus whose loop is steady after their action: each replays
 # once its steady state has shown twice, with outputs bitwise equal to local (computed in this
-# process, one thread, as the app runs). Before: state written in place before the replay window
-# (buffer_state, ema_copy: tests/test_recorder.py pins the definition) made a definition the host refused; a pickled copy (pickle_model) was
-# never offloaded; a fresh model with the same operators (save_state_dict) was only found as a
-# two-inference block.
+# process, one thread, as the app runs). Before: state written in place before the replay
+# window (ema_copy; tests/test_recorder.py pins the definition) made a definition the host
+# refused; a pickled copy (pickle_model) was never offloaded; a fresh model with the same
+# operators (save_state_dict) was only found as a two-inference block.
 STEADY_IDIOMS = ["ema_copy", "pickle_model", "save_state_dict"]
 
 

@@ -7,8 +7,9 @@ within it, block starts are limited to start candidates, calls whose tensors are
 uploads, persistent tensors or values that existed before the steady state (never values the
 previous block wrote). Starts right after a download (where an app begins its next inference)
 are proposed first, then the same starts in the last two blocks (the tail's keys may repeat
-across a change of weights, where its dataflow does not). Candidates are yielded lazily: ``rrtod.robot.search.search_log`` stops at the
-first one that ``rrtod.robot.search.verify`` accepts.
+across a change of weights, where its dataflow does not). Candidates are yielded lazily:
+``rrtod.robot.search.search_log`` stops at the first one that ``rrtod.robot.search.verify``
+accepts.
 """
 
 from __future__ import annotations
