@@ -45,8 +45,7 @@ def _interceptor(monkeypatch) -> tuple[TorchInterceptor, _Session, nn.Module]:
     icpt = TorchInterceptor(session)  # type: ignore[arg-type]
     session.on_read = icpt._read  # what install() does, without global hooks
     model = nn.Linear(2, 2)
-    for m in model.modules():
-        object.__setattr__(m, "_rrto_offloaded", True)
+    icpt.offloaded.update(model.modules())  # not offloaded: the session is a stand-in
     return icpt, session, model
 
 

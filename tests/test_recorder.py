@@ -217,3 +217,28 @@ def test_close_stops_a_search_and_adds_the_counts_to_the_saved_file(tmp_path):
         assert app.pushed == []
 
     asyncio.run(main())
+
+
+def test_state_written_in_place_then_read_is_a_constant_the_host_accepts(tmp_path):
+    """A buffer updated in place every inference and read after its update (``calls.add_(1)``
+    then ``y + calls``; an EMA copy's ``mul_``/``add_`` then its forward): the read's latest
+    write is inside the block, but the tensor existed before it. It was sent as a PRODUCED
+    source with a non-local id, which the host refused ("produced source N is not a local
+    id"); it is the same tensor every inference: a constant by id, written and read in order
+    by the host."""
+    from rrtod.gpu.replay import compile_sequence
+
+    app = Relay(recorder(tmp_path))
+    (buf,) = app.call("aten::zeros", W1)  # a buffer made before the first inference
+    for _ in range(4):
+        app.call("aten::add_.Tensor", buf, scalar=1.0, out_ids=[buf])
+        (x,) = app.call("aten::conv2d", "img", W1)
+        (y,) = app.call("aten::add.Tensor", x, buf)
+        app.fetch(y)
+        app.done += 1
+    d = app.found
+    assert d is not None
+    compiled = compile_sequence(d)  # raised ValueError before
+    reads = [s for s in d.sources if s.id == buf]
+    assert len(reads) == 2 and all(s.kind == ops_pb2.SeqSource.CONSTANT for s in reads)
+    assert buf not in d.local_ids and compiled.writes[0] == [0]  # snapshot before the write

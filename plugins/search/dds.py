@@ -6,8 +6,10 @@ period, shortest first, the periodic tail of the log is found with one vectorise
 within it, block starts are limited to start candidates, calls whose tensors are all fresh
 uploads, persistent tensors or values that existed before the steady state (never values the
 previous block wrote). Starts right after a download (where an app begins its next inference)
-are proposed first. Candidates are yielded lazily: ``rrtod.robot.search.search_log`` stops at the
-first one that ``rrtod.robot.search.verify`` accepts.
+are proposed first, then the same starts in the last two blocks (the tail's keys may repeat
+across a change of weights, where its dataflow does not). Candidates are yielded lazily:
+``rrtod.robot.search.search_log`` stops at the first one that ``rrtod.robot.search.verify``
+accepts.
 """
 
 from __future__ import annotations
@@ -49,4 +51,12 @@ class DataDependencySearch:
                       if all(latest < tail or first < tail for latest, _, first in log[s].reads)]
             yield from (Candidate(s, period) for s in starts if boundary[s])
             yield from (Candidate(s, period) for s in starts if not boundary[s])
+            # Keys can repeat where the dataflow does not: the same network run with other
+            # weights (a fresh model loaded from a state dict, a copy, ``.half().float()``)
+            # has the same operator keys, so the periodic tail starts before the change. The
+            # last two blocks are the steady state if there is one: propose them too.
+            late = [s + period * ((n - s) // period - 2) for s in starts]
+            yield from (Candidate(s, period) for s in late if s >= tail + period and boundary[s])
+            yield from (Candidate(s, period) for s in late
+                        if s >= tail + period and not boundary[s])
 

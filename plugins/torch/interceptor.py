@@ -21,6 +21,7 @@ import json
 import sys
 import threading
 import time
+import weakref
 from typing import Any
 
 import torch
@@ -66,6 +67,10 @@ class TorchInterceptor:
         self.session = session
         self._tls = threading.local()
         self._lock = threading.Lock()
+        # Modules whose tensors were made proxies. Not a mark in the module's ``__dict__``:
+        # a pickled or deep-copied module carries its ``__dict__`` along, and a copy of plain
+        # tensors marked offloaded would never be offloaded (it ran entirely in the app).
+        self.offloaded: weakref.WeakSet[nn.Module] = weakref.WeakSet()
         self._index = 0
         self._hooks: list[Any] = []
         self.offloaded_modules = 0
@@ -125,7 +130,7 @@ class TorchInterceptor:
         self._tls.depth = depth + 1
         if depth == 0:
             self._begin()
-        if not getattr(module, "_rrto_offloaded", False):
+        if module not in self.offloaded:
             self.offload(module)
 
     def _post(self, module: nn.Module, args: Any, output: Any) -> None:
@@ -197,7 +202,7 @@ class TorchInterceptor:
     def offload(self, module: nn.Module) -> None:
         """Turn ``module``'s (and its submodules') parameters and buffers into proxies."""
         with self._lock:
-            if getattr(module, "_rrto_offloaded", False):
+            if module in self.offloaded:
                 return
             mods = list(module.modules())
             slots: list[tuple[dict, str, torch.Tensor, bool]] = []
@@ -224,6 +229,5 @@ class TorchInterceptor:
                     new = nn.Parameter(p, requires_grad=t.requires_grad) if is_param else p
                     made[id(t)] = new
                 table[name] = new
-            for m in mods:
-                object.__setattr__(m, "_rrto_offloaded", True)
+            self.offloaded.update(mods)
             self.offloaded_modules += len(mods)

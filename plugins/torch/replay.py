@@ -397,9 +397,16 @@ class ReplayClient:
                 # may be used for the first time right here, and must be bound before use.
                 if h is None:
                     return None
-                if bindings.get(slot) is h:
+                bound = bindings.get(slot)
+                if bound is h:
                     continue  # its hash was checked when it was bound
                 if h.hash != aux:
+                    return None
+                if bound is not None and act.position > 0:
+                    # Another tensor of the same content where the host holds a binding (a
+                    # twin model, a reloaded one): the host runs ahead on its bindings, so
+                    # it may have used the old one already. Only a replay's first call can
+                    # rebind (before any input of it is sent); later, it is a mismatch.
                     return None
                 if bind is None:
                     bind = {}
@@ -439,14 +446,16 @@ class ReplayClient:
                 act.seq.sent[slot] = (key, bytes(raw))
                 act.seq.recent[key] = slot
         if bind is not None:
-            if frames is None:
-                frames = []
+            # Bindings go before this call's inputs: the host runs a call as soon as its
+            # inputs are there, with the weights bound at that moment.
+            binds: list[Any] = []
             for slot, h in bind.items():
                 if not h.bound:  # a weight's first use since the app (re)started
                     self.session.bind(h)
                 bindings[slot] = h
-                frames.append(ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(
+                binds.append(ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(
                     slot=slot, tensor=ops_pb2.TensorRef(id=h.id))))
+            frames = binds + (frames or [])
         return frames if frames is not None else ()
 
     def _outputs(self, act: Active, built: StepPlan, args: tuple, kwargs: dict,

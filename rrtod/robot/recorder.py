@@ -68,7 +68,16 @@ def build_definition(entries: list[LoggedCall], found: Found, persistent: dict[i
                 pos, out = value  # type: ignore[misc]
                 producer = block[pos]
                 rid = producer.outputs[out] if out >= 0 else producer.refs[-out - 1][1]
-                d.sources.add(kind=SRC.PRODUCED, id=rid)  # type: ignore[arg-type]
+                if rid in local:
+                    d.sources.add(kind=SRC.PRODUCED, id=rid)  # type: ignore[arg-type]
+                else:
+                    # State written in place earlier in this inference (a buffer's ``add_``,
+                    # an EMA copy's ``mul_``) that existed before it: the same tensor every
+                    # inference, so a constant by id; the host reads it after the write, as
+                    # it runs the calls in order, and carries it to the next inference.
+                    src = d.sources.add(kind=SRC.CONSTANT, id=rid)  # type: ignore[arg-type]
+                    if rid in metas:
+                        src.meta.CopyFrom(metas[rid])  # type: ignore[index]
             elif what == "constant" and value in persistent:
                 d.sources.add(kind=SRC.PERSISTENT, id=value, hash=persistent[value])  # type: ignore[index]
             elif what == "constant":
