@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from testkit.apps import APPS, DAEMON_ENV, HOST, MODELS, assert_same_as_local
+from testkit.apps import APPS, DAEMON_ENV, HOST, MODELS, assert_same_as_local, shim_stats
 from testkit.apps import app_env as clean_env
 from testkit.daemons import BIN, TEST_DEFAULTS, Launcher, free_port
 
@@ -123,6 +123,28 @@ def test_other_library_operator_forwarded_or_local(daemon):
         "is not on this host's allowlist (no inference model needs it; executor.allow_extra "
         "adds it))"], err
     assert out == want
+
+
+def test_reviewed_library_operators_run_on_the_host(daemon):
+    """A library in the host's reviewed table (libops.py) runs there without any allow_extra,
+    including an operator whose output size depends on data; a listed library the host does not
+    have is refused by the import probe and runs here with one warning."""
+    want = run_local("library_ops")
+    app = App("library_ops", app_env(daemon, RRTO_STATS="1"), "--hold")
+    out = app.until_hold()
+    host = host_session(daemon, app.proc.pid)
+    rc, rest, err = app.finish()
+    assert rc == 0, err
+    assert out + rest == want  # same values and shapes (kept's size came from the host)
+    stats = shim_stats(err)
+    runs = want.count("\n") // 4  # appkit prints one line per output; four outputs a frame
+    assert stats is not None and stats["local_ops"] == runs, stats  # only rrtoabsent::twice
+    assert [line for line in err.splitlines() if line.startswith("rrto: warning")] == [
+        "rrto: warning: rrtoabsent::twice.default runs locally (on this machine), not on the GPU "
+        "host: the GPU host refuses it (rrto OP_NOT_ALLOWED: operator rrtoabsent::twice.default "
+        "cannot run here: this host does not have the library rrtotest_absent_library "
+        "(ModuleNotFoundError: No module named 'rrtotest_absent_library'))"], err
+    assert host["ops"] >= 2 * runs  # keep_above and mul_add ran there, every frame
 
 
 def test_refused_operator_raises_or_runs_locally(rrtod_daemon):
