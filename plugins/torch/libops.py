@@ -249,7 +249,7 @@ def _size(d: Dim, named: Mapping[str, Any]) -> int:
         return d
     arg, dim = (d.arg, d.dim) if isinstance(d, DataDim) else d
     t = named.get(arg)
-    if not isinstance(t, torch.Tensor) or not -t.dim() <= dim < max(t.dim(), 1):
+    if not isinstance(t, torch.Tensor) or not -t.dim() <= dim < t.dim():
         raise ValueError(f"the shape rule names dimension {dim} of {arg!r}, which the call "
                          "does not have")
     return int(t.size(dim))
