@@ -186,6 +186,14 @@ def _nonzero(op: Any, args: list[Any], kwargs: dict[str, Any]) -> int:
     return t.numel() * max(t.dim(), 1) * 8  # at most every element, one int64 per dimension
 
 
+def _where(op: Any, args: list[Any], kwargs: dict[str, Any]) -> int:
+    """``where(condition)`` is ``nonzero(condition, as_tuple=True)``; the other overloads
+    (``where(condition, a, b)``) have a fixed shape."""
+    if op._overloadname == "default":
+        return _nonzero(op, args, kwargs)
+    return _meta_bytes(op, args, kwargs)
+
+
 def _masked_select(op: Any, args: list[Any], kwargs: dict[str, Any]) -> int:
     t, mask = _arg(args, kwargs, 0, "self"), _arg(args, kwargs, 1, "mask")
     try:
@@ -248,6 +256,7 @@ def _one_hot(op: Any, args: list[Any], kwargs: dict[str, Any]) -> int:
 _DATA_DEPENDENT: dict[str, Callable[..., int]] = {
     "aten::nonzero": _nonzero,
     "aten::argwhere": _nonzero,
+    "aten::where": _where,
     "aten::masked_select": _masked_select,
     "aten::_unique": _unique,
     "aten::_unique2": _unique,
