@@ -170,6 +170,12 @@ def test_data_dependent_outputs_are_bounded_by_their_inputs(tmp_path):
     (down,) = call(ex, "aten::repeat_interleave.Tensor", [up(torch.tensor([3, 1]))],
                    kwargs={"output_size": ops_pb2.Value(i=4)}, want_meta=True, sync=True, seq=6)
     assert list(down.result.outs[0].shape) == [4]
+    # where(condition) is nonzero by another name (torchvision's detectors send it)
+    (down,) = call(ex, "aten::where.default", [ref(1)], want_meta=True, sync=True, seq=7)
+    assert [list(o.shape) for o in down.result.outs] == [[2]]
+    (down,) = call(ex, "aten::where.self", [up(mask), ref(1), ref(1)], want_meta=True,
+                   sync=True, seq=8)
+    assert [list(o.shape) for o in down.result.outs] == [[4]]
 
 
 def test_shape_errors_found_on_meta_tensors_are_op_failed(tmp_path):

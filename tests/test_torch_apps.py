@@ -18,7 +18,7 @@ import torch
 
 import rrtod
 from rrtod.ctl import render_status
-from testkit.apps import APPS, DAEMON_ENV, HOST, MODELS, assert_same_as_local
+from testkit.apps import APPS, DAEMON_ENV, HOST, MODELS, assert_same_as_local, shim_stats
 from testkit.apps import app_env as clean_env
 from testkit.daemons import BIN, TEST_DEFAULTS, Launcher, free_port
 
@@ -159,6 +159,28 @@ def test_status_names_each_sessions_versions_on_both_ends(daemon):
     (robot_side,) = [s for s in status["sessions"] if s["pid"] == app.proc.pid]
     assert robot_side["versions"] == mine and robot_side["host_versions"]["torch"] == mine["torch"]
     assert f"torch {torch.__version__}" in render_status(status)
+
+
+def test_reviewed_library_operators_run_on_the_host(daemon):
+    """A library in the host's reviewed table (libops.py) runs there without any allow_extra,
+    including an operator whose output size depends on data; a listed library the host does not
+    have is refused by the import probe and runs here with one warning."""
+    want = run_local("library_ops")
+    app = App("library_ops", app_env(daemon, RRTO_STATS="1"), "--hold")
+    out = app.until_hold()
+    host = host_session(daemon, app.proc.pid)
+    rc, rest, err = app.finish()
+    assert rc == 0, err
+    assert out + rest == want  # same values and shapes (kept's size came from the host)
+    stats = shim_stats(err)
+    runs = want.count("\n") // 4  # appkit prints one line per output; four outputs a frame
+    assert stats is not None and stats["local_ops"] == runs, stats  # only rrtoabsent::twice
+    assert [line for line in err.splitlines() if line.startswith("rrto: warning")] == [
+        "rrto: warning: rrtoabsent::twice.default runs locally (on this machine), not on the GPU "
+        "host: the GPU host refuses it (rrto OP_NOT_ALLOWED: operator rrtoabsent::twice.default "
+        "cannot run here: this host does not have the library rrtotest_absent_library "
+        "(ModuleNotFoundError: No module named 'rrtotest_absent_library'))"], err
+    assert host["ops"] >= 2 * runs  # keep_above and mul_add ran there, every frame
 
 
 def test_refused_operator_raises_or_runs_locally(rrtod_daemon):

@@ -11,6 +11,8 @@ of any size, unchecked indexing, raw storages, files, nested/mkldnn/sparse inter
 even then, unless the entry is marked ``unsafe:``. ``executor.deny`` removes names. Operators the
 list or a namespace entry admits must also take only plain data (tensors, numbers, strings,
 devices, dtypes); an operator named explicitly in ``allow_extra`` is the operator's own choice.
+Operators of other libraries (``torchvision::nms``) are admitted by the reviewed table in
+``libops.py`` when the host has the library (its import is probed), with their input guards.
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from rrtod.opnames import is_name, parse_entry, split, unsafe_reason
+
+from . import libops
 
 __all__ = ["Allowlist", "BuiltinEntry", "OpNotAllowed", "builtin_entries", "builtin_names",
            "split"]
@@ -149,9 +154,9 @@ class Allowlist:
         self.allow_unsafe = frozenset(n for n, marked in parsed if marked)
         self.deny = frozenset(deny)
         self.builtin = builtin_entries()
-        self._cache: dict[str, torch._ops.OpOverload | ZeroFilled | str] = {}
+        self._cache: dict[str, Any] = {}
 
-    def resolve(self, name: str) -> torch._ops.OpOverload | ZeroFilled:
+    def resolve(self, name: str) -> Any:
         """The operator named ``name``; raises OpNotAllowed saying why not."""
         hit = self._cache.get(name)
         if hit is None:
@@ -162,13 +167,14 @@ class Allowlist:
             raise OpNotAllowed(hit)
         return hit
 
-    def _decide(self, name: str) -> torch._ops.OpOverload | ZeroFilled | str:
+    def _decide(self, name: str) -> Any:
         if not is_name(name):
             return f"{name[:200]!r} is not a qualified operator name"
         if _covers(self.deny, name):
             return f"operator {name} is denied on this host"
         ns, op_name, overload = split(name)
         full = f"{ns}::{op_name}.{overload}"
+        library = libops.entry(full)
         why = unsafe_reason(full)
         if why is not None:
             if not _covers(self.allow_unsafe, full):
@@ -177,14 +183,20 @@ class Allowlist:
             explicit = True
         else:
             explicit = (full in self.allow_extra or f"{ns}::{op_name}" in self.allow_extra)
-            if not explicit and full not in self.builtin and not _covers(self.allow_extra, full):
+            if (not explicit and full not in self.builtin and library is None
+                    and not _covers(self.allow_extra, full)):
                 return (f"operator {name} is not on this host's allowlist (no inference model "
                         "needs it; executor.allow_extra adds it)")
+        missing = libops.probe(ns)  # a reviewed library's operators exist once it is imported
+        if missing is not None:
+            return f"operator {name} cannot run here: {missing}"
         op = _lookup(full)
         if op is None:
             return f"operator {name} does not exist on this host"
         if not explicit and not _safe_schema(op):
             return f"operator {name} takes arguments that cannot be forwarded safely"
+        if library is not None:
+            return libops.guarded(op, library)
         return ZeroFilled(op) if op_name in UNINITIALIZED else op
 
     def allows(self, name: str) -> bool:

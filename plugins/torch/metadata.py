@@ -5,7 +5,8 @@ offset and dtype before the host has run anything. This module works that out: p
 overload, what its schema says (``OpInfo``: which arguments it writes, which outputs alias them);
 per call, the result's structure with a placeholder for each new tensor (``MetaCache``: meta
 execution, cached per operator and argument signature; None when the shapes depend on data,
-then the host is asked); and the proxies that fill a template once the outputs have ids
+then the host is asked: meta execution says so for aten, a library operator's shape rule in
+``libops.py`` for the others); and the proxies that fill a template once the outputs have ids
 (``materialize``). Both the forwarding path (``client.py``) and replay (``replay.py``) use it.
 """
 
@@ -18,6 +19,7 @@ import torch
 import torch.utils._mode_utils
 from torch._subclasses.fake_tensor import DynamicOutputShapeException
 
+from . import libops
 from .proxy import new_proxy
 
 # Operators answered without the host: they only relabel a handle.
@@ -30,7 +32,7 @@ class OpInfo:
     """What the client needs to know about an operator, computed once per overload."""
 
     __slots__ = ("name", "value_op", "ret_alias", "writes", "probed", "local", "namespace",
-                 "inplace_view", "alias_only", "func")
+                 "inplace_view", "alias_only", "func", "shape_rule")
 
     def __init__(self, func: torch._ops.OpOverload):
         self.func = func  # held: the client's table is keyed by its id
@@ -57,6 +59,17 @@ class OpInfo:
         self.probed = False
         self.local = False
         self.inplace_view = torch.Tag.inplace_view in func.tags  # transpose_, unsqueeze_, ...
+        # A library operator's data-dependent output sizes (libops.py): the host says them.
+        self.shape_rule = shape_rule(func)
+
+
+def shape_rule(func: Any) -> libops.ShapeRule | None:
+    """The shape rule of a reviewed library operator whose output sizes depend on data."""
+    if getattr(func, "namespace", "aten") == "aten":
+        return None
+    entry = libops.entry(f"{func.namespace}::{func._schema.name.split('::')[-1]}."
+                         f"{func._overloadname}")
+    return entry.shape if entry is not None else None
 
 
 def arg_at(args: tuple, kwargs: dict, pos: int, name: str) -> Any:
@@ -134,6 +147,8 @@ class MetaCache:
 
     def _infer(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """Output template from meta execution; None when the shapes depend on data."""
+        if shape_rule(func) is not None:  # known to depend on data: no meta attempt
+            return None
         margs = _to_meta(args)
         mkwargs = {k: _to_meta(v) for k, v in kwargs.items()}
         try:

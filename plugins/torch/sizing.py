@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from . import libops
+
 
 class Unsizable(Exception):
     """The call's output size cannot be known before it runs; it is refused."""
@@ -72,6 +74,12 @@ def measure(op: torch._ops.OpOverload, args: list[Any],
             kwargs: dict[str, Any]) -> int | Exception:
     """``new_bytes`` without the cache; an exception to raise instead of a size."""
     bound = _DATA_DEPENDENT.get(op._schema.name)
+    rule = _library_rule(op)
+    if rule is not None:  # a reviewed library operator's shape rule bounds its outputs
+        try:
+            return libops.bound_bytes(rule, op, args, kwargs)
+        except ValueError as exc:  # the call does not fit the rule
+            return MetaFailed(str(exc))
     try:
         if bound is not None:
             return bound(op, args, kwargs)
@@ -87,6 +95,13 @@ def measure(op: torch._ops.OpOverload, args: list[Any],
         if not _returns_tensors(op):
             return 0  # item(), equal(): a Python value, nothing allocated
         return MetaFailed(f"{type(exc).__name__}: {exc}")
+
+
+def _library_rule(op: torch._ops.OpOverload) -> libops.ShapeRule | None:
+    if op.namespace == "aten":
+        return None
+    lib_op = libops.entry(f"{op._schema.name}.{op._overloadname}")
+    return lib_op.shape if lib_op is not None else None
 
 
 def _returns_tensors(op: torch._ops.OpOverload) -> bool:
@@ -171,6 +186,14 @@ def _nonzero(op: Any, args: list[Any], kwargs: dict[str, Any]) -> int:
     return t.numel() * max(t.dim(), 1) * 8  # at most every element, one int64 per dimension
 
 
+def _where(op: Any, args: list[Any], kwargs: dict[str, Any]) -> int:
+    """``where(condition)`` is ``nonzero(condition, as_tuple=True)``; the other overloads
+    (``where(condition, a, b)``) have a fixed shape."""
+    if op._overloadname == "default":
+        return _nonzero(op, args, kwargs)
+    return _meta_bytes(op, args, kwargs)
+
+
 def _masked_select(op: Any, args: list[Any], kwargs: dict[str, Any]) -> int:
     t, mask = _arg(args, kwargs, 0, "self"), _arg(args, kwargs, 1, "mask")
     try:
@@ -233,6 +256,7 @@ def _one_hot(op: Any, args: list[Any], kwargs: dict[str, Any]) -> int:
 _DATA_DEPENDENT: dict[str, Callable[..., int]] = {
     "aten::nonzero": _nonzero,
     "aten::argwhere": _nonzero,
+    "aten::where": _where,
     "aten::masked_select": _masked_select,
     "aten::_unique": _unique,
     "aten::_unique2": _unique,
