@@ -48,7 +48,8 @@ def test_readme_counts_agree_with_the_committed_results():
     pages from it when they drift), and docs/compatibility.md tells the same counts."""
     results = json.loads((ROOT / "compat" / "results" / "latest.json").read_text())
     block = _block((ROOT / "README.md").read_text())
-    assert block == readme_block(results["meta"], results["rows"])
+    assert block == readme_block(results["meta"], results["rows"]), \
+        "README's compat block is stale: `.venv/bin/python -m compat.report` rewrites it"
     assert "docs/compatibility.md" in block
     assert headline(results["rows"]) in (ROOT / "docs" / "compatibility.md").read_text()
 
