@@ -7,7 +7,8 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo bench bench-quick proto proto-check lint clean fuzz compat compat-venv
+.PHONY: install test demo bench bench-quick proto proto-check lint clean fuzz compat compat-venv \
+	compat-ci
 
 install: $(STAMP)
 
@@ -61,6 +62,15 @@ $(CSTAMP): compat/requirements.txt compat/constraints.txt pyproject.toml
 
 compat: compat-venv
 	$(CVENV)/bin/python -m compat $(COMPAT_ARGS)
+
+# CI's subset (.ci/run): the models marked `ci: true` in compat/models.yaml (one or two per
+# library) and every idiom; fails unless each is ok. Writes its table under build/, never over
+# the committed docs/compatibility.md, compat/results/latest.json or the README's counts.
+CI_OUT := build/compat-ci
+compat-ci: compat-venv
+	rm -rf $(CI_OUT)
+	$(CVENV)/bin/python -m compat --ci --strict --results $(CI_OUT)/latest.json \
+		--doc $(CI_OUT)/compatibility.md $(COMPAT_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

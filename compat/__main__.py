@@ -5,11 +5,18 @@ machine, compare outputs, and rewrite docs/compatibility.md with what each run m
     python -m compat                         # everything (make compat)
     python -m compat --only tv-resnet50,hf-vit --timeout 300
     python -m compat --idioms-only
+    python -m compat --ci --strict --results build/compat-ci/latest.json \
+        --doc build/compat-ci/compatibility.md   # CI's subset (make compat-ci)
 
 Each app runs in its own process under a time limit, so a crash or a hang costs one row. The
 figures come from what the shim and the daemon already report: the shim's ``RRTO_STATS`` line at
 exit, and ``rrtoctl status`` read by the driver while the app waits at its ``MARK`` lines
 around the last ``--window`` frames (so bytes on the wire are those of steady inferences).
+
+The exit status is 0 once every entry ran, whatever its row says (the table is the result);
+with ``--strict`` it is 1 when any entry of this run is not ``ok``, as CI needs. The README's
+counts block is rewritten only by a run that writes the committed page (``--doc`` left at
+docs/compatibility.md), so a CI run into build/ leaves the tree as it was.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from compat.report import write_report
+from compat.report import update_readme, write_report
 from testkit.apps import shim_stats
 from testkit.daemons import Launcher
 
@@ -38,6 +45,7 @@ MODELS = Path(__file__).resolve().parent / "models.yaml"
 BIN = Path(sys.executable).parent
 RESULTS = ROOT / "compat" / "results" / "latest.json"
 DOC = ROOT / "docs" / "compatibility.md"
+README = ROOT / "README.md"
 
 
 def app_env(extra: dict[str, str]) -> dict[str, str]:
@@ -225,6 +233,8 @@ def _last_line(result: dict[str, Any]) -> str:
 
 def load_entries(args: argparse.Namespace) -> list[dict[str, Any]]:
     entries = [] if args.idioms_only else yaml.safe_load(MODELS.read_text())
+    if getattr(args, "ci", False):
+        entries = [e for e in entries if e.get("ci")]
     if not args.models_only:
         from compat.idioms import IDIOMS
         entries += [{"name": f"idiom-{n}", "library": "idiom", "module": "compat.idioms.run",
@@ -260,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", help="comma-separated entry names")
     p.add_argument("--models-only", action="store_true")
     p.add_argument("--idioms-only", action="store_true")
+    p.add_argument("--ci", action="store_true",
+                   help="only the models marked `ci: true` in models.yaml (and every idiom)")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 when an entry of this run is not ok (CI)")
     p.add_argument("--frames", type=int, default=5)
     p.add_argument("--window", type=int, default=2, help="steady frames measured at the end")
     p.add_argument("--timeout", type=float, default=240.0, help="seconds per app run")
@@ -274,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             "versions": _versions()}
     previous = json.loads(args.results.read_text())["rows"] if args.results.exists() else []
     rows: dict[str, dict[str, Any]] = {r["name"]: r for r in previous}
+    this_run: list[dict[str, Any]] = []
     args.results.parent.mkdir(parents=True, exist_ok=True)
     # One thread on both sides, as the app (compat/app.py): the host then runs each operator
     # with the kernels and summation order that local execution used, so outputs can be bitwise.
@@ -286,13 +301,28 @@ def main(argv: list[str] | None = None) -> int:
             row = measure(entry, daemon, args, Path(tmp))
             row["measured"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             rows[entry["name"]] = row
+            this_run.append(row)
             print(f"{entry['name']:40s} {row['status']:12s} {time.monotonic() - t0:6.1f} s "
                   f"{row.get('symptom', '')[:100]}", flush=True)
             ordered = [rows[n] for n in load_entries_all() if n in rows]
             args.results.write_text(json.dumps({"meta": meta, "rows": ordered}, indent=1,
                                                default=str))
             write_report(args.doc, meta, ordered)
-    return 0
+            if args.doc.resolve() == DOC.resolve():
+                update_readme(README, meta, ordered)
+    failed = failures(this_run)
+    for line in failed:
+        print(f"FAILED {line}", flush=True)
+    print(f"{len(this_run) - len(failed)} of {len(this_run)} entries ok; table: {args.doc}",
+          flush=True)
+    return 1 if args.strict and (failed or not this_run) else 0
+
+
+def failures(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per row that is not ``ok`` (its name, status and symptom): what ``--strict``
+    fails on."""
+    return [f"{r['name']}: {r['status']} {r.get('symptom', '')}".rstrip()
+            for r in rows if r.get("status") != "ok"]
 
 
 def _versions() -> dict[str, str]:

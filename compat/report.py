@@ -1,6 +1,10 @@
 """docs/compatibility.md from the corpus's rows (compat/results/latest.json): counts, then one
-table row per model and idiom. Written by ``python -m compat`` after every entry, so a run cut
-short still leaves a true (if partial) page."""
+table row per model and idiom; and the README's block with the same counts (``counts`` computes
+them once for both, so the two pages cannot tell different numbers). Written by ``python -m
+compat`` after every entry, so a run cut short still leaves a true (if partial) page.
+
+``python -m compat.report [MORE.json ...]`` merges rows of other runs into latest.json and
+rewrites both pages; with no argument it only rewrites the pages from latest.json."""
 
 from __future__ import annotations
 
@@ -42,11 +46,26 @@ def _replay(r: dict[str, Any]) -> str:
     return f"0 of {len(by)}: {why}"
 
 
-def write_report(path: Path, meta: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+def counts(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """The headline numbers: models whose outputs equal local (``ok``) of those measured, how
+    many of those replay, idioms passing of those measured."""
     models = [r for r in rows if r["library"] != "idiom"]
     idioms = [r for r in rows if r["library"] == "idiom"]
     ok = [r for r in models if r["status"] == "ok"]
-    replay = [r for r in ok if sum((r.get("by_inference") or {}).get("replays") or [0])]
+    return {"models": len(models), "ok": len(ok),
+            "replay": sum(1 for r in ok if sum((r.get("by_inference") or {}).get("replays")
+                                               or [0])),
+            "idioms": len(idioms), "idioms_ok": sum(r["status"] == "ok" for r in idioms)}
+
+
+def headline(rows: list[dict[str, Any]]) -> str:
+    """One sentence with the counts, the same on docs/compatibility.md and in the README."""
+    c = counts(rows)
+    return (f"**{c['ok']} of {c['models']} models offload correctly** (outputs equal to local), "
+            f"**{c['replay']} replay**; {c['idioms_ok']} of {c['idioms']} idioms pass")
+
+
+def write_report(path: Path, meta: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     v = meta["versions"]
     lines = [
         "# Compatibility with real model code",
@@ -62,9 +81,7 @@ def write_report(path: Path, meta: dict[str, Any], rows: list[dict[str, Any]]) -
         f"Python {meta['python']}, {meta['cpus']} CPUs shared with other work (latencies are "
         "noisy); the GPU host computes on the same CPU.",
         "",
-        f"**{len(ok)} of {len(models)} models offload correctly** (outputs equal to local), "
-        f"**{len(replay)} replay**; {sum(r['status'] == 'ok' for r in idioms)} of "
-        f"{len(idioms)} idioms pass; {len(rows)} of the corpus's entries measured in this run"
+        f"{headline(rows)}; {len(rows)} of the corpus's entries measured in this run"
         + (" (rows of several runs of the same code merged: `python -m compat.report`)"
            if meta.get("merged_from") else "") + ".",
         "",
@@ -96,9 +113,37 @@ def write_report(path: Path, meta: dict[str, Any], rows: list[dict[str, Any]]) -
     path.write_text("\n".join(lines))
 
 
-def merge(results: Path, doc: Path, extra: list[Path]) -> None:
+README_BEGIN = ("<!-- compat:begin (compat/report.py writes this block from "
+                "compat/results/latest.json) -->")
+README_END = "<!-- compat:end -->"
+
+
+def readme_block(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """The README's block: the counts of the committed run and the link to its table."""
+    v = meta["versions"]
+    return (f"{headline(rows)} in the latest run of `make compat` ({meta['started']}, torch "
+            f"{v['torch']}, torchvision {v['torchvision']}, timm {v['timm']}, transformers "
+            f"{v['transformers']}, ultralytics {v['ultralytics']}): per model and idiom, the "
+            "status, output difference, replay or why not, round trips, bytes on the wire and "
+            "latency in [docs/compatibility.md](docs/compatibility.md).")
+
+
+def update_readme(readme: Path, meta: dict[str, Any], rows: list[dict[str, Any]]) -> bool:
+    """Replace the README's compat block (between its markers) with ``readme_block``; a README
+    without the markers is left alone (False)."""
+    text = readme.read_text()
+    begin, end = text.find(README_BEGIN), text.find(README_END)
+    if begin < 0 or end < begin:
+        return False
+    readme.write_text(text[:begin + len(README_BEGIN)] + "\n" + readme_block(meta, rows) + "\n"
+                      + text[end:])
+    return True
+
+
+def merge(results: Path, doc: Path, extra: list[Path], readme: Path | None = None) -> None:
     """Rows of other runs (``python -m compat --results X``) into ``results``: a row of a later
-    file replaces the same model's row; the page is rewritten from the merged rows."""
+    file replaces the same model's row; the page (and ``readme``'s block) is rewritten from the
+    merged rows. With no ``extra``, only the pages are rewritten."""
     import json
 
     from compat.__main__ import load_entries_all
@@ -107,15 +152,20 @@ def merge(results: Path, doc: Path, extra: list[Path]) -> None:
     for path in extra:
         for r in json.loads(path.read_text())["rows"]:
             rows[r["name"]] = r
-    ordered = [rows[n] for n in load_entries_all() if n in rows]
-    base["rows"] = ordered
-    base["meta"]["merged_from"] = [str(p) for p in extra]
-    results.write_text(json.dumps(base, indent=1, default=str))
+    if not extra:
+        ordered = base["rows"]
+    else:
+        ordered = [rows[n] for n in load_entries_all() if n in rows]
+        base["rows"] = ordered
+        base["meta"]["merged_from"] = [str(p) for p in extra]
+        results.write_text(json.dumps(base, indent=1, default=str))
     write_report(doc, base["meta"], ordered)
+    if readme is not None:
+        update_readme(readme, base["meta"], ordered)
 
 
 if __name__ == "__main__":
     import sys
 
-    from compat.__main__ import DOC, RESULTS
-    merge(RESULTS, DOC, [Path(p) for p in sys.argv[1:]])
+    from compat.__main__ import DOC, README, RESULTS
+    merge(RESULTS, DOC, [Path(p) for p in sys.argv[1:]], README)
