@@ -65,6 +65,16 @@ def headline(rows: list[dict[str, Any]]) -> str:
             f"**{c['replay']} replay**; {c['idioms_ok']} of {c['idioms']} idioms pass")
 
 
+
+def _when(rows: list[dict[str, Any]]) -> str:
+    """When the rows were measured: a ``--only`` run re-measures its entries and keeps the
+    others' rows, so a table may span several runs (and commits); say so instead of hiding it."""
+    times = sorted(r["measured"] for r in rows if r.get("measured"))
+    if not times or times[0][:16] == times[-1][:16]:
+        return ""
+    return (f", measured from {times[0]} to {times[-1]} (a `--only` run re-measures its "
+            "entries and keeps the other rows; each row's time is in compat/results/latest.json)")
+
 def write_report(path: Path, meta: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     v = meta["versions"]
     lines = [
@@ -81,9 +91,7 @@ def write_report(path: Path, meta: dict[str, Any], rows: list[dict[str, Any]]) -
         f"Python {meta['python']}, {meta['cpus']} CPUs shared with other work (latencies are "
         "noisy); the GPU host computes on the same CPU.",
         "",
-        f"{headline(rows)}; {len(rows)} of the corpus's entries measured in this run"
-        + (" (rows of several runs of the same code merged: `python -m compat.report`)"
-           if meta.get("merged_from") else "") + ".",
+        f"{headline(rows)}; {len(rows)} entries{_when(rows)}.",
         "",
         "Columns: *equal*: outputs against local execution of the same app (bitwise, or the "
         "max abs difference); *ops/inf*: operators per inference (forwarded + replayed + run "
