@@ -356,3 +356,23 @@ def test_a_tensor_read_back_mid_model_keeps_its_layout_on_the_host(tmp_path):
         finally:
             itc.uninstall()
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+def test_a_convolution_of_a_channels_last_input_stays_channels_last_on_the_host(offload):
+    """timm's ConvNeXt-V2: ``LayerNorm2d`` permutes to NHWC and back, so the depthwise conv gets
+    a channels-last input, and the CPU kernel returns a channels-last result. The meta kernel
+    answers C-contiguous; the proxy said so and the host copied its result into that layout,
+    and GELU after it rounds by layout (outputs differed from local by ~3e-7). The proxy must
+    describe the device kernel's layout."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(8, 8, 7, padding=3, groups=8).eval()
+    xs = [torch.randn(1, 12, 12, 8).permute(0, 3, 1, 2) for _ in range(4)]  # NHWC, as LayerNorm2d
+    with torch.no_grad():
+        want = [conv(x) for x in xs]
+        want_gelu = [nn.functional.gelu(w) for w in want]
+        offload()
+        got = [conv(x) for x in xs]
+        got_gelu = [nn.functional.gelu(g).cpu() for g in got]
+    assert [g.stride() for g in got] == [w.stride() for w in want]
+    assert all(torch.equal(g.cpu(), w) for g, w in zip(got, want, strict=True))
+    assert all(torch.equal(g, w) for g, w in zip(got_gelu, want_gelu, strict=True))

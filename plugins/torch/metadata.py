@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 import torch.utils._mode_utils
-from torch._subclasses.fake_tensor import DynamicOutputShapeException
+from torch._prims_common import suggest_memory_format
+from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensor, FakeTensorMode
 
 from . import libops
 from .proxy import new_proxy
@@ -26,6 +27,20 @@ from .proxy import new_proxy
 _LOCAL_ALIAS = {torch.ops.aten.detach.default, torch.ops.aten.alias.default,
                 torch.ops.aten.lift_fresh.default}
 META_CACHE_ENTRIES = 50_000  # distinct (operator, argument signature) pairs kept
+# Operators whose output layout the device kernel chooses: the meta kernel of a convolution
+# always answers C-contiguous, while the CPU (mkldnn) and CUDA (cuDNN) kernels keep a
+# channels-last input channels-last. torch's fake-tensor implementation asks the backend
+# selector of the tensors' device, as eager does; the proxy must describe that layout, or the
+# host copies its result into another layout and the next layout-sensitive kernels (GELU,
+# reductions, ...) round differently from local execution.
+# The app may be intercepted above the decomposition of ``conv2d`` and friends: every overload
+# of the convolution entry points.
+_DEVICE_LAYOUT = {
+    getattr(packet, overload)
+    for packet in (getattr(torch.ops.aten, name) for name in (
+        "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+        "convolution", "_convolution"))
+    for overload in packet.overloads()}
 
 
 class OpInfo:
@@ -115,6 +130,32 @@ def _template(result: Any, outs: list[Out]) -> Any:
     return result
 
 
+def _to_fake(x: Any, mode: FakeTensorMode) -> Any:
+    if isinstance(x, torch.Tensor):
+        return FakeTensor(mode, _meta_like(x), x.device)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_fake(v, mode) for v in x)
+    return x
+
+
+def _any_channels_last(margs: tuple) -> bool:
+    """Whether a tensor argument suggests another memory format than C-contiguous: only then
+    can the device kernel's layout differ from the meta kernel's (and only then is the cost of
+    a fake-tensor mode, whose first use imports TorchDynamo, ~1-2 s once per process, paid)."""
+    return any(isinstance(a, torch.Tensor) and a.dim() >= 4
+               and suggest_memory_format(a) != torch.contiguous_format for a in margs)
+
+
+def _device_layout_call(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``func``'s result as fake tensors on the arguments' devices: their layouts are those
+    the device kernels give (see ``_DEVICE_LAYOUT``)."""
+    mode = FakeTensorMode()
+    fargs = _to_fake(args, mode)
+    fkwargs = {k: _to_fake(v, mode) for k, v in kwargs.items()}
+    with mode:
+        return func(*fargs, **fkwargs)
+
+
 def _to_meta(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
         return _meta_like(x)
@@ -153,6 +194,8 @@ class MetaCache:
         mkwargs = {k: _to_meta(v) for k, v in kwargs.items()}
         try:
             result = func(*margs, **mkwargs)
+            if func in _DEVICE_LAYOUT and _any_channels_last(margs):
+                result = _device_layout_call(func, args, kwargs)
         except DynamicOutputShapeException:
             return None
         except Exception:  # no meta kernel, or an error the host will report verbatim
