@@ -2,8 +2,8 @@
 
     python -m bench.oplist                 # observe what this interpreter can, then merge
     python -m bench.oplist --merge-only    # rewrite the list from the committed observations
-    /work/venv-tv/bin/python -m bench.oplist --sources torchvision,timm,transformers
-    /work/venv-tv/bin/python -m bench.oplist --sources compat --only '^(timm|hf)-'  # a subset
+    .venv-compat/bin/python -m bench.oplist --sources torchvision,timm,transformers
+    .venv-compat/bin/python -m bench.oplist --sources compat --only '^(timm|hf)-'  # a subset
 
 Observation: each model runs (random weights, built from its config: nothing is downloaded) under
 the three grad modes apps use (default grad, ``no_grad``, ``inference_mode``: composite operators

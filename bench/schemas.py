@@ -2,7 +2,7 @@
 for an app on one and a host on the other (docs/offloading.md, Versions).
 
     .venv/bin/python -m bench.schemas dump /tmp/a.json          # this interpreter's torch
-    /work/venv-tv/bin/python -m bench.schemas dump /tmp/b.json  # another one
+    .venv-compat/bin/python -m bench.schemas dump /tmp/b.json  # another one
     python -m bench.schemas compare /tmp/a.json /tmp/b.json      # differing, and allowlisted
 
 A schema is ``str(op._schema)`` of every registered operator overload, as the client hashes it
