@@ -112,6 +112,11 @@ class ReplayExtension(Protocol):
         """Write a snapshot back in place, so views of those tensors see the old values."""
         ...
 
+    def shape(self, tid: int) -> tuple[int, ...] | None:
+        """The sizes of live tensor ``tid`` (None if it is not live): a replayed call's
+        integer arguments that follow this inference's data (``SymbolicInt``)."""
+        ...
+
     def missing(self, ids: list[int]) -> list[int]:
         """Those of ``ids`` that are not live in this session (released, or never made)."""
         ...

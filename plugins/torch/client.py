@@ -160,6 +160,8 @@ class RemoteSession:
         kind = down.WhichOneof("msg")
         if kind == "fetched" and down.fetched.seq == 0 and self.replay is not None:
             self.replay.pushed(down.fetched)  # a replayed output, sent unasked
+        elif kind == "answer" and self.replay is not None:
+            self.replay.answered(down.answer)  # a replayed call's reply, sent unasked
         elif kind == "sequence":
             if self.replay is not None:
                 self.replay.define(down.sequence)

@@ -352,6 +352,11 @@ class TorchExecutor:
         """Ids no live tensor has: a sequence reading one as its constant can never match."""
         return [i for i in ids if self.store.get(i) is None]
 
+    def shape(self, tid: int) -> tuple[int, ...] | None:
+        """The live tensor's sizes (a replayed call's symbolic integers), None if not live."""
+        t = self.store.get(tid)
+        return None if t is None else tuple(t.shape)
+
     def restore(self, token: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Write the copies back in place, so views of those tensors see the old values too."""
         with torch.inference_mode():

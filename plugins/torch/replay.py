@@ -10,11 +10,20 @@ app data with the recorded metadata (an input, streamed to the host as it appear
 call gets proxies at once, with the metadata recorded for it, and no message. Anything else is
 a mismatch: the host is told the position, keeps what came before and drops the rest, and the
 call is forwarded as usual.
+
+Sizes that follow the data (a detector's boxes above a threshold, ``rrtod.robot.shapes``): a
+call whose output shapes only the data decides, or that returns a value (``item()``,
+``bool(t)``), is answered by the host (``ReplayAnswer``), which runs ahead of the app; the app
+waits only if it gets there first. An integer argument the sequence names as a size of this
+inference's tensors (``SymbolicInt``) matches only if it is that size now. From the sequence's
+``varies_from`` on, each call's outputs are worked out from its arguments every time (a cache
+lookup per argument signature) instead of once.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 from dataclasses import dataclass, field
 from time import thread_time_ns
@@ -29,6 +38,7 @@ from . import codec
 from .metadata import OpInfo, Out, materialize
 from .proxy import Handle, RemoteTensor, new_proxy
 from .session_api import Session
+from .sizing import flatten_tensors as sizing_flatten
 
 SRC = ops_pb2.SeqSource
 # Source kinds as plain ints: ``SRC.PRODUCED`` is a Python-level enum lookup on every use.
@@ -131,6 +141,12 @@ class Step:
     flat: tuple[int, tuple[int, ...], tuple[tuple[int, Any, type, tuple[type, ...] | None],
                                             ...]] | None = None
     built: StepPlan | None = None  # once known (the step's first replay)
+    answered: bool = False  # its outputs' shapes are the host's answer (``ReplayAnswer``)
+    variable: bool = False  # its shapes may differ each inference: planned every time
+    # symbolic integers: (path into the stripped arguments, local index of the tensor, first
+    # dimension, number of dimensions whose sizes multiply)
+    syms: list[tuple[tuple[Any, ...], int, int, int]] = field(default_factory=list)
+    any_shape: frozenset[int] = frozenset()  # INPUT slots of any shape (dtype and rank fixed)
 
 
 @dataclass
@@ -148,6 +164,7 @@ class Sequence:
     recent: dict[tuple[Any, ...], int] = field(default_factory=dict)
     mismatches: int = 0
     failed: bool = False  # the host could not replay it
+    sized: frozenset[int] = frozenset()  # local indices whose sizes symbolic integers use
 
     @property
     def id(self) -> int:
@@ -189,15 +206,26 @@ def compile_sequence(d: ops_pb2.SequenceDef) -> Sequence:
             aux = (local[src.id] if src.kind == _PRODUCED else bytes(src.hash)
                    if src.kind == _PERSISTENT else src.id)
             step.checks.append((s, src.kind, aux))
-        if not skw and all(a is _T or _plain(a) for a in sargs):
+        step.answered = call.want_meta
+        step.variable = d.HasField("varies_from") and len(steps) >= d.varies_from
+        step.any_shape = frozenset(s for s in slots if d.sources[s].any_shape)
+        if not skw and not step.any_shape and all(a is _T or _plain(a) for a in sargs):
             step.flat = (len(sargs), tuple(i for i, a in enumerate(sargs) if a is _T),
                          tuple((i, a, type(a), tuple(map(type, a))
                                 if isinstance(a, (list, tuple)) else None)
                                for i, a in enumerate(sargs) if a is not _T))
         steps.append(step)
+    for sym in d.symbols:
+        if sym.call >= len(steps) or sym.tensor not in local:
+            raise ValueError(f"sequence {d.id}: a symbolic integer names no call or tensor")
+        step = steps[sym.call]
+        step.syms.append(((sym.kwarg or sym.arg, *sym.items), local[sym.tensor], sym.dim,
+                          max(sym.span, 1)))
+        step.flat = None  # matched against this inference's sizes: the general path
     outputs = {local[o] for o in d.outputs}
     last_writer = {i: k for k, st in enumerate(steps) for i in st.out_local if i is not None}
-    return Sequence(d, steps, local, last_writer, outputs)
+    return Sequence(d, steps, local, last_writer, outputs,
+                    sized=frozenset(i for st in steps for _p, i, _d, _n in st.syms))
 
 
 @dataclass
@@ -205,6 +233,32 @@ class Active:
     seq: Sequence
     base: int
     position: int = 0
+    sizes: dict[int, tuple[int, ...]] = field(default_factory=dict)  # ``Sequence.sized`` now
+
+
+def _with_sizes(step: Step, act: Active) -> tuple[list[Any], dict[str, Any]] | None:
+    """The step's stripped arguments with its symbolic integers set to this inference's
+    sizes; None if a size is not known (its tensor was not made by this replay)."""
+    args, kwargs = list(step.args), dict(step.kwargs)
+    for path, i, dim, span in step.syms:
+        shape = act.sizes.get(i)
+        if shape is None or dim + span > len(shape):
+            return None
+        top, *items = path
+        where: Any = kwargs if isinstance(top, str) else args
+        where[top] = _put(where[top], items, math.prod(shape[dim:dim + span]))
+    return args, kwargs
+
+
+def _put(x: Any, items: list[int], value: int) -> Any:
+    """``x`` (a stripped argument) with the integer at ``items`` replaced by ``value``."""
+    if not items:
+        return value
+    if not isinstance(x, (list, tuple)) or items[0] >= len(x):
+        return x  # not the recorded structure: the comparison fails anyway
+    out = list(x)
+    out[items[0]] = _put(x[items[0]], items[1:], value)
+    return type(x)(out)
 
 
 class ReplayClient:
@@ -220,7 +274,9 @@ class ReplayClient:
         self._pushed: dict[int, ops_pb2.TensorData] = {}
         self._aborted: dict[int, int] = {}  # inference base -> position of its mismatch
         self._replied_bases: set[int] = set()  # inferences whose reply the app has read
-        self._waiting: dict[int, threading.Event] = {}
+        # Waits for a pushed output (by id) or an answer (by (base, position)).
+        self._waiting: dict[Any, threading.Event] = {}
+        self._answers: dict[tuple[int, int], ops_pb2.OpResult] = {}
         self._give_up: list[int] = []  # sequences the host failed: the robot records again
         self._lock = threading.Lock()
         self._upload_meta: dict[Any, bytes] = {}  # codec.replay_upload's metadata cache
@@ -228,7 +284,7 @@ class ReplayClient:
         # once per step, so not part of the per-operator cost (``replay_shim_ns``).
         self.planning_ns = 0
         self.counters = {"replays": 0, "mismatches": 0, "replayed_ops": 0, "dropped": 0,
-                         "failed": 0}
+                         "failed": 0, "answer_waits": 0}
 
     # ----- from the reader thread -----
     def define(self, d: ops_pb2.SequenceDef) -> None:
@@ -275,6 +331,14 @@ class ReplayClient:
         if event is not None:
             event.set()
 
+    def answered(self, answer: ops_pb2.ReplayAnswer) -> None:
+        key = (answer.base_id, answer.position)
+        with self._lock:
+            self._answers[key] = answer.result
+            event = self._waiting.pop(key, None)
+        if event is not None:
+            event.set()
+
     # ----- from the app's threads -----
     @property
     def active(self) -> Active | None:
@@ -289,10 +353,8 @@ class ReplayClient:
         act = getattr(self._tls, "active", None)
         if act is not None and act.seq.failed:
             self._tls.active = act = None  # failed on the host: forward from here on
-        if info.value_op:  # its value is a download: replay cannot answer it locally
-            if act is not None:
-                self._mismatch(act)
-            return MISS
+        if info.value_op and act is None:
+            return MISS  # a value read outside a replay: forwarded (a sequence never starts so)
         if act is None:
             for seq in self.sequences.get(thread, ()):
                 if seq.steps[0].op != info.name:
@@ -317,16 +379,24 @@ class ReplayClient:
             if frames:
                 self.session.send_frames(frames)
         step = act.seq.steps[act.position]
+        if step.answered or info.value_op:
+            result = self._answer(act, args, kwargs)
+            if result is MISS:
+                self._mismatch(act)
+                return MISS
+            return self._advance(act, result)
         built = step.built
         if built is None:
             t0 = thread_time_ns()
             try:
-                built = step.built = self._plan(step, func, args, kwargs, info)
+                built = self._plan(step, func, args, kwargs, info)
             except _Unreplayable:
                 self._mismatch(act)
                 return MISS
             finally:
                 self.planning_ns += thread_time_ns() - t0
+            if not step.variable:
+                step.built = built
         single = built.single
         if single is not None:  # the common case: one new tensor
             i, shape, stride, offset, dtype = single
@@ -339,11 +409,65 @@ class ReplayClient:
                             for i, shape, stride, offset, dtype in built.multi])
         else:
             result = self._outputs(act, built, args, kwargs, info)
+        if act.seq.sized:
+            self._note_sizes(act, step, result)
+        return self._advance(act, result)
+
+    def _advance(self, act: Active, result: Any) -> Any:
         act.position += 1
         self.counters["replayed_ops"] += 1
         if act.position == len(act.seq.steps):
             self._tls.active = None
             act.seq.mismatches = 0
+        return result
+
+    @staticmethod
+    def _note_sizes(act: Active, step: Step, result: Any) -> None:
+        """Keep the sizes of this step's outputs that symbolic integers of later steps use."""
+        outs: list[Any] = []
+        sizing_flatten(result, outs)
+        for i, t in zip(step.out_local, outs, strict=False):
+            if i is not None and i in act.seq.sized:
+                act.sizes[i] = tuple(t.shape)
+
+    def _answer(self, act: Active, args: tuple, kwargs: dict) -> Any:
+        """The host's reply to the current step (``ReplayAnswer``), as forwarding would have
+        returned it: proxies with the sizes the host found, or a value. Waits for it if the
+        app got here first. MISS if it never comes (the host failed, or is gone)."""
+        key = (act.base, act.position)
+        waited = False
+        with self._lock:
+            reply = self._answers.pop(key, None)
+            if reply is None:
+                event = self._waiting.setdefault(key, threading.Event())
+        if reply is None:
+            waited = True
+            self.counters["answer_waits"] += 1
+            self.session.release_now(RELEASE_EARLY_AT)
+            while not event.wait(0.5):
+                if self.session.lost is not None or act.seq.failed:
+                    break
+            with self._lock:
+                self._waiting.pop(key, None)
+                reply = self._answers.pop(key, None)
+            if reply is None:
+                return MISS
+        with self._lock:
+            self._replied_base(act.base, waited)
+        device = self.session.app_device(args, kwargs)
+        metas = iter(reply.outs)
+        session = self.session
+
+        def proxy(ref: ops_pb2.TensorRef) -> torch.Tensor:
+            m = next(metas)
+            return new_proxy(Handle(session, ref.id), tuple(m.shape), tuple(m.stride),
+                             m.storage_offset, codec.dtype_of(m.dtype), device)
+        try:
+            result = codec.decode_value(reply.value, proxy, torch.device)
+        except (codec.CodecError, StopIteration):
+            return MISS
+        if act.seq.sized:
+            self._note_sizes(act, act.seq.steps[act.position], result)
         return result
 
     def _match(self, act: Active, args: tuple, kwargs: dict, info: OpInfo,
@@ -369,11 +493,17 @@ class ReplayClient:
                     return None
             found = [args[i] for i in tensors]
         else:
+            want_args, want_kwargs = step.args, step.kwargs
+            if step.syms:
+                sized = _with_sizes(step, act)
+                if sized is None:
+                    return None
+                want_args, want_kwargs = sized
             found = []
-            if _strip(list(args), found) != step.args:
+            if _strip(list(args), found) != want_args:
                 return None
-            if kwargs or step.kwargs:
-                if {k: _strip(kwargs[k], found) for k in sorted(kwargs)} != step.kwargs:
+            if kwargs or want_kwargs:
+                if {k: _strip(kwargs[k], found) for k in sorted(kwargs)} != want_kwargs:
                     return None
             if len(found) != len(step.slots):
                 return None
@@ -421,7 +551,10 @@ class ReplayClient:
                     frame: Any = ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=slot, tensor=ref))
                 else:
                     key = _input_key(t)
-                    if key != step.input_keys.get(slot):
+                    want = step.input_keys.get(slot)
+                    if key != want and not (
+                            slot in step.any_shape and want is not None
+                            and key[0] == want[0] and len(key[1]) == len(want[1])):
                         return None
                     raw = codec.raw_bytes(t if t.device.type == "cpu" else t.cpu())
                     if sent is None:
@@ -474,8 +607,8 @@ class ReplayClient:
             raise _Unreplayable  # shapes depend on data, or not the recorded outputs
         tmpl, outs = built
         # The host lays each output out as recorded: the proxies must say the same layout.
-        if step.out_meta and [(o.dtype, tuple(o.shape), tuple(o.stride), o.offset)
-                              for o in outs] != step.out_meta:
+        if step.out_meta and not step.variable and [
+                (o.dtype, tuple(o.shape), tuple(o.stride), o.offset) for o in outs] != step.out_meta:
             raise _Unreplayable
         plan: list[int | None] = []
         for k, i in enumerate(step.out_local):
@@ -557,7 +690,9 @@ class ReplayClient:
         the reply to its start frame (``replay_replies``): one round trip the app's inference
         depended on, whether or not it arrived before the app read it; ``push_waits`` counts
         those the app had to wait for. (``round_trips`` stays the replies to requests.)"""
-        base = REPLAY_BASE + ((oid - REPLAY_BASE) // SPAN) * SPAN
+        self._replied_base(REPLAY_BASE + ((oid - REPLAY_BASE) // SPAN) * SPAN, waited)
+
+    def _replied_base(self, base: int, waited: bool) -> None:
         if base in self._replied_bases:
             return
         self._replied_bases.add(base)
@@ -584,4 +719,6 @@ class ReplayClient:
                 del self._pushed[oid]
             for b in [b for b in self._aborted if b < base]:
                 del self._aborted[b]
+            for key in [k for k in self._answers if k[0] < base]:
+                del self._answers[key]
             self._replied_bases = {b for b in self._replied_bases if b >= base}

@@ -6,13 +6,19 @@ session's executor exactly as a forwarded call would be. So replay computes what
 would have computed, with the same operator allowlist and quota.
 
 Calls run as soon as their inputs are here; each value the app downloads is pushed back the
-moment it exists (``Fetched`` with ``seq`` 0 and its id). On ``ReplayAbort(position)`` the
-values of calls before ``position`` stay in the session (the app holds proxies of them), the
+moment it exists (``Fetched`` with ``seq`` 0 and its id). A call whose result the app needs to
+go on (output shapes that depend on data, recorded with ``want_meta``, or a value such as
+``item()``) sends its reply as a ``ReplayAnswer`` as soon as it has run. Integer arguments that
+are sizes of this inference's tensors (``SymbolicInt``) are filled in from those tensors, so the
+host runs ahead through a detector's data-dependent head without waiting for the app.
+
+On ``ReplayAbort(position)`` the values of calls before ``position`` stay in the session (the app holds proxies of them), the
 rest are released; the session goes on forwarding.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -59,6 +65,9 @@ class Compiled:
     # CONSTANT slots whose recorded tensor the app released (and nothing was bound since): a
     # call reading one waits, for the app can no longer match it (its abort follows)
     gone: set[int] = field(default_factory=set)
+    # per call: its symbolic integers, as (path to the Value to set, local index of the tensor,
+    # first dimension, number of dimensions multiplied)
+    symbols: dict[int, list[tuple[list[Any], int, int, int]]] = field(default_factory=dict)
 
 
 def compile_sequence(d: ops_pb2.SequenceDef,
@@ -117,9 +126,50 @@ def compile_sequence(d: ops_pb2.SequenceDef,
             constants.setdefault(src.id, []).append(slot)
     constant_slots = {slot for slots in constants.values() for slot in slots}
     constants_at = [[s for s, *_ in plan if s in constant_slots] for plan in binding]
+    symbols: dict[int, list[tuple[list[Any], int, int, int]]] = {}
+    made_at: dict[int, int] = {}  # local index -> the first call that makes it
+    for k, call in enumerate(d.calls):
+        for r in call.out_ids:
+            if r in local:
+                made_at.setdefault(local[r], k)
+        for _s, _r, kind, bind, _p in binding[k]:
+            if kind == "upload" and bind is not None:
+                made_at.setdefault(bind, k)
+    for sym in d.symbols:
+        if sym.call >= len(d.calls) or sym.tensor not in local:
+            raise ValueError(f"sequence {d.id}: symbolic integer of call {sym.call} names no "
+                             "call or no tensor of the inference")
+        _int_at(d.calls[sym.call], sym)  # the path must lead to an integer
+        path = [sym.kwarg if sym.kwarg else sym.arg, *sym.items]
+        symbols.setdefault(sym.call, []).append((path, local[sym.tensor], sym.dim,
+                                                 max(sym.span, 1)))
+        # the tensor must exist when the call runs: made by an earlier call of the inference
+        if made_at.get(local[sym.tensor], len(d.calls)) >= sym.call:
+            raise ValueError(f"sequence {d.id}: call {sym.call} uses a size of a tensor made "
+                             "after it")
     return Compiled(d, local, inputs, outputs, pushes, writes, mutates, binding,
                     last_use, free_after, written=written, constants=constants,
-                    constants_at=constants_at)
+                    constants_at=constants_at, symbols=symbols)
+
+
+def _int_at(call: ops_pb2.OpCall, sym: ops_pb2.SymbolicInt) -> ops_pb2.Value:
+    """The integer argument a symbol names in ``call``; ValueError if there is none."""
+    if sym.kwarg:
+        if sym.kwarg not in call.kwargs:
+            raise ValueError(f"call {sym.call} has no keyword argument {sym.kwarg!r}")
+        v = call.kwargs[sym.kwarg]
+    elif sym.arg < len(call.args):
+        v = call.args[sym.arg]
+    else:
+        raise ValueError(f"call {sym.call} has no argument {sym.arg}")
+    for j in sym.items:
+        kind = v.WhichOneof("kind")
+        if kind not in ("list", "tuple") or j >= len(getattr(v, kind).items):
+            raise ValueError(f"call {sym.call}: no item {j} in argument {sym.arg}")
+        v = getattr(v, kind).items[j]
+    if v.WhichOneof("kind") != "i":
+        raise ValueError(f"call {sym.call}: the symbolic argument is not an integer")
+    return v
 
 
 @dataclass
@@ -323,6 +373,9 @@ class HostReplayer:
                 return  # reads a constant the app let go of: the app's abort follows
             refs, out_ids = self._bind(act, k)
             prepared = act.seq.prepared[k] if act.seq.prepared else None
+            answered = act.seq.definition.calls[k].want_meta
+            if answered or k in act.seq.symbols:
+                prepared = None  # this inference's sizes go into the call itself
             call = None
             if act.seq.writes[k] or act.seq.mutates[k]:
                 ids = [out_ids[j] for j in act.seq.writes[k]]
@@ -334,14 +387,21 @@ class HostReplayer:
                 downs = self.replay.run_prepared(prepared, refs, out_ids)
             else:
                 call = call or self._rebind(act, k, refs, out_ids)
+                if k in act.seq.symbols and not self._sizes(act, k, call, emit):
+                    return
+                call.want_meta = answered
                 downs = self.handle(ops_pb2.SessionUp(call=call))
             for down in downs:
-                if down.WhichOneof("msg") == "error":
+                what = down.WhichOneof("msg")
+                if what == "error":
                     act.failed = True
                     down.error.sequence = act.seq.definition.id
                     emit(down)
                     return
-                if down.WhichOneof("msg") != "result":
+                if what == "result":  # what the app needs to go on: its answer
+                    emit(ops_pb2.SessionDown(answer=ops_pb2.ReplayAnswer(
+                        base_id=act.base, position=k, result=down.result)))
+                else:
                     emit(down)
             act.position += 1
             for i in act.seq.pushes[k]:
@@ -353,6 +413,22 @@ class HostReplayer:
                 self._free(free)
         if act.position == len(calls) and limit is None:
             self._close(act, complete=True)
+
+    def _sizes(self, act: Active, k: int, call: ops_pb2.OpCall, emit: Emit) -> bool:
+        """Put this inference's sizes into call ``k``'s symbolic integers. False (the replay
+        failed, reported) when a tensor they name is not there."""
+        for path, i, dim, span in act.seq.symbols[k]:
+            shape = self.replay.shape(act.base + i) if self.replay is not None else None
+            if shape is None or dim + span > len(shape):
+                act.failed = True
+                emit(_error("REPLAY_FAILED", f"sequence {act.seq.definition.id}, call {k}: "
+                            f"no size {dim} of tensor {act.base + i}", act.seq.definition.id))
+                return False
+            v = call.kwargs[path[0]] if isinstance(path[0], str) else call.args[path[0]]
+            for j in path[1:]:
+                v = getattr(v, v.WhichOneof("kind")).items[j]
+            v.i = math.prod(shape[dim:dim + span])
+        return True
 
     def _constants_released(self, release: ops_pb2.Release) -> None:
         """The app let go of tensors: a sequence call that reads one as its recorded constant

@@ -193,6 +193,7 @@ class _PacedReplay:
         self.snapshot = ext.snapshot
         self.restore = ext.restore
         self.missing = ext.missing
+        self.shape = ext.shape
         self._run_prepared = ext.run_prepared
         self._run = run
 

@@ -11,6 +11,16 @@ Dataflow refs name where each tensor input came from:
   earlier). ``LoggedCall.reads`` resolves it to the latest write of that id before the call
   (an in-place op returns the id it wrote, so an id may be written several times).
 
+Two keys per call. ``exact`` pins everything: operator, non-tensor arguments and the metadata
+of every tensor argument. ``loose`` forgets integers and tensor shapes (it keeps dtypes and
+ranks): the calls of a model whose shapes follow its data (a detector's count of boxes) repeat
+under loose keys only. ``key`` is the one a search compares (``with_loose_keys``); verification
+then explains every difference of exact keys, or refuses the candidate.
+
+A call whose outputs' shapes depend on data is forwarded with ``want_meta``: the host picks its
+output ids and sends back their metadata. The relay logs those replies (``record_result``), so
+such a call has outputs in the log like any other.
+
 The log is bounded (``max_calls``): when full, the older half is dropped and the recent steady
 state kept. Entries are built incrementally (a search after more frames only parses the new
 calls) from snapshots of the lists, so the relay may keep appending meanwhile.
@@ -18,7 +28,7 @@ calls) from snapshots of the lists, so the relay may keep appending meanwhile.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rrto.v1 import ops_pb2
@@ -29,6 +39,8 @@ Ref = tuple[str, Any]
 # -(k+1) for an upload bound by its ref k, position of the id's first write); -1: not in the log.
 Read = tuple[int, int, int]
 NO_READ: Read = (-1, -1, -1)
+# The last calls of a snapshot whose ``want_meta`` reply may still be on its way.
+PENDING_REPLIES = 64
 
 
 @dataclass(slots=True)
@@ -36,13 +48,26 @@ class LoggedCall:
     index: int  # position in its thread's log
     seq: int
     op: str
-    key: int  # equal keys: same operator, non-tensor arguments, input metadata and grad mode
+    key: int  # the key a search compares: ``exact`` or ``loose``
     refs: tuple[Ref, ...]
     outputs: tuple[int, ...]
     downloads: list[int] = field(default_factory=list)  # output ids the app fetched
     after_fetch: bool = False  # the first call logged after a fetch: where inferences start
     raw: ops_pb2.OpCall | None = field(default=None, repr=False)  # the recorded frame
     reads: tuple[Read, ...] = ()  # per ref, where a live one was written (see ``Read``)
+    exact: int = 0  # same operator, non-tensor arguments, input metadata and grad mode
+    loose: int = 0  # the same without integers and shapes (module docstring)
+    result: ops_pb2.OpResult | None = field(default=None, repr=False)  # a ``want_meta`` reply
+
+    def __post_init__(self) -> None:
+        if not self.exact:  # made by hand with one key: it is both
+            self.exact = self.loose = self.key
+
+    def out_shapes(self) -> list[tuple[int, ...]]:
+        """Shapes of the outputs, as predicted by the app or replied by the host."""
+        metas = self.result.outs if self.result is not None else (
+            self.raw.out_meta if self.raw is not None else ())
+        return [tuple(m.shape) for m in metas]
 
     @property
     def downloaded(self) -> bool:
@@ -64,6 +89,7 @@ class _Built:
     after_fetch: bool = False
     out: list[LoggedCall] = field(default_factory=list)
     metas: dict[int, bytes] = field(default_factory=dict)
+    ranks: dict[int, tuple[str, int]] = field(default_factory=dict)  # id -> (dtype, rank)
     writes: _Writes = field(default_factory=lambda: _Writes())
 
 
@@ -114,6 +140,7 @@ class OpLog:
         self.persistent_ids: dict[int, bytes] = {}
         self.generation = 0  # bumped when calls are dropped: built entries are then stale
         self.cleared = 0  # how many times ``clear`` emptied the log
+        self.results: dict[int, ops_pb2.OpResult] = {}  # call seq -> its ``want_meta`` reply
         self._built: dict[int | None, _Built] = {}
 
     def record(self, frame: ops_pb2.SessionUp) -> None:
@@ -138,12 +165,19 @@ class OpLog:
                 self._built = {}
                 keep = [(i, n - drop) for i, n in zip(self.fetched, self.fetch_after, strict=True)
                         if n >= drop]
+                first = self.calls[0].seq if self.calls else 0
+                self.results = {q: r for q, r in self.results.items() if q >= first}
                 self.fetched = [i for i, _ in keep]
                 self.fetch_after = [n for _, n in keep]
             self.calls.append(frame.call)
         elif kind == "fetch":
             self.fetched.append(frame.fetch.id)
             self.fetch_after.append(len(self.calls))
+
+    def record_result(self, result: ops_pb2.OpResult) -> None:
+        """The host's reply to a ``want_meta`` call: its output ids and metadata."""
+        if result.outs:
+            self.results[result.seq] = result
 
     def _note_persistent(self, call: ops_pb2.OpCall) -> None:
         self._note_persistent_into(call, self.persistent_ids)
@@ -170,6 +204,7 @@ class OpLog:
         self.calls.clear()
         self.fetched.clear()
         self.fetch_after.clear()
+        self.results.clear()
         self.truncated = self.recorded = 0
         self.generation += 1
         self.cleared += 1
@@ -204,7 +239,14 @@ class OpLog:
                 f += 1
             return f
 
-        for pos in range(b.calls, len(calls)):
+        # A ``want_meta`` call's outputs are in its reply: a recent one still waiting for it is
+        # left for the next build (a call that failed has no reply: it is not waited for long).
+        stop = len(calls)
+        for pos in range(max(b.calls, stop - PENDING_REPLIES), stop):
+            if calls[pos].want_meta and calls[pos].seq not in self.results:
+                stop = pos
+                break
+        for pos in range(b.calls, stop):
             call = calls[pos]
             attribute(pos)
             after_fetch = after_fetch or pos in starts
@@ -215,20 +257,71 @@ class OpLog:
             sig = (call.op, call.grad_mode, tuple([_value_sig(v, refs, metas) for v in call.args]),
                    tuple([(k, _value_sig(kwargs[k], refs, metas)) for k in sorted(kwargs)])
                    if kwargs else ())
-            outs = tuple(call.out_ids)
-            entry = LoggedCall(len(out), call.seq, call.op, hash(sig), tuple(refs), outs,
-                               raw=call, after_fetch=after_fetch)
+            loose = (call.op, call.grad_mode, tuple([_loose_sig(v, b.ranks) for v in call.args]),
+                     tuple([(k, _loose_sig(kwargs[k], b.ranks)) for k in sorted(kwargs)])
+                     if kwargs else ())
+            result = self.results.get(call.seq) if call.want_meta else None
+            outs = tuple(call.out_ids) if result is None else tuple(_result_ids(result))
+            exact = hash(sig)
+            entry = LoggedCall(len(out), call.seq, call.op, exact, tuple(refs), outs,
+                               raw=call, after_fetch=after_fetch, exact=exact,
+                               loose=hash(loose), result=result)
             after_fetch = False
-            for oid, meta in zip(outs, call.out_meta, strict=False):
+            for oid, meta in zip(outs, result.outs if result is not None else call.out_meta,
+                                 strict=False):
                 metas[oid] = meta.SerializeToString()
+                b.ranks[oid] = (meta.dtype, len(meta.shape))
             writes.add(entry)
             out.append(entry)
-        b.calls, b.after_fetch = len(calls), after_fetch
-        b.fetches = attribute(len(calls))
+        b.calls, b.after_fetch = stop, after_fetch
+        b.fetches = attribute(stop)
         return list(out)
 
     def threads(self) -> list[int]:
         return sorted({c.thread for c in self.calls})
+
+
+def with_loose_keys(log: list[LoggedCall]) -> list[LoggedCall]:
+    """Copies of ``log``'s entries that a search compares by their loose keys."""
+    return [replace(e, key=e.loose) for e in log]
+
+
+def _result_ids(result: ops_pb2.OpResult) -> list[int]:
+    """Output ids of a ``want_meta`` reply, in the order of its ``outs``."""
+    ids: list[int] = []
+
+    def walk(v: ops_pb2.Value) -> None:
+        kind = v.WhichOneof("kind")
+        if kind == "tensor":
+            ids.append(v.tensor.id)
+        elif kind in ("list", "tuple"):
+            for item in getattr(v, kind).items:
+                walk(item)
+    walk(result.value)
+    return ids
+
+
+def _loose_sig(value: ops_pb2.Value, ranks: dict[int, tuple[str, int]]) -> Any:
+    """``_value_sig`` without integers and tensor shapes (dtype and rank stay)."""
+    kind = value.WhichOneof("kind")
+    if kind == "tensor":
+        ref = value.tensor
+        rkind = ref.WhichOneof("ref")
+        if rkind == "id":
+            return ("T", ranks.get(ref.id))
+        if rkind == "upload":
+            meta = ref.upload.meta
+            if ref.bind_id:
+                ranks[ref.bind_id] = (meta.dtype, len(meta.shape))
+            return ("U", meta.dtype, len(meta.shape))
+        return ("P", ref.persistent)
+    if kind in ("list", "tuple"):
+        return (kind, tuple([_loose_sig(v, ranks) for v in getattr(value, kind).items]))
+    if kind == "i":
+        return "i"
+    if kind == "c":
+        return ("c", value.c.real, value.c.imag)
+    return (kind, getattr(value, kind)) if kind else None
 
 
 def _value_sig(value: ops_pb2.Value, refs: list[Ref], metas: dict[int, bytes]) -> Any:

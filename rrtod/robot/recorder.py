@@ -52,6 +52,8 @@ def build_definition(entries: list[LoggedCall], found: Found, persistent: dict[i
     for e in block:
         assert e.raw is not None
         d.calls.append(e.raw)
+        if e.result is not None:  # ``want_meta``: the host named its outputs; so does replay
+            d.calls[-1].out_ids.extend(e.outputs)
         for ref in iter_tensor_refs(e.raw):
             if ref.WhichOneof("ref") == "upload" and ref.bind_id:
                 local.setdefault(ref.bind_id, len(local))
@@ -95,7 +97,36 @@ def build_definition(entries: list[LoggedCall], found: Found, persistent: dict[i
     for out_index in found.outputs:
         i, k = out_index
         d.outputs.append(block[i].outputs[k])
+    _add_shapes(d, block, found, local)
     return d
+
+
+def _add_shapes(d: ops_pb2.SequenceDef, block: list[LoggedCall], found: Found,
+                local: dict[int, int]) -> None:
+    """What follows the data (``rrtod.robot.shapes``): symbolic integers, inputs of any
+    shape, and where shapes start to vary."""
+    shapes = found.shapes
+    for (i, path), (j, o, dim, span) in sorted(shapes.symbols.items(),
+                                               key=lambda x: (x[0][0], str(x[0][1]))):
+        tensor = block[j].outputs[o]
+        if tensor not in local:
+            raise ValueError(f"call {i}: a size of tensor {tensor}, which this inference "
+                             "does not make")
+        where, at, *items = path
+        sym = d.symbols.add(call=i, tensor=tensor, dim=dim, span=span, items=items)
+        if where == "kw":
+            sym.kwarg = at
+        else:
+            sym.arg = at
+    if shapes.any_shape:
+        slot = 0
+        for i, e in enumerate(block):
+            for k in range(len(e.refs)):
+                if (i, k) in shapes.any_shape:
+                    d.sources[slot].any_shape = True
+                slot += 1
+    if shapes.varies_from is not None:
+        d.varies_from = shapes.varies_from
 
 
 def _is_bind(call: ops_pb2.OpCall) -> bool:
@@ -150,6 +181,11 @@ class Recorder:
         self.saved: list[tuple[dict[str, Any], ops_pb2.SequenceDef]] = self.store.load(app)
 
     # ----- observe the relayed frames -----
+    def observe_result(self, result: ops_pb2.OpResult) -> None:
+        """The host's reply to a call forwarded with ``want_meta`` (its outputs' ids and
+        shapes, which the op log needs for that call)."""
+        self.log.record_result(result)
+
     def observe(self, frame: ops_pb2.SessionUp) -> bool:
         """Log a frame; True when a search is due (the relay then calls ``request_search``;
         a test or benchmark may call ``search_now`` itself)."""

@@ -262,6 +262,8 @@ class AppRelay:
                       else (message,))
             parts: list[bytes] = []
             for frame in frames:
+                if rec is not None and frame.WhichOneof("msg") == "result" and frame.result.outs:
+                    rec.observe_result(frame.result)
                 if frame.WhichOneof("msg") == "defined":
                     d = rec.acknowledged(frame.defined) if rec is not None else None
                     if d is None:

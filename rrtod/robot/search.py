@@ -16,7 +16,10 @@ keys and of the reads that cross block boundaries (so a wrong candidate costs mi
 a pass over the log), then runs the exact check.
 
 ``search_log`` runs a plugin's candidates through ``verify`` under a time budget; plugins may
-yield candidates lazily, so a search stops at the first verified one.
+yield candidates lazily, so a search stops at the first verified one. It searches by exact keys
+first, then, if nothing verified, by loose keys (``rrtod.robot.oplog``): a model whose shapes
+follow its data repeats only under those, and ``rrtod.robot.shapes.explain`` must then account
+for every difference between its repetitions.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from typing import NamedTuple
 import numpy as np
 
 from rrtod.hookspecs import Candidate, SequenceSearch
-from rrtod.robot.oplog import LoggedCall, resolve_reads
+from rrtod.robot.oplog import LoggedCall, resolve_reads, with_loose_keys
+from rrtod.robot.shapes import Shapes, Unexplained, explain
 
 # (op position in block, ref position in op) -> where the tensor comes from
 Source = tuple[str, object]
@@ -46,6 +50,7 @@ class Found:
     outputs: list[tuple[int, int]]  # (op, output index) values the app downloads
     keys: list[int] = field(default_factory=list)
     warmup: bool = False  # the calls before the steady state returned values to the app
+    shapes: Shapes = field(default_factory=Shapes)  # sizes that follow the data
 
     @property
     def found_at(self) -> int:
@@ -102,9 +107,13 @@ def verify(log: list[LoggedCall], cand: Candidate, min_repeats: int = 2) -> Foun
                 outputs.add((i, e.outputs.index(oid)))
     if not outputs:
         return None  # an inference returns something to the app
+    try:
+        shapes = explain(log, s, period, repeats)
+    except Unexplained:
+        return None
     inputs = [pos for pos, src in sources.items() if src[0] == "input"]
     return Found(s, period, repeats, sources, sorted(inputs), sorted(outputs),
-                 [e.key for e in log[s : s + period]], any(e.downloads for e in log[:s]))
+                 [e.key for e in log[s : s + period]], any(e.downloads for e in log[:s]), shapes)
 
 
 class Screen:
@@ -143,6 +152,12 @@ class Screen:
         return bool(crossing.any())
 
 
+def _looser(log: list[LoggedCall]) -> bool:
+    """Whether loose keys make some calls equal that exact keys tell apart."""
+    pairs = {(e.exact, e.loose) for e in log}
+    return len({loose for _, loose in pairs}) < len(pairs)
+
+
 def search_log(log: list[LoggedCall], search: SequenceSearch, min_repeats: int = 2,
                budget_s: float | None = None) -> Outcome:
     """The first verified candidate. With ``budget_s``, gives up (``timed_out``) when that
@@ -150,15 +165,21 @@ def search_log(log: list[LoggedCall], search: SequenceSearch, min_repeats: int =
     candidates, so a plugin that yields them lazily is cut short too."""
     deadline = None if budget_s is None else time.perf_counter() + budget_s
     rejected = 0
-    screen: Screen | None = None
-    for cand in search.candidates(log):
-        if deadline is not None and time.perf_counter() > deadline:
-            return Outcome(None, rejected, True)
-        screen = screen or Screen(log)
-        found = None if screen.rejects(cand, min_repeats) else verify(log, cand, min_repeats)
-        if found is not None:
-            return Outcome(found, rejected, False)
-        rejected += 1
+    for keyed in (log, None):
+        if keyed is None:  # nothing repeats exactly: try again with shapes left out
+            if not _looser(log):
+                break  # the same calls are equal under both keys: nothing new to find
+            keyed = with_loose_keys(log)
+        screen: Screen | None = None
+        for cand in search.candidates(keyed):
+            if deadline is not None and time.perf_counter() > deadline:
+                return Outcome(None, rejected, True)
+            screen = screen or Screen(keyed)
+            found = (None if screen.rejects(cand, min_repeats)
+                     else verify(keyed, cand, min_repeats))
+            if found is not None:
+                return Outcome(found, rejected, False)
+            rejected += 1
     return Outcome(None, rejected, False)
 
 

@@ -280,7 +280,7 @@ class SessionUpBatch(_message.Message):
     def __init__(self, frames: _Optional[_Iterable[_Union[SessionUp, _Mapping]]] = ...) -> None: ...
 
 class SessionDown(_message.Message):
-    __slots__ = ("ready", "result", "fetched", "query", "error", "sequence", "defined", "batch")
+    __slots__ = ("ready", "result", "fetched", "query", "error", "sequence", "defined", "batch", "answer")
     READY_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     FETCHED_FIELD_NUMBER: _ClassVar[int]
@@ -289,6 +289,7 @@ class SessionDown(_message.Message):
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     DEFINED_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
     ready: SessionReady
     result: OpResult
     fetched: Fetched
@@ -297,7 +298,8 @@ class SessionDown(_message.Message):
     sequence: SequenceDef
     defined: SequenceAck
     batch: SessionDownBatch
-    def __init__(self, ready: _Optional[_Union[SessionReady, _Mapping]] = ..., result: _Optional[_Union[OpResult, _Mapping]] = ..., fetched: _Optional[_Union[Fetched, _Mapping]] = ..., query: _Optional[_Union[BlobQueryReply, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., sequence: _Optional[_Union[SequenceDef, _Mapping]] = ..., defined: _Optional[_Union[SequenceAck, _Mapping]] = ..., batch: _Optional[_Union[SessionDownBatch, _Mapping]] = ...) -> None: ...
+    answer: ReplayAnswer
+    def __init__(self, ready: _Optional[_Union[SessionReady, _Mapping]] = ..., result: _Optional[_Union[OpResult, _Mapping]] = ..., fetched: _Optional[_Union[Fetched, _Mapping]] = ..., query: _Optional[_Union[BlobQueryReply, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., sequence: _Optional[_Union[SequenceDef, _Mapping]] = ..., defined: _Optional[_Union[SequenceAck, _Mapping]] = ..., batch: _Optional[_Union[SessionDownBatch, _Mapping]] = ..., answer: _Optional[_Union[ReplayAnswer, _Mapping]] = ...) -> None: ...
 
 class SessionDownBatch(_message.Message):
     __slots__ = ("frames",)
@@ -316,7 +318,7 @@ class SequenceAck(_message.Message):
     def __init__(self, id: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class SeqSource(_message.Message):
-    __slots__ = ("kind", "id", "hash", "meta")
+    __slots__ = ("kind", "id", "hash", "meta", "any_shape")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[SeqSource.Kind]
@@ -333,27 +335,61 @@ class SeqSource(_message.Message):
     ID_FIELD_NUMBER: _ClassVar[int]
     HASH_FIELD_NUMBER: _ClassVar[int]
     META_FIELD_NUMBER: _ClassVar[int]
+    ANY_SHAPE_FIELD_NUMBER: _ClassVar[int]
     kind: SeqSource.Kind
     id: int
     hash: bytes
     meta: TensorMeta
-    def __init__(self, kind: _Optional[_Union[SeqSource.Kind, str]] = ..., id: _Optional[int] = ..., hash: _Optional[bytes] = ..., meta: _Optional[_Union[TensorMeta, _Mapping]] = ...) -> None: ...
+    any_shape: bool
+    def __init__(self, kind: _Optional[_Union[SeqSource.Kind, str]] = ..., id: _Optional[int] = ..., hash: _Optional[bytes] = ..., meta: _Optional[_Union[TensorMeta, _Mapping]] = ..., any_shape: _Optional[bool] = ...) -> None: ...
 
 class SequenceDef(_message.Message):
-    __slots__ = ("id", "calls", "local_ids", "sources", "outputs", "thread")
+    __slots__ = ("id", "calls", "local_ids", "sources", "outputs", "thread", "symbols", "varies_from")
     ID_FIELD_NUMBER: _ClassVar[int]
     CALLS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_IDS_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     THREAD_FIELD_NUMBER: _ClassVar[int]
+    SYMBOLS_FIELD_NUMBER: _ClassVar[int]
+    VARIES_FROM_FIELD_NUMBER: _ClassVar[int]
     id: int
     calls: _containers.RepeatedCompositeFieldContainer[OpCall]
     local_ids: _containers.RepeatedScalarFieldContainer[int]
     sources: _containers.RepeatedCompositeFieldContainer[SeqSource]
     outputs: _containers.RepeatedScalarFieldContainer[int]
     thread: int
-    def __init__(self, id: _Optional[int] = ..., calls: _Optional[_Iterable[_Union[OpCall, _Mapping]]] = ..., local_ids: _Optional[_Iterable[int]] = ..., sources: _Optional[_Iterable[_Union[SeqSource, _Mapping]]] = ..., outputs: _Optional[_Iterable[int]] = ..., thread: _Optional[int] = ...) -> None: ...
+    symbols: _containers.RepeatedCompositeFieldContainer[SymbolicInt]
+    varies_from: int
+    def __init__(self, id: _Optional[int] = ..., calls: _Optional[_Iterable[_Union[OpCall, _Mapping]]] = ..., local_ids: _Optional[_Iterable[int]] = ..., sources: _Optional[_Iterable[_Union[SeqSource, _Mapping]]] = ..., outputs: _Optional[_Iterable[int]] = ..., thread: _Optional[int] = ..., symbols: _Optional[_Iterable[_Union[SymbolicInt, _Mapping]]] = ..., varies_from: _Optional[int] = ...) -> None: ...
+
+class SymbolicInt(_message.Message):
+    __slots__ = ("call", "arg", "kwarg", "items", "tensor", "dim", "span")
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    ARG_FIELD_NUMBER: _ClassVar[int]
+    KWARG_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    SPAN_FIELD_NUMBER: _ClassVar[int]
+    call: int
+    arg: int
+    kwarg: str
+    items: _containers.RepeatedScalarFieldContainer[int]
+    tensor: int
+    dim: int
+    span: int
+    def __init__(self, call: _Optional[int] = ..., arg: _Optional[int] = ..., kwarg: _Optional[str] = ..., items: _Optional[_Iterable[int]] = ..., tensor: _Optional[int] = ..., dim: _Optional[int] = ..., span: _Optional[int] = ...) -> None: ...
+
+class ReplayAnswer(_message.Message):
+    __slots__ = ("base_id", "position", "result")
+    BASE_ID_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    base_id: int
+    position: int
+    result: OpResult
+    def __init__(self, base_id: _Optional[int] = ..., position: _Optional[int] = ..., result: _Optional[_Union[OpResult, _Mapping]] = ...) -> None: ...
 
 class ReplayStart(_message.Message):
     __slots__ = ("sequence", "base_id", "inference")

@@ -1,0 +1,147 @@
+"""Shapes that follow the data: what may differ between the recorded repetitions of a sequence.
+
+A detector's head keeps the boxes above a threshold (``nonzero``, a boolean mask, ``nms``): the
+count differs every inference, so do the shapes of everything after it, and so do integer
+arguments the app computes from those shapes (``boxes.view(n, -1)``, ``torch.zeros(n, 4)``).
+The calls and their dataflow are still the same every inference; only sizes move.
+
+Verification (``rrtod.robot.search.verify``) compares a candidate's repetitions by their loose
+keys (operators, dataflow, dtypes and ranks). Where their exact keys differ, ``explain`` accounts
+for every difference, or the candidate is refused:
+
+- a tensor argument produced in the inference may have another shape (its producer's did);
+- an upload (an input the app made, such as a ``torch.zeros(n, 4)`` of its own) may have
+  another shape, not another dtype or rank: its slot is marked ``any_shape``;
+- an integer argument may differ only where it equals, in every repetition, one size of a
+  tensor produced earlier in the same inference, or the product of consecutive sizes (what
+  ``flatten`` passes to ``view``): it becomes a ``SymbolicInt``, which the host
+  fills in from its own tensor and the shim checks against the app's call;
+- anything else (a float, a string, an integer no size explains) refuses the candidate: the
+  host could not know what the app will pass.
+
+A call the host answered with its output metadata (``want_meta``: shapes only the data
+decides) or anything after a difference makes the rest of the sequence ``varies_from``: the
+shim then works those calls' outputs out every inference instead of once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from rrto.v1 import ops_pb2
+from rrtod.robot.oplog import LoggedCall
+from rrtod.wire import iter_tensor_refs
+
+# Where an integer sits in a call: ("arg", position, *list indices) or ("kw", name, *indices).
+Path = tuple[Any, ...]
+# The size it equals: (position in the block of the producing call, output index, first
+# dimension, number of consecutive dimensions whose product it is).
+SizeOf = tuple[int, int, int, int]
+# How far back a symbol's tensor is looked for, in calls (a detector's sizes are used close by).
+SCAN_CALLS = 4096
+
+
+class Unexplained(Exception):
+    """A difference between repetitions that replay cannot reproduce."""
+
+
+@dataclass
+class Shapes:
+    """What ``explain`` found for a block (positions are relative to the block's start)."""
+
+    symbols: dict[tuple[int, Path], SizeOf] = field(default_factory=dict)
+    any_shape: set[tuple[int, int]] = field(default_factory=set)  # (call, tensor ref) uploads
+    varies_from: int | None = None
+
+    def note_varies(self, i: int) -> None:
+        if self.varies_from is None or i < self.varies_from:
+            self.varies_from = i
+
+
+def explain(log: list[LoggedCall], start: int, period: int, repeats: int) -> Shapes:
+    """Account for every exact-key difference between the ``repeats`` blocks of ``period``
+    calls from ``start``; raises ``Unexplained``. Cheap when nothing differs (a static
+    model): one comparison of keys per call."""
+    shapes = Shapes()
+    blocks = [start + r * period for r in range(repeats)]
+    for i in range(period):
+        first = log[start + i]
+        if first.result is not None:
+            shapes.note_varies(i)  # its outputs' shapes are the host's answer
+        if all(log[b + i].exact == first.exact for b in blocks):
+            continue
+        shapes.note_varies(i)
+        calls = [log[b + i].raw for b in blocks]
+        if any(c is None for c in calls):
+            raise Unexplained(f"call {i}: not recorded")
+        _uploads(i, calls, shapes)  # type: ignore[arg-type]
+        for path, values in _differing_ints(calls):  # type: ignore[arg-type]
+            shapes.symbols[(i, path)] = _size_of(log, blocks, i, values)
+    return shapes
+
+
+def _uploads(i: int, calls: list[ops_pb2.OpCall], shapes: Shapes) -> None:
+    """Uploads whose shape differs (dtype and rank are equal: the loose keys were)."""
+    per_call = [list(iter_tensor_refs(c)) for c in calls]
+    for k, ref in enumerate(per_call[0]):
+        if ref.WhichOneof("ref") != "upload":
+            continue
+        shape = list(ref.upload.meta.shape)
+        if any(list(refs[k].upload.meta.shape) != shape for refs in per_call[1:]):
+            shapes.any_shape.add((i, k))
+
+
+def _differing_ints(calls: list[ops_pb2.OpCall]) -> list[tuple[Path, list[int]]]:
+    """Integer arguments that are not the same in every repetition; raises ``Unexplained``
+    for any other non-tensor difference."""
+    out: list[tuple[Path, list[int]]] = []
+    first = calls[0]
+    for a, v in enumerate(first.args):
+        _walk(v, [c.args[a] for c in calls], ("arg", a), out)
+    for name in sorted(first.kwargs):
+        _walk(first.kwargs[name], [c.kwargs[name] for c in calls], ("kw", name), out)
+    return out
+
+
+def _walk(v: ops_pb2.Value, vs: list[ops_pb2.Value], path: Path,
+          out: list[tuple[Path, list[int]]]) -> None:
+    kind = v.WhichOneof("kind")
+    if any(x.WhichOneof("kind") != kind for x in vs):
+        raise Unexplained(f"argument {path}: of another kind")
+    if kind in ("list", "tuple"):
+        items = [getattr(x, kind).items for x in vs]
+        if any(len(it) != len(items[0]) for it in items):
+            raise Unexplained(f"argument {path}: another length")
+        for j in range(len(items[0])):
+            _walk(items[0][j], [it[j] for it in items], (*path, j), out)
+    elif kind == "i":
+        values = [x.i for x in vs]
+        if any(x != values[0] for x in values):
+            out.append((path, values))
+    elif kind != "tensor" and any(x != vs[0] for x in vs):
+        raise Unexplained(f"argument {path}: {kind} differs")
+
+
+def _size_of(log: list[LoggedCall], blocks: list[int], i: int, values: list[int]) -> SizeOf:
+    """The nearest size (or product of consecutive sizes) of a tensor made earlier in the
+    block that equals ``values`` (one per repetition) in every repetition."""
+    b0 = blocks[0]
+    for j in range(i - 1, max(-1, i - 1 - SCAN_CALLS), -1):
+        for o, shape in enumerate(log[b0 + j].out_shapes()):
+            for span in range(1, len(shape) + 1):
+                for d in range(len(shape) - span + 1):
+                    if math.prod(shape[d:d + span]) != values[0]:
+                        continue
+                    if all(_product(log[b + j], o, d, span) == v
+                           for b, v in zip(blocks[1:], values[1:], strict=True)):
+                        return (j, o, d, span)
+    raise Unexplained(f"call {i}: an integer argument {values} is no size of this inference")
+
+
+def _product(e: LoggedCall, o: int, d: int, span: int) -> int | None:
+    shapes = e.out_shapes()
+    if o < len(shapes) and d + span <= len(shapes[o]):
+        return math.prod(shapes[o][d:d + span])
+    return None
