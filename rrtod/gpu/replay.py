@@ -12,8 +12,8 @@ go on (output shapes that depend on data, recorded with ``want_meta``, or a valu
 are sizes of this inference's tensors (``SymbolicInt``) are filled in from those tensors, so the
 host runs ahead through a detector's data-dependent head without waiting for the app.
 
-On ``ReplayAbort(position)`` the values of calls before ``position`` stay in the session (the app holds proxies of them), the
-rest are released; the session goes on forwarding.
+On ``ReplayAbort(position)`` the values of calls before ``position`` stay in the session (the
+app holds proxies of them), the rest are released; the session goes on forwarding.
 """
 
 from __future__ import annotations
