@@ -29,7 +29,7 @@ from torch import nn
 
 from rrtod.switches import SwitchError, flag
 
-from . import compiling
+from . import compiling, factories
 from .client import RemoteSession
 from .proxy import RemoteTensor
 
@@ -91,6 +91,7 @@ class TorchInterceptor:
             atexit.register(self.print_stats)
         atexit.register(self.close_marks)  # registered last, so it runs before print_stats
         compiling.install(self.session.warn_once)  # torch.compile runs eagerly (compiling.py)
+        factories.install(self._inside, self.session.dispatch)  # made on the host (factories.py)
         self._hooks.append(nn.modules.module.register_module_forward_pre_hook(self._pre))
         self._hooks.append(nn.modules.module.register_module_forward_hook(
             self._post, always_call=True))
@@ -100,6 +101,7 @@ class TorchInterceptor:
             h.remove()
         self._hooks.clear()
         compiling.uninstall()
+        factories.uninstall()
 
     def stats(self) -> dict[str, Any]:
         """The shim's own figures: operators seen, time spent in the shim (host waits
@@ -125,6 +127,10 @@ class TorchInterceptor:
               flush=True)
 
     # -- hooks -------------------------------------------------------------------------------
+    def _inside(self) -> bool:
+        """This thread is inside an offloaded module's forward, and the host is there."""
+        return getattr(self._tls, "depth", 0) > 0 and self.session.lost is None
+
     def _pre(self, module: nn.Module, args: Any) -> None:
         depth = getattr(self._tls, "depth", 0)
         self._tls.depth = depth + 1
