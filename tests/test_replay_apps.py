@@ -275,3 +275,31 @@ def test_steady_app_idiom_replays_with_outputs_equal_to_local(fresh, name, tmp_p
         g = got[f"o{i}"]
         assert g.dtype == w.dtype and np.array_equal(g, w), (name, i)
     assert stats["replays"] > 0 and stats["failed"] == 0, stats
+
+
+def test_shapes_that_follow_the_data_replay_with_one_reply_per_inference(fresh, tmp_path):
+    """``dynamic_head``: a count of detections that differs every frame (``nonzero``, a boolean
+    mask), integers the app derives from it, a buffer it creates in its forward sized by it and
+    a value read. Recorded with the host's answers, the sequence replays with outputs equal to
+    local, and a replayed inference waits for one reply (the host's answers arrive while the
+    app matches its calls), against several per forwarded inference."""
+    stats = same_as_local("dynamic_head", fresh, "--runs", "10", "--pace", "20", tmp=tmp_path)
+    by = stats["by_inference"]
+    replayed = [i for i, r in enumerate(by["replays"]) if r]
+    assert replayed and replayed[0] <= 3, stats  # the 4th inference at the latest
+    assert replayed == list(range(replayed[0], 10)), stats
+    assert stats["mismatches"] == 0 and stats["failed"] == 0, stats
+    assert all(by["round_trips"][i] <= 1 for i in replayed), stats
+    assert max(by["round_trips"][: replayed[0]]) > 1, stats  # forwarding waited for sizes
+    assert stats.get("local_ops", 0) == 0, stats  # its buffer was made on the host
+
+
+def test_a_size_that_is_not_the_one_the_host_found_is_a_mismatch(fresh, tmp_path):
+    """Forced: in inference 7 the app sizes its buffer one larger than the count the host
+    found, so the sequence's symbolic size does not match the app's call. That inference is
+    forwarded from there (outputs equal to local); the next ones replay again."""
+    stats = same_as_local("dynamic_head", fresh, "--runs", "10", "--pace", "20",
+                          "--odd-size", "7", tmp=tmp_path)
+    replayed = stats["by_inference"]["replays"]
+    assert stats["mismatches"] == 1, stats
+    assert replayed[7] == 1 and replayed[8] == 1 and replayed[9] == 1, stats

@@ -16,12 +16,14 @@ is not the app's, and outputs must equal local execution.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+_OWN = ("rrto_plugins.", "rrtod.")  # the shim's own modules
 FACTORIES = ("zeros", "ones", "empty", "full", "arange", "linspace", "eye", "empty_strided")
 _originals: dict[str, Callable[..., Any]] = {}
 
@@ -63,12 +65,17 @@ def _wrap(original: Callable[..., Any], inside: Callable[[], bool],
           dispatch: Callable[[Any, tuple, dict], Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def factory(*args: Any, **kwargs: Any) -> Any:
-        if not inside() or kwargs.get("out") is not None or kwargs.get("requires_grad") \
+        if not inside() or _ours(sys._getframe(1)) or kwargs.get("out") is not None or kwargs.get("requires_grad") \
                 or kwargs.get("pin_memory") or _device_type(kwargs.get("device")) == "meta":
             return original(*args, **kwargs)
         with _OnHost(dispatch):
             return original(*args, **kwargs)
     return factory
+
+
+def _ours(frame: Any) -> bool:
+    """The caller is the shim itself (decoding a downloaded value): never the host's."""
+    return frame.f_globals.get("__name__", "").startswith(_OWN)
 
 
 def _device_type(device: Any) -> str | None:

@@ -2,7 +2,13 @@
 (``nonzero``, a boolean mask) differ in number every frame, and so do everything computed
 from them and the integers the app derives from their count (``view(n, -1)``, a
 ``torch.zeros(n, ...)`` of its own). A value read (``bool(...)``) decides nothing here but must
-come from the host. Frames alternate between many detections and few."""
+come from the host. Frames alternate between many detections and few.
+
+``--odd-size K``: in inference K the app sizes its own buffer one larger than the count (and
+slices it back), so an integer the sequence knows as a size of this inference is not that size:
+a forced mismatch, which must be forwarded with the same outputs."""
+
+import sys
 
 import torch
 from appkit import main
@@ -17,6 +23,9 @@ class DynamicHead(nn.Module):
         self.cls = nn.Conv2d(32, 1, 1)
         self.box = nn.Conv2d(32, 4, 1)
         self.embed = nn.Linear(32, 8)
+        self.frame = 0
+        argv = sys.argv
+        self.odd = int(argv[argv.index("--odd-size") + 1]) if "--odd-size" in argv else -1
 
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         f = self.backbone(x)
@@ -27,7 +36,9 @@ class DynamicHead(nn.Module):
         feats = f.flatten(2)[0].t()[keep]
         emb = self.embed(feats.reshape(n, 32))  # an integer that follows the data
         kept = boxes[scores > 0.5]  # a boolean mask
-        offsets = torch.zeros(n, 4) + 0.5  # the app's own tensor, sized by the count
+        extra = 1 if self.frame == self.odd else 0
+        self.frame += 1
+        offsets = torch.full((n + extra, 4), 0.5)[:n]  # made on the host, sized by the count
         confident = bool((scores[keep] > 0.75).any())  # a value read inside the inference
         return {"boxes": kept + offsets, "scores": scores[keep], "emb": emb,
                 "confident": torch.tensor([confident])}
