@@ -450,3 +450,21 @@ def test_inputs_of_a_failed_inference_are_still_kept_for_repeats():
     assert [x.error.code for x in out] == ["BAD_ARG"] and 2000 not in ex.store
     out = run(r, start(3000), arg(0, same_as=0), arg(1, same_as=1))
     assert [value(d) for d in out] == [(3000, 8.0)]
+
+
+def test_a_symbolic_integer_the_host_could_not_fill_in_is_refused():
+    """A ``SymbolicInt`` must name an integer argument of its call and a size of a tensor
+    made before that call in the same inference; otherwise the definition is refused (the
+    host would run the call with a size it cannot know)."""
+    def refused(**sym) -> str:
+        d = sequence()
+        d.calls[0].args.add(i=4)  # an integer argument for the symbols to name
+        d.symbols.add(**sym)
+        (down,) = run(HostReplayer(NumberExecutor()), ops_pb2.SessionUp(define=d))
+        assert not down.defined.accepted
+        return down.defined.reason
+
+    assert "made after it" in refused(call=0, arg=2, tensor=1, dim=0)  # 1 is made by call 0
+    assert "not an integer" in refused(call=1, arg=1, tensor=1, dim=0)  # a tensor argument
+    assert "no argument" in refused(call=1, arg=9, tensor=1, dim=0)
+    assert "no tensor" in refused(call=1, arg=0, tensor=55, dim=0)

@@ -9,6 +9,7 @@ import pytest
 
 from rrto_plugins.search.dds import DataDependencySearch
 from rrto_plugins.search.period import PeriodSearch, tail_periods, z_function
+from rrto.v1 import ops_pb2
 from rrtod.robot.oplog import OpLog
 from rrtod.robot.search import Candidate, best, search_log, verify
 from testkit.frames import W1, W2, W3, App, cnn
@@ -233,3 +234,60 @@ def test_entries_are_built_incrementally_and_equal_a_full_build():
                     for e in got] == [(e.index, e.key, e.refs, e.reads, e.outputs, e.downloads,
                                        e.after_fetch) for e in want], step
     assert app.log.truncated > 0
+
+
+def _meta(*shape: int) -> ops_pb2.TensorMeta:
+    return ops_pb2.TensorMeta(dtype="float32", shape=shape, device="cpu")
+
+
+def _dynamic_inferences(log: OpLog, counts: list[int], size_of=lambda k: k) -> None:
+    """Per inference: ``mask = gt(x)``, ``idx = nonzero(mask)`` (its shape is the host's
+    answer: ``want_meta``), ``y = view(idx, [size_of(k), -1])``, then ``y`` is downloaded."""
+    seq, ids = 0, iter(range(10, 10_000))
+
+    def call(op: str, *args: ops_pb2.Value, out_meta=None, want_meta=False) -> int:
+        nonlocal seq
+        seq += 1
+        c = ops_pb2.OpCall(seq=seq, op=op, args=list(args), want_meta=want_meta,
+                           grad_mode=ops_pb2.INFERENCE_MODE)
+        oid = next(ids)
+        if out_meta is not None:
+            c.out_ids.append(oid)
+            c.out_meta.append(out_meta)
+        log.record(ops_pb2.SessionUp(call=c))
+        return oid
+
+    for k in counts:
+        x = ops_pb2.Value(tensor=ops_pb2.TensorRef(upload=ops_pb2.TensorData(meta=_meta(8))))
+        mask = call("aten::gt.Scalar", x, ops_pb2.Value(f=0.5), out_meta=_meta(8))
+        idx_id = next(ids) + 1_000_000  # the host names a want_meta call's outputs
+        call("aten::nonzero.default", ops_pb2.Value(tensor=ops_pb2.TensorRef(id=mask)),
+             want_meta=True)
+        log.record_result(ops_pb2.OpResult(seq=seq, outs=[_meta(k, 1)], value=ops_pb2.Value(
+            tensor=ops_pb2.TensorRef(id=idx_id))))
+        shape = ops_pb2.Value(list=ops_pb2.ValueList(items=[ops_pb2.Value(i=size_of(k)),
+                                                             ops_pb2.Value(i=-1)]))
+        y = call("aten::view.default", ops_pb2.Value(tensor=ops_pb2.TensorRef(id=idx_id)),
+                 shape, out_meta=_meta(k, 1))
+        seq += 1
+        log.record(ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=seq, id=y)))
+
+
+def test_sizes_that_follow_the_data_become_symbols():
+    """A count that differs every inference: nothing repeats exactly, the loose keys do, and
+    the integer the app passed to ``view`` is the count the host answered, every time."""
+    log = OpLog()
+    _dynamic_inferences(log, [3, 5, 2, 4])
+    found, _ = best(log.entries(0), DataDependencySearch())
+    assert found is not None and found.period == 3
+    assert found.shapes.varies_from == 1  # from the nonzero on
+    assert found.shapes.symbols == {(2, ("arg", 1, 0)): (1, 0, 0, 1)}  # nonzero's size 0
+
+
+def test_an_integer_that_is_no_size_refuses_the_candidate():
+    """``view(idx, [k + 1, -1])``: the integer differs every inference and no size of the
+    inference explains it; the host could not know it, so there is no sequence."""
+    log = OpLog()
+    _dynamic_inferences(log, [3, 5, 2, 4], size_of=lambda k: k + 100)
+    found, _ = best(log.entries(0), DataDependencySearch())
+    assert found is None

@@ -261,6 +261,27 @@ def _put(x: Any, items: list[int], value: int) -> Any:
     return type(x)(out)
 
 
+def decode_answer(reply: ops_pb2.OpResult, session: Session, device: torch.device) -> Any:
+    """A ``ReplayAnswer``'s result as forwarding would have returned it: proxies with the
+    metadata the host sent, or values; MISS if it does not decode (it came from the network:
+    the call is then forwarded, never answered with a guess)."""
+    metas = iter(reply.outs)
+
+    def proxy(ref: ops_pb2.TensorRef) -> torch.Tensor:
+        m = next(metas, None)
+        if m is None or ref.WhichOneof("ref") != "id":
+            raise codec.CodecError("an answer's tensor without its metadata")
+        shape, stride = tuple(m.shape), tuple(m.stride)
+        if len(shape) != len(stride) or any(x < 0 for x in (*shape, *stride, m.storage_offset)):
+            raise codec.CodecError("an answer's tensor with impossible metadata")
+        return new_proxy(Handle(session, ref.id), shape, stride, m.storage_offset,
+                         codec.dtype_of(m.dtype), device)
+    try:
+        return codec.decode_value(reply.value, proxy, torch.device)
+    except (codec.CodecError, RuntimeError, OverflowError, ValueError):
+        return MISS
+
+
 class ReplayClient:
     """Per session: sequences by thread, the replay in progress per thread, pushed outputs."""
 
@@ -293,7 +314,7 @@ class ReplayClient:
             return
         try:
             seq = compile_sequence(d)
-        except (codec.CodecError, KeyError, ValueError):
+        except (codec.CodecError, KeyError, ValueError, IndexError, TypeError, RuntimeError):
             return  # never replay what we cannot read: the calls keep being forwarded
         with self._lock:
             others = [s for s in self.sequences.get(d.thread, []) if s.id != d.id]
@@ -454,17 +475,8 @@ class ReplayClient:
                 return MISS
         with self._lock:
             self._replied_base(act.base, waited)
-        device = self.session.app_device(args, kwargs)
-        metas = iter(reply.outs)
-        session = self.session
-
-        def proxy(ref: ops_pb2.TensorRef) -> torch.Tensor:
-            m = next(metas)
-            return new_proxy(Handle(session, ref.id), tuple(m.shape), tuple(m.stride),
-                             m.storage_offset, codec.dtype_of(m.dtype), device)
-        try:
-            result = codec.decode_value(reply.value, proxy, torch.device)
-        except (codec.CodecError, StopIteration):
+        result = decode_answer(reply, self.session, self.session.app_device(args, kwargs))
+        if result is MISS:
             return MISS
         if act.seq.sized:
             self._note_sizes(act, act.seq.steps[act.position], result)

@@ -20,6 +20,9 @@ peer_session       the GPU daemon's Session stream (SessionOpen, then     none e
 codec              plugins/torch/codec decode_value, from_tensor_data      CodecError
 replay_defs        gpu.replay.compile_sequence, then HostReplayer         ValueError/KeyError
                    replays of the definition with a TorchExecutor          (compile); none after
+shim_down          the shim's replay client for what the host sends it     none escape (a bad
+                   through the robot daemon (SessionDown: sequence,        definition is not
+                   pushed outputs, answers, errors) and decode_answer     used; MISS)
 =================  =====================================================  ====================
 """
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections import Counter
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +45,7 @@ from rrto_plugins.search.dds import DataDependencySearch
 from rrto_plugins.torch import codec
 from rrto_plugins.torch.allowlist import Allowlist, OpNotAllowed
 from rrto_plugins.torch.executor import TorchExecutor
+from rrto_plugins.torch.replay import ReplayClient, decode_answer
 from rrto_plugins.torch.schemas import schema_hash
 from rrtod.config import SocketLimitsConfig
 from rrtod.executor import ExecutorContext
@@ -331,11 +336,48 @@ def replay_defs(data: bytes) -> None:
         ex.close()
 
 
+# -- the shim's side of replay ----------------------------------------------------------------
+class _ShimSession:
+    """What ``ReplayClient`` needs of a ``RemoteSession``, with no connection."""
+
+    def __init__(self) -> None:
+        self.counters: Counter[str] = Counter()
+        self.released: list[int] = []
+        self.lost: str | None = None
+
+    def send_frames(self, frames: list[Any]) -> None:
+        pass
+
+    def release_now(self, at_least: int) -> None:
+        pass
+
+
+def shim_down(data: bytes) -> None:
+    fdp = atheris.FuzzedDataProvider(data)
+    builder = Builder(fdp, budget=200)
+    session = _ShimSession()
+    client = ReplayClient(session)  # type: ignore[arg-type]
+    for _ in range(fdp.ConsumeIntInRange(1, 4)):
+        down = builder.build(ops_pb2.SessionDown)
+        down = ops_pb2.SessionDown.FromString(down.SerializeToString())
+        kind = down.WhichOneof("msg")
+        if kind == "sequence":
+            client.define(down.sequence)
+        elif kind == "answer":
+            client.answered(down.answer)
+            decode_answer(down.answer.result, session, torch.device("cpu"))  # type: ignore[arg-type]
+        elif kind == "fetched":
+            client.pushed(down.fetched)
+        elif kind == "error" and down.error.sequence:
+            client.failed(down.error.sequence)
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "frames": frames,
     "local_socket": local_socket,
     "peer_session": peer_session,
     "codec": codec_values,
     "replay_defs": replay_defs,
+    "shim_down": shim_down,
 }
 assert tuple(TARGETS) == TARGET_NAMES
