@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from rrto.v1 import ops_pb2
 from rrto_plugins.search.dds import DataDependencySearch
 from rrto_plugins.search.period import PeriodSearch, tail_periods, z_function
-from rrto.v1 import ops_pb2
 from rrtod.robot.oplog import OpLog
 from rrtod.robot.search import Candidate, best, search_log, verify
 from testkit.frames import W1, W2, W3, App, cnn

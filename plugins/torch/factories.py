@@ -65,8 +65,9 @@ def _wrap(original: Callable[..., Any], inside: Callable[[], bool],
           dispatch: Callable[[Any, tuple, dict], Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def factory(*args: Any, **kwargs: Any) -> Any:
-        if not inside() or _ours(sys._getframe(1)) or kwargs.get("out") is not None or kwargs.get("requires_grad") \
-                or kwargs.get("pin_memory") or _device_type(kwargs.get("device")) == "meta":
+        if not inside() or _ours(sys._getframe(1)) or kwargs.get("out") is not None \
+                or kwargs.get("requires_grad") or kwargs.get("pin_memory") \
+                or _device_type(kwargs.get("device")) == "meta":
             return original(*args, **kwargs)
         with _OnHost(dispatch):
             return original(*args, **kwargs)

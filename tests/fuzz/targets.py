@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections import Counter
 import tempfile
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
