@@ -14,8 +14,10 @@ app (shim) -> robot daemon     unix socket (``SOCK_STREAM``), frames: ``HEADER``
                                envelope with ``session_prefix`` instead of building the envelope.
 robot daemon -> app (shim)     same socket, ``HEADER`` + ``local.LocalReply``: ``welcome`` or
                                ``error`` to the hello, then ``session`` (an ``ops.SessionDown``:
-                               results, fetched data and pushed replay outputs, errors, and
-                               ``sequence``: a verified sequence to replay) and ``error``
+                               results, fetched data and pushed replay outputs, a replayed
+                               call's ``answer`` (``ReplayAnswer``: output metadata or a value
+                               the app needs), errors, and ``sequence``: a verified sequence
+                               to replay) and ``error``
                                (``HOST_LOST`` ends the session); ``ctl`` to ``rrtoctl``.
 robot daemon -> GPU daemon     gRPC ``peer.Peer.Session`` request stream of ``ops.SessionUp``:
                                ``open`` first (the app's versions from its hello), then the
@@ -24,9 +26,11 @@ robot daemon -> GPU daemon     gRPC ``peer.Peer.Session`` request stream of ``op
                                log). Unary: ``Hello``, ``Ping``; and the standard gRPC health service.
                                gRPC frames the messages (HTTP/2; limits in grpc_options).
 GPU daemon -> robot daemon     response stream of ``ops.SessionDown``: ``ready`` (with the
-                               host's versions), then replies
-                               (those ready together as one ``batch``, which the robot daemon
-                               unpacks for the app) and ``defined`` (``SequenceAck``).
+                               host's versions), then replies, pushed replay outputs and
+                               answers (those ready together as one ``batch``, which the robot
+                               daemon unpacks for the app) and ``defined`` (``SequenceAck``).
+                               The robot daemon logs ``result`` replies with ``outs`` (the
+                               outputs of a ``want_meta`` call) for the op log.
 =============================  ================================================================
 
 The robot daemon relays and records ``SessionUp``/``SessionDown``; the GPU daemon hands them to
