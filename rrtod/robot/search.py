@@ -19,7 +19,10 @@ a pass over the log), then runs the exact check.
 yield candidates lazily, so a search stops at the first verified one. It searches by exact keys
 first, then, if nothing verified, by loose keys (``rrtod.robot.oplog``): a model whose shapes
 follow its data repeats only under those, and ``rrtod.robot.shapes.explain`` must then account
-for every difference between its repetitions.
+for every difference between its repetitions. If still nothing verifies, the inferences may
+differ in length (a loop whose count the data decides, such as one ``nms`` per class present):
+``common_prefix`` then finds the calls every recent inference begins with, a *segment* replayed
+from one request, after which the inference goes on by forwarding.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import numpy as np
 
 from rrtod.hookspecs import Candidate, SequenceSearch
 from rrtod.robot.oplog import LoggedCall, resolve_reads, with_loose_keys
-from rrtod.robot.shapes import Shapes, Unexplained, explain
+from rrtod.robot.shapes import Shapes, Unexplained, explain, explain_call
 
 # (op position in block, ref position in op) -> where the tensor comes from
 Source = tuple[str, object]
@@ -108,7 +111,7 @@ def verify(log: list[LoggedCall], cand: Candidate, min_repeats: int = 2) -> Foun
     if not outputs:
         return None  # an inference returns something to the app
     try:
-        shapes = explain(log, s, period, repeats)
+        shapes = explain(log, [s + r * period for r in range(repeats)], period)
     except Unexplained:
         return None
     inputs = [pos for pos, src in sources.items() if src[0] == "input"]
@@ -152,6 +155,79 @@ class Screen:
         return bool(crossing.any())
 
 
+# A prefix segment shorter than this is not worth a sequence (forwarding costs about as much).
+MIN_SEGMENT = 16
+
+
+def common_prefix(log: list[LoggedCall], inferences: int = 3,
+                  min_length: int = MIN_SEGMENT) -> Found | None:
+    """The longest run of calls that each of the last complete ``inferences`` (at least two;
+    an inference starts at the first call after a download) begins with, with the same
+    operators (loose keys), dataflow and explained differences (``verify``'s rules, with
+    blocks that need not follow each other). None if shorter than ``min_length``."""
+    if log and len(log[0].reads) != len(log[0].refs):
+        resolve_reads(log)
+    starts = [e.index for e in log if e.after_fetch]
+    if len(starts) < 3:
+        return None  # two complete inferences after a first one (which may be a warm-up)
+    blocks = starts[-1 - inferences: -1] if len(starts) > inferences else starts[1:-1]
+    blocks = blocks if len(blocks) >= 2 else starts[-3:-1]
+    ends = [starts[starts.index(b) + 1] for b in blocks]
+    first = blocks[0]
+    sources: dict[tuple[int, int], Source] = {}
+    shapes = Shapes()
+    length = 0
+    for i in range(min(end - b for b, end in zip(blocks, ends, strict=True))):
+        here = _sources_at(log, blocks, first, i)
+        if here is None:
+            break
+        try:
+            explain_call(log, blocks, i, shapes)
+        except Unexplained:
+            break
+        sources.update(here)
+        length = i + 1
+    if length < min_length:
+        return None
+    shapes.symbols = {k: v for k, v in shapes.symbols.items() if k[0] < length}
+    outputs = {(i, log[b + i].outputs.index(oid)) for b in blocks for i in range(length)
+               for oid in log[b + i].downloads}
+    inputs = [pos for pos, src in sources.items() if src[0] == "input"]
+    return Found(first, length, len(blocks), sources, sorted(inputs), sorted(outputs),
+                 [e.key for e in log[first: first + length]],
+                 any(e.downloads for e in log[:first]), shapes)
+
+
+def _sources_at(log: list[LoggedCall], blocks: list[int], first: int,
+                i: int) -> dict[tuple[int, int], Source] | None:
+    """Where the tensors of the calls at position ``i`` of each block come from, if the same
+    in every block (``verify``'s rules); None otherwise."""
+    out: dict[tuple[int, int], Source] = {}
+    f = log[first + i]
+    for r, base in enumerate(blocks):
+        e = log[base + i]
+        if e.key != f.key or len(e.refs) != len(f.refs):
+            return None
+        for k, (kind, value) in enumerate(e.refs):
+            if kind == "live":
+                pos, out_index, born = e.reads[k]
+                if base <= pos < base + i:
+                    src: Source = ("produced", (pos - base, out_index))
+                elif pos < first or born < first:
+                    src = ("constant", value)
+                else:
+                    return None
+            elif kind == "upload":
+                src = ("input", None)
+            else:
+                src = ("persistent", value)
+            if r == 0:
+                out[(i, k)] = src
+            elif out[(i, k)] != src:
+                return None
+    return out
+
+
 def _looser(log: list[LoggedCall]) -> bool:
     """Whether loose keys make some calls equal that exact keys tell apart."""
     pairs = {(e.exact, e.loose) for e in log}
@@ -180,7 +256,9 @@ def search_log(log: list[LoggedCall], search: SequenceSearch, min_repeats: int =
             if found is not None:
                 return Outcome(found, rejected, False)
             rejected += 1
-    return Outcome(None, rejected, False)
+    # Inferences of different lengths: the calls they all begin with, as a segment.
+    segment = common_prefix(with_loose_keys(log))
+    return Outcome(segment, rejected, False)
 
 
 def best(log: list[LoggedCall], search: SequenceSearch, min_repeats: int = 2) -> tuple[Found | None, int]:

@@ -60,26 +60,30 @@ class Shapes:
             self.varies_from = i
 
 
-def explain(log: list[LoggedCall], start: int, period: int, repeats: int) -> Shapes:
-    """Account for every exact-key difference between the ``repeats`` blocks of ``period``
-    calls from ``start``; raises ``Unexplained``. Cheap when nothing differs (a static
+def explain(log: list[LoggedCall], blocks: list[int], period: int) -> Shapes:
+    """Account for every exact-key difference between the blocks of ``period`` calls that
+    start at ``blocks``; raises ``Unexplained``. Cheap when nothing differs (a static
     model): one comparison of keys per call."""
     shapes = Shapes()
-    blocks = [start + r * period for r in range(repeats)]
     for i in range(period):
-        first = log[start + i]
-        if first.result is not None:
-            shapes.note_varies(i)  # its outputs' shapes are the host's answer
-        if all(log[b + i].exact == first.exact for b in blocks):
-            continue
-        shapes.note_varies(i)
-        calls = [log[b + i].raw for b in blocks]
-        if any(c is None for c in calls):
-            raise Unexplained(f"call {i}: not recorded")
-        _uploads(i, calls, shapes)  # type: ignore[arg-type]
-        for path, values in _differing_ints(calls):  # type: ignore[arg-type]
-            shapes.symbols[(i, path)] = _size_of(log, blocks, i, values)
+        explain_call(log, blocks, i, shapes)
     return shapes
+
+
+def explain_call(log: list[LoggedCall], blocks: list[int], i: int, shapes: Shapes) -> None:
+    """``explain`` for the calls at position ``i`` of the blocks, into ``shapes``."""
+    first = log[blocks[0] + i]
+    if first.result is not None:
+        shapes.note_varies(i)  # its outputs' shapes are the host's answer
+    if all(log[b + i].exact == first.exact for b in blocks):
+        return
+    shapes.note_varies(i)
+    calls = [log[b + i].raw for b in blocks]
+    if any(c is None for c in calls):
+        raise Unexplained(f"call {i}: not recorded")
+    _uploads(i, calls, shapes)  # type: ignore[arg-type]
+    for path, values in _differing_ints(calls):  # type: ignore[arg-type]
+        shapes.symbols[(i, path)] = _size_of(log, blocks, i, values)
 
 
 def _uploads(i: int, calls: list[ops_pb2.OpCall], shapes: Shapes) -> None:
