@@ -16,8 +16,9 @@ for every difference, or the candidate is refused:
   tensor produced earlier in the same inference, or the product of consecutive sizes (what
   ``flatten`` passes to ``view``): it becomes a ``SymbolicInt``, which the host
   fills in from its own tensor and the shim checks against the app's call;
-- anything else (a float, a string, an integer no size explains) refuses the candidate: the
-  host could not know what the app will pass.
+- anything else (a float, a string, an integer no size explains, a call that returns another
+  number of tensors, such as ``unbind`` of a count) refuses the candidate: the host could not
+  know what the app will pass or how many tensors to name.
 
 A call the host answered with its output metadata (``want_meta``: shapes only the data
 decides) or anything after a difference makes the rest of the sequence ``varies_from``: the
@@ -73,6 +74,10 @@ def explain(log: list[LoggedCall], blocks: list[int], period: int) -> Shapes:
 def explain_call(log: list[LoggedCall], blocks: list[int], i: int, shapes: Shapes) -> None:
     """``explain`` for the calls at position ``i`` of the blocks, into ``shapes``."""
     first = log[blocks[0] + i]
+    if any(len(log[b + i].outputs) != len(first.outputs) for b in blocks):
+        # ``unbind`` of a count, ``split`` into a count of parts: the host would make a
+        # different number of tensors than the sequence names
+        raise Unexplained(f"call {i}: another number of outputs")
     if first.result is not None:
         shapes.note_varies(i)  # its outputs' shapes are the host's answer
     if all(log[b + i].exact == first.exact for b in blocks):
