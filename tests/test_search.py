@@ -291,3 +291,35 @@ def test_an_integer_that_is_no_size_refuses_the_candidate():
     _dynamic_inferences(log, [3, 5, 2, 4], size_of=lambda k: k + 100)
     found, _ = best(log.entries(0), DataDependencySearch())
     assert found is None
+
+
+def test_inferences_of_different_lengths_replay_the_calls_they_begin_with():
+    """20 calls every inference, then a loop whose count the data decides (one call per
+    class present), then the download: nothing repeats as a block, but the calls the recent
+    inferences begin with are a segment (``common_prefix``)."""
+    log = OpLog()
+    seq, ids = 0, iter(range(10, 100_000))
+
+    def call(op: str, arg: ops_pb2.Value) -> int:
+        nonlocal seq
+        seq += 1
+        oid = next(ids)
+        log.record(ops_pb2.SessionUp(call=ops_pb2.OpCall(
+            seq=seq, op=op, args=[arg], out_ids=[oid], out_meta=[_meta(8)],
+            grad_mode=ops_pb2.INFERENCE_MODE)))
+        return oid
+
+    for loops in (2, 5, 3, 4):
+        x = call("aten::relu.default", ops_pb2.Value(tensor=ops_pb2.TensorRef(
+            upload=ops_pb2.TensorData(meta=_meta(8)))))
+        for _ in range(19):
+            x = call("aten::sigmoid.default", ops_pb2.Value(tensor=ops_pb2.TensorRef(id=x)))
+        for _ in range(loops):
+            x = call("aten::neg.default", ops_pb2.Value(tensor=ops_pb2.TensorRef(id=x)))
+        seq += 1
+        log.record(ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=seq, id=x)))
+    found, _ = best(log.entries(0), DataDependencySearch())
+    # The two complete inferences after the first (5 and 3 loops) begin with the same 23
+    # calls: 20, and the 3 loop calls both have.
+    assert found is not None and (found.start, found.period, found.repeats) == (22, 23, 2)
+    assert found.outputs == []  # their values are downloaded after the segment
