@@ -47,6 +47,7 @@ MISS = object()  # dispatch: not answered by replay, forward it
 _T = object()  # a tensor's place in an argument structure
 
 GIVE_UP_AFTER = 3  # consecutive mismatches before a sequence is dropped
+MAX_PER_THREAD = 8  # sequences a thread keeps (variants: other input shapes, models, branches)
 RELEASE_EARLY_AT = 32  # released values worth a frame of their own while waiting for a push
 
 
@@ -318,7 +319,11 @@ class ReplayClient:
             return  # never replay what we cannot read: the calls keep being forwarded
         with self._lock:
             others = [s for s in self.sequences.get(d.thread, []) if s.id != d.id]
-            self.sequences = {**self.sequences, d.thread: [seq, *others]}
+            kept = [seq, *others][:MAX_PER_THREAD]
+            self.sequences = {**self.sequences, d.thread: kept}
+            for old in others[MAX_PER_THREAD - 1:]:  # the least recently found: told to the
+                self._give_up.append(old.id)        # robot, which drops it on the host too
+                self.counters["dropped"] += 1
 
     def _remove(self, seq_id: int) -> list[Sequence]:
         """Forget a sequence; returns what was removed. Copy-on-write: app threads read
