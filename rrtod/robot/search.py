@@ -80,38 +80,19 @@ def verify(log: list[LoggedCall], cand: Candidate, min_repeats: int = 2) -> Foun
         return None
     if len(log[s].reads) != len(log[s].refs):
         resolve_reads(log)
+    blocks = [s + r * period for r in range(repeats)]
     sources: dict[tuple[int, int], Source] = {}
-    outputs: set[tuple[int, int]] = set()
-    for r in range(repeats):
-        base = s + r * period
-        for i in range(period):
-            e, first = log[base + i], log[s + i]
-            if e.key != first.key or len(e.refs) != len(first.refs):
-                return None
-            for k, (kind, value) in enumerate(e.refs):
-                if kind == "live":
-                    pos, out, born = e.reads[k]
-                    if base <= pos < base + i:
-                        src: Source = ("produced", (pos - base, out))
-                    elif pos < s or born < s:
-                        # fixed before the steady state, or an older value written in place
-                        src = ("constant", value)
-                    else:
-                        return None  # carried across inferences, or unknown: not replayable
-                elif kind == "upload":
-                    src = ("input", None)
-                else:
-                    src = ("persistent", value)
-                if r == 0:
-                    sources[(i, k)] = src
-                elif sources[(i, k)] != src:
-                    return None
-            for oid in e.downloads:
-                outputs.add((i, e.outputs.index(oid)))
+    for i in range(period):
+        here = _sources_at(log, blocks, s, i)
+        if here is None:
+            return None
+        sources.update(here)
+    outputs = {(i, log[b + i].outputs.index(oid)) for b in blocks for i in range(period)
+               for oid in log[b + i].downloads}
     if not outputs:
         return None  # an inference returns something to the app
     try:
-        shapes = explain(log, [s + r * period for r in range(repeats)], period)
+        shapes = explain(log, blocks, period)
     except Unexplained:
         return None
     inputs = [pos for pos, src in sources.items() if src[0] == "input"]
@@ -201,7 +182,8 @@ def common_prefix(log: list[LoggedCall], inferences: int = 3,
 def _sources_at(log: list[LoggedCall], blocks: list[int], first: int,
                 i: int) -> dict[tuple[int, int], Source] | None:
     """Where the tensors of the calls at position ``i`` of each block come from, if the same
-    in every block (``verify``'s rules); None otherwise."""
+    in every block; None otherwise (another operator, or a read of a value the block did not
+    make and that is younger than the first block)."""
     out: dict[tuple[int, int], Source] = {}
     f = log[first + i]
     for r, base in enumerate(blocks):
@@ -214,9 +196,10 @@ def _sources_at(log: list[LoggedCall], blocks: list[int], first: int,
                 if base <= pos < base + i:
                     src: Source = ("produced", (pos - base, out_index))
                 elif pos < first or born < first:
+                    # fixed before the steady state, or an older value written in place
                     src = ("constant", value)
                 else:
-                    return None
+                    return None  # carried across inferences, or unknown: not replayable
             elif kind == "upload":
                 src = ("input", None)
             else:
