@@ -28,6 +28,9 @@ SWITCHES: dict[str, str] = {
     "RRTO_REPLAY": "0/false/no/off: forwarding only for this app (overrides `intercept.replay`)",
     "RRTO_DISABLE_PLUGINS": "comma-separated plugin names that neither the daemon nor the shim "
                             "loads",
+    "RRTO_HOST_FACTORIES": "0/false/no/off: tensors a model creates inside its forward "
+                           "(`torch.zeros`, `arange`, ...) stay in the app instead of being "
+                           "made on the GPU host",
     "RRTO_STATS": "1/true/yes/on: the shim prints its counters (whole run and per inference) "
                   "as JSON on stderr at exit",
     "RRTO_EVENT_LOOP": "`asyncio`: the daemon runs the standard event loop instead of uvloop",

@@ -21,9 +21,10 @@ from testkit.daemons import BIN, TEST_DEFAULTS, Launcher
 RUNS = 8
 
 
-def run_app(name: str, daemon: Any | None, *flags: str, tmp: Path, tag: str) -> tuple[str, dict]:
+def run_app(name: str, daemon: Any | None, *flags: str, tmp: Path, tag: str,
+            extra_env: dict[str, str] | None = None) -> tuple[str, dict]:
     """Run one app to completion; returns its output lines and (offloaded) its shim stats."""
-    env = app_env(OMP_WAIT_POLICY="PASSIVE")
+    env = app_env(OMP_WAIT_POLICY="PASSIVE", **(extra_env or {}))
     dump = tmp / f"{name}-{tag}.json"
     cmd = [sys.executable, str(APPS / f"{name}.py"), *flags, "--dump", str(dump)]
     if daemon is not None:
@@ -36,9 +37,10 @@ def run_app(name: str, daemon: Any | None, *flags: str, tmp: Path, tag: str) -> 
     return out.stdout, stats
 
 
-def same_as_local(name: str, daemon: Any, *flags: str, tmp: Path) -> dict:
+def same_as_local(name: str, daemon: Any, *flags: str, tmp: Path,
+                  extra_env: dict[str, str] | None = None) -> dict:
     want, _ = run_app(name, None, *flags, tmp=tmp, tag="local")
-    got, stats = run_app(name, daemon, *flags, tmp=tmp, tag="remote")
+    got, stats = run_app(name, daemon, *flags, tmp=tmp, tag="remote", extra_env=extra_env)
     assert_same_as_local(name, got, want, tmp / f"{name}-remote.json", tmp / f"{name}-local.json")
     return stats
 
@@ -303,3 +305,14 @@ def test_a_size_that_is_not_the_one_the_host_found_is_a_mismatch(fresh, tmp_path
     replayed = stats["by_inference"]["replays"]
     assert stats["mismatches"] == 1, stats
     assert replayed[7] == 1 and replayed[8] == 1 and replayed[9] == 1, stats
+
+
+def test_an_app_buffer_of_any_size_replays_as_an_input(fresh, tmp_path):
+    """With ``RRTO_HOST_FACTORIES=0`` the app makes its buffer itself, sized by the count:
+    an upload whose shape differs every inference (``SeqSource.any_shape``). It replays all
+    the same, with outputs equal to local."""
+    stats = same_as_local("dynamic_head", fresh, "--runs", "10", "--pace", "20", tmp=tmp_path,
+                          extra_env={"RRTO_HOST_FACTORIES": "0"})
+    replayed = stats["by_inference"]["replays"]
+    assert 1 in replayed and replayed[replayed.index(1):] == [1] * (10 - replayed.index(1))
+    assert stats["mismatches"] == 0 and stats["failed"] == 0, stats

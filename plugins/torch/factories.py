@@ -10,7 +10,9 @@ offloaded module's ``forward`` (``inside()``), the deterministic factories below
 the call goes to the host like any operator (and is part of a recorded sequence, its sizes
 symbolic when they follow the data). Outside a forward (the app's own pre- and post-processing)
 they stay local. Random factories (``randn``, ``rand``) always stay local: the host's generator
-is not the app's, and outputs must equal local execution.
+is not the app's, and outputs must equal local execution. ``RRTO_HOST_FACTORIES=0`` keeps every
+factory in the app (an app that writes into such a tensor through ``.numpy()`` inside its
+forward needs it: a proxy's ``numpy()`` is a copy).
 """
 
 from __future__ import annotations

@@ -91,7 +91,8 @@ class TorchInterceptor:
             atexit.register(self.print_stats)
         atexit.register(self.close_marks)  # registered last, so it runs before print_stats
         compiling.install(self.session.warn_once)  # torch.compile runs eagerly (compiling.py)
-        factories.install(self._inside, self.session.dispatch)  # made on the host (factories.py)
+        if flag("RRTO_HOST_FACTORIES", True):  # made on the host (factories.py)
+            factories.install(self._inside, self.session.dispatch)
         self._hooks.append(nn.modules.module.register_module_forward_pre_hook(self._pre))
         self._hooks.append(nn.modules.module.register_module_forward_hook(
             self._post, always_call=True))
