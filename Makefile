@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo bench bench-quick proto proto-check lint clean fuzz compat compat-venv \
+.PHONY: install test demo bench bench-quick bench-detection proto proto-check lint clean fuzz compat compat-venv \
 	compat-ci
 
 install: $(STAMP)
@@ -32,6 +32,15 @@ bench: install
 
 bench-quick: install
 	$(BIN)/python -m bench --quick $(BENCH_ARGS)
+
+# Real detection and pose models (bench/detectors.py): torchvision and Ultralytics need the
+# compatibility venv (torch 2.14.1). Local, hand-written offloading and rrto, loopback and
+# wifi6-edge; results in bench/results/detection/.
+DETECTION ?= tv-fasterrcnn,tv-retinanet,tv-fcos,tv-ssdlite,tv-keypointrcnn,yolov8n,yolov8n-pose
+bench-detection: compat-venv
+	$(CVENV)/bin/python -m bench --models $(DETECTION) --links loopback,wifi6-edge \
+		--systems local,nto,rrto --iters 10 --warmup 5 --out bench/results/detection \
+		$(BENCH_ARGS)
 
 # Regenerate the wire contract's modules (committed; tests/test_proto.py checks they are current).
 proto: install

@@ -1,4 +1,5 @@
-"""The benchmark's models, in plain torch (no torchvision: it does not import beside torch 2.13).
+"""The benchmark's models, in plain torch (no torchvision: it does not import beside torch 2.13),
+and the real detectors where their libraries are installed.
 
 Why these: the correctness suite's shapes of computation (MLP policy, small CNN, ResNet-style,
 encoder-decoder with upsample+concat, a fixed-step GRU, a transformer block, a detection head
@@ -8,6 +9,8 @@ matter on robots: a ResNet-50-sized CNN at 224×224 and a YOLO-style detector wi
 inputs come from a seeded generator so local and offloaded outputs can be compared exactly.
 Only plain aten operators are used (no fused fast paths such as
 ``torch._transformer_encoder_layer_fwd``), so an interception backend sees ordinary calls.
+Where torchvision and Ultralytics are installed, their detection and pose models join
+(``bench.detectors``, ``make bench-detection``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
+
+from bench.detectors import SIZE, available
 
 
 def conv_bn(cin: int, cout: int, k: int = 3, s: int = 1, act: type[nn.Module] = nn.ReLU
@@ -284,6 +289,10 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
     ModelSpec("yolo-pose", YoloPose, (1, 3, 640, 640), False),
 ]}
 QUICK_MODELS = ("mlp", "cnn", "dethead")
+# Real detection and pose models, where torchvision / Ultralytics are installed (bench.detectors).
+DETECTION_MODELS = tuple(available())
+for _name, _build in available().items():
+    MODELS[_name] = ModelSpec(_name, _build, (1, 3, SIZE, SIZE), False)
 
 
 def outputs_of(result: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
