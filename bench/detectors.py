@@ -30,7 +30,7 @@ TORCHVISION = {
     "tv-fasterrcnn": ("fasterrcnn_mobilenet_v3_large_fpn", {"box_score_thresh": 0.001}),
     "tv-retinanet": ("retinanet_resnet50_fpn", {"score_thresh": 0.001}),
     "tv-fcos": ("fcos_resnet50_fpn", {"score_thresh": 0.001}),
-    "tv-ssdlite": ("ssdlite320_mobilenet_v3_large", {"score_thresh": 0.001}),
+    "tv-ssdlite": ("ssdlite320_mobilenet_v3_large", {"score_thresh": 0.001, "size": None}),
     "tv-keypointrcnn": ("keypointrcnn_resnet50_fpn", {"box_score_thresh": 0.001}),
 }
 ULTRALYTICS = {"yolov8n": "yolov8n.yaml", "yolov8n-pose": "yolov8n-pose.yaml"}
@@ -44,8 +44,11 @@ class TorchvisionDetector(nn.Module):
     def __init__(self, builder: str, kwargs: dict[str, Any]):
         super().__init__()
         from torchvision.models import detection
+        # SSD resizes to its own fixed size (320x320); the others to SIZE
+        sizes = {} if "size" in kwargs else {"min_size": SIZE, "max_size": SIZE}
+        kwargs = {k: v for k, v in kwargs.items() if k != "size"}
         self.model = getattr(detection, builder)(weights=None, weights_backbone=None,
-                                                 min_size=SIZE, max_size=SIZE, **kwargs)
+                                                 **sizes, **kwargs)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         (found,) = self.model(list(x))
