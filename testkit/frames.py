@@ -16,7 +16,7 @@ class ShimFrames:
     """Builds frames; each goes to ``record``, which a subclass defines."""
 
     meta = META  # of every upload and output
-    upload = b"\0" * 32  # an upload's bytes
+    upload = b"\0" * 28  # an upload's bytes, then the call's number: fresh data every time
 
     def __init__(self) -> None:
         self.seq = 0
@@ -42,7 +42,7 @@ class ShimFrames:
                 v.tensor.persistent = x
             else:  # an upload of fresh data
                 v.tensor.upload.meta.CopyFrom(self.meta)
-                v.tensor.upload.data = self.upload
+                v.tensor.upload.data = self.upload + self.seq.to_bytes(4, "little")
         c.args.add().f = scalar
         out = out_ids if out_ids is not None else [self._id() for _ in range(outs)]
         c.out_ids.extend(out)

@@ -148,6 +148,8 @@ class Step:
     # dimension, number of dimensions whose sizes multiply)
     syms: list[tuple[tuple[Any, ...], int, int, int]] = field(default_factory=list)
     any_shape: frozenset[int] = frozenset()  # INPUT slots of any shape (dtype and rank fixed)
+    # INPUT slots with fixed bytes (``SeqSource.fixed``): slot -> (bytes, upload strides)
+    fixed: dict[int, tuple[bytes, tuple[int, ...]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -165,6 +167,7 @@ class Sequence:
     recent: dict[tuple[Any, ...], int] = field(default_factory=dict)
     mismatches: int = 0
     failed: bool = False  # the host could not replay it
+    stale: bool = False  # a fixed input got other bytes: given up at the mismatch
     sized: frozenset[int] = frozenset()  # local indices whose sizes symbolic integers use
 
     @property
@@ -210,6 +213,9 @@ def compile_sequence(d: ops_pb2.SequenceDef) -> Sequence:
         step.answered = call.want_meta
         step.variable = d.HasField("varies_from") and len(steps) >= d.varies_from
         step.any_shape = frozenset(s for s in slots if d.sources[s].any_shape)
+        step.fixed = {s: (bytes(r.upload.data), tuple(r.upload.meta.stride))
+                      for s, r in zip(slots, refs, strict=True)
+                      if d.sources[s].fixed and r.WhichOneof("ref") == "upload"}
         if not skw and not step.any_shape and all(a is _T or _plain(a) for a in sargs):
             step.flat = (len(sargs), tuple(i for i, a in enumerate(sargs) if a is _T),
                          tuple((i, a, type(a), tuple(map(type, a))
@@ -445,6 +451,7 @@ class ReplayClient:
         if act.position == len(act.seq.steps):
             self._tls.active = None
             act.seq.mismatches = 0
+            act.seq.stale = False
         return result
 
     @staticmethod
@@ -560,6 +567,17 @@ class ReplayClient:
                 bind[slot] = h
                 continue
             src = act.seq.definition.sources[slot]
+            if kind == _INPUT and slot in step.fixed:
+                # The recorded bytes, which the host already uses: only exactly those match.
+                data, strides = step.fixed[slot]
+                if (h is not None or _input_key(t) != step.input_keys.get(slot)
+                        or tuple(codec.wire_layout(t) or ()) != strides
+                        or codec.raw_bytes(t if t.device.type == "cpu" else t.cpu()) != data):
+                    # Recorded while it happened not to change (a warm-up on one dummy input):
+                    # this sequence cannot serve the app's real inputs; record again at once.
+                    act.seq.stale = True
+                    return None
+                continue
             if kind == _INPUT:
                 if h is not None:
                     ref = ops_pb2.TensorRef(id=h.id)
@@ -667,7 +685,7 @@ class ReplayClient:
         self._tls.active = None
         self.counters["mismatches"] += 1
         seq.mismatches += 1
-        if seq.mismatches >= GIVE_UP_AFTER:
+        if seq.mismatches >= GIVE_UP_AFTER or seq.stale:
             self._give_up_sequence(seq)  # control flow that keeps changing: record again
 
     # ----- downloads -----

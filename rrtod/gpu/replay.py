@@ -102,7 +102,9 @@ def compile_sequence(d: ops_pb2.SequenceDef,
         binding.append(plan)
         # A weight's id is only known to be bound once the shim names it (its first use in this
         # session may be this very replay), so until then it is waited for like an input.
-        inputs.append([s for s in own if d.sources[s].kind in (SRC.INPUT, SRC.PERSISTENT)])
+        # A fixed input is the recorded upload itself (``SeqSource.fixed``): not waited for.
+        inputs.append([s for s in own if d.sources[s].kind == SRC.PERSISTENT
+                       or (d.sources[s].kind == SRC.INPUT and not d.sources[s].fixed)])
         writes.append([j for j, r in enumerate(call.out_ids) if r in produced or r not in local])
         mutates.append(bool(written and written(call)))
         produced.update(call.out_ids)

@@ -66,6 +66,8 @@ def build_definition(entries: list[LoggedCall], found: Found, persistent: dict[i
             what, value = found.sources[(i, k)]
             if what == "input":
                 d.sources.add(kind=SRC.INPUT)
+            elif what == "fixed":  # the same small upload every inference: kept, not waited for
+                d.sources.add(kind=SRC.INPUT, fixed=True)
             elif what == "produced":
                 pos, out = value  # type: ignore[misc]
                 producer = block[pos]
@@ -92,7 +94,7 @@ def build_definition(entries: list[LoggedCall], found: Found, persistent: dict[i
     # its metadata, so the definition stays small on the wire and on disk.
     refs = (ref for call in d.calls for ref in iter_tensor_refs(call))
     for src, ref in zip(d.sources, refs, strict=True):
-        if src.kind == SRC.INPUT and ref.WhichOneof("ref") == "upload":
+        if src.kind == SRC.INPUT and not src.fixed and ref.WhichOneof("ref") == "upload":
             ref.upload.ClearField("data")
     for out_index in found.outputs:
         i, k = out_index

@@ -27,15 +27,18 @@ from one request, after which the inference goes on by forwarding.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
+from rrto.v1 import ops_pb2
 from rrtod.hookspecs import Candidate, SequenceSearch
 from rrtod.robot.oplog import LoggedCall, resolve_reads, with_loose_keys
 from rrtod.robot.shapes import Shapes, Unexplained, explain, explain_call
+from rrtod.wire import iter_tensor_refs
 
 # (op position in block, ref position in op) -> where the tensor comes from
 Source = tuple[str, object]
@@ -136,6 +139,9 @@ class Screen:
         return bool(crossing.any())
 
 
+# An upload with the same bytes in every block, up to this size, is a constant of the sequence
+# (``SeqSource.fixed``): the host does not wait for it.
+FIXED_MAX = 64 * 1024
 # A prefix segment shorter than this is not worth a sequence (forwarding costs about as much).
 MIN_SEGMENT = 16
 
@@ -208,7 +214,28 @@ def _sources_at(log: list[LoggedCall], blocks: list[int], first: int,
                 out[(i, k)] = src
             elif out[(i, k)] != src:
                 return None
+    for (i_, k), src in out.items():
+        if src[0] == "input" and _same_upload(log, blocks, i_, k):
+            out[(i_, k)] = ("fixed", None)
     return out
+
+
+def _same_upload(log: list[LoggedCall], blocks: list[int], i: int, k: int) -> bool:
+    """The upload at tensor argument ``k`` of the calls at ``i`` has the same bytes and
+    metadata in every block, and is small: a constant the app makes anew each inference."""
+    first: ops_pb2.TensorData | None = None
+    for b in blocks:
+        raw = log[b + i].raw
+        if raw is None:
+            return False
+        ref = next(itertools.islice(iter_tensor_refs(raw), k, None), None)
+        if ref is None or ref.WhichOneof("ref") != "upload" or len(ref.upload.data) > FIXED_MAX:
+            return False
+        if first is None:
+            first = ref.upload
+        elif ref.upload.data != first.data or ref.upload.meta != first.meta:
+            return False
+    return first is not None
 
 
 def _looser(log: list[LoggedCall]) -> bool:

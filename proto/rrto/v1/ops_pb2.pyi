@@ -318,7 +318,7 @@ class SequenceAck(_message.Message):
     def __init__(self, id: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class SeqSource(_message.Message):
-    __slots__ = ("kind", "id", "hash", "meta", "any_shape")
+    __slots__ = ("kind", "id", "hash", "meta", "any_shape", "fixed")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[SeqSource.Kind]
@@ -336,12 +336,14 @@ class SeqSource(_message.Message):
     HASH_FIELD_NUMBER: _ClassVar[int]
     META_FIELD_NUMBER: _ClassVar[int]
     ANY_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    FIXED_FIELD_NUMBER: _ClassVar[int]
     kind: SeqSource.Kind
     id: int
     hash: bytes
     meta: TensorMeta
     any_shape: bool
-    def __init__(self, kind: _Optional[_Union[SeqSource.Kind, str]] = ..., id: _Optional[int] = ..., hash: _Optional[bytes] = ..., meta: _Optional[_Union[TensorMeta, _Mapping]] = ..., any_shape: _Optional[bool] = ...) -> None: ...
+    fixed: bool
+    def __init__(self, kind: _Optional[_Union[SeqSource.Kind, str]] = ..., id: _Optional[int] = ..., hash: _Optional[bytes] = ..., meta: _Optional[_Union[TensorMeta, _Mapping]] = ..., any_shape: _Optional[bool] = ..., fixed: _Optional[bool] = ...) -> None: ...
 
 class SequenceDef(_message.Message):
     __slots__ = ("id", "calls", "local_ids", "sources", "outputs", "thread", "symbols", "varies_from")
