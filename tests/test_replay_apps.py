@@ -316,3 +316,15 @@ def test_an_app_buffer_of_any_size_replays_as_an_input(fresh, tmp_path):
     replayed = stats["by_inference"]["replays"]
     assert 1 in replayed and replayed[replayed.index(1):] == [1] * (10 - replayed.index(1))
     assert stats["mismatches"] == 0 and stats["failed"] == 0, stats
+
+
+def test_an_input_that_only_looked_fixed_is_never_replayed_with_the_recorded_bytes(fresh,
+                                                                                   tmp_path):
+    """``warmup_same``: four inferences on one dummy input, then real ones. A sequence found
+    during the warm-up keeps that input as fixed bytes; the first real input must not be
+    answered with it: a mismatch (outputs equal to local), the sequence given up at once, and
+    the real inputs are recorded and replayed (as a changing input) from then on."""
+    stats = same_as_local("warmup_same", fresh, "--pace", "20", tmp=tmp_path)
+    replayed = stats["by_inference"]["replays"]
+    assert stats["mismatches"] >= 1 and stats["failed"] == 0, stats
+    assert replayed[-3:] == [1, 1, 1], stats  # replays again with real inputs
