@@ -284,7 +284,10 @@ class EchoApp:
     def inference(self) -> int:
         meta = ops_pb2.TensorMeta(dtype="float32", shape=[4], stride=[1], device="cpu")
         conv = ops_pb2.OpCall(seq=self._id(), op="aten::conv2d.default", out_ids=[self._id()])
-        conv.args.add().tensor.upload.CopyFrom(ops_pb2.TensorData(meta=meta, data=b"\0" * 16))
+        # fresh data every inference, as a camera's: an upload that never changes would be
+        # kept in the sequence as fixed bytes (SeqSource.fixed)
+        conv.args.add().tensor.upload.CopyFrom(ops_pb2.TensorData(
+            meta=meta, data=struct.pack("<f", conv.seq) + b"\0" * 12))
         weight = conv.args.add().tensor
         if self.bound:
             weight.id = self.W
