@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import queue
+import threading
 from typing import Any
 
 import grpc
@@ -54,6 +55,21 @@ class RawPeerSession:
             self.pending = list(down.batch.frames) if down.WhichOneof("msg") == "batch" else [down]
         return self.pending.pop(0)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 30.0) -> None:
+        """End the session as a robot does (a ``close`` frame, then the end of the stream) and
+        wait up to ``timeout`` for the daemon to end it too, so that the session is gone from
+        the daemon once this returns: closing the channel alone leaves the daemon to notice a
+        cancelled stream, which under load can take longer than the next test waits."""
+        self.send(close=ops_pb2.Close())
         self.frames.put(None)
+        drain = threading.Thread(target=self._drain, daemon=True)
+        drain.start()
+        drain.join(timeout)
         self.channel.close()
+
+    def _drain(self) -> None:
+        try:
+            for _ in self.replies:
+                pass
+        except grpc.RpcError:
+            pass  # ended by the daemon with an error status (a test may have asked for one)
