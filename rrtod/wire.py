@@ -28,9 +28,12 @@ robot daemon -> GPU daemon     gRPC ``peer.Peer.Session`` request stream of ``op
 GPU daemon -> robot daemon     response stream of ``ops.SessionDown``: ``ready`` (with the
                                host's versions), then replies, pushed replay outputs and
                                answers (those ready together as one ``batch``, which the robot
-                               daemon unpacks for the app) and ``defined`` (``SequenceAck``).
-                               The robot daemon logs ``result`` replies with ``outs`` (the
-                               outputs of a ``want_meta`` call) for the op log.
+                               daemon unpacks for the app), ``defined`` (``SequenceAck``) and,
+                               after a ``ReplayAbort``, ``replayed`` (``ReplayedPrefix``: the
+                               sizes of what the aborted replay ran; kept by the robot daemon,
+                               never passed on). The robot daemon logs ``result`` replies with
+                               ``outs`` (the outputs of a ``want_meta`` call), ``answer``s and
+                               ``replayed`` for the op log.
 =============================  ================================================================
 
 The robot daemon relays and records ``SessionUp``/``SessionDown``; the GPU daemon hands them to

@@ -9,7 +9,15 @@ from typing import Any
 import torch
 
 from rrto.v1 import ops_pb2
-from rrto_plugins.torch.replay import MAX_PER_THREAD, MISS, ReplayClient, decode_answer
+from rrto_plugins.torch.metadata import OpInfo
+from rrto_plugins.torch.proxy import Handle, new_proxy
+from rrto_plugins.torch.replay import (
+    MAX_PER_THREAD,
+    MISS,
+    ReplayClient,
+    _read_after,
+    decode_answer,
+)
 
 
 class Session:
@@ -57,3 +65,49 @@ def test_an_answer_decodes_as_forwarding_would_or_not_at_all():
     assert decode_answer(bad, session, torch.device("cpu")) is MISS  # type: ignore[arg-type]
     missing = ops_pb2.OpResult(value=ops_pb2.Value(tensor=ops_pb2.TensorRef(id=7)))
     assert decode_answer(missing, session, torch.device("cpu")) is MISS  # type: ignore[arg-type]
+
+
+def chain() -> ops_pb2.SequenceDef:
+    """relu(input) -> neg -> sigmoid: recorded ids 2, 3, 4 (local 0, 1, 2); the app reads 4."""
+    d = ops_pb2.SequenceDef(id=5, local_ids=[2, 3, 4], outputs=[4])
+    meta = ops_pb2.TensorMeta(dtype="float32", shape=[4], stride=[1])
+    first = d.calls.add(op="aten::relu.default", out_ids=[2], out_meta=[meta])
+    first.args.add().tensor.upload.meta.CopyFrom(meta)
+    d.sources.add(kind=ops_pb2.SeqSource.INPUT)
+    for op, src, out in (("aten::neg.default", 2, 3), ("aten::sigmoid.default", 3, 4)):
+        call = d.calls.add(op=op, out_ids=[out], out_meta=[meta])
+        call.args.add().tensor.id = src
+        d.sources.add(kind=ops_pb2.SeqSource.PRODUCED, id=src)
+    return d
+
+
+def forwarded(client: ReplayClient, op: str, arg: ops_pb2.TensorRef, out: int) -> None:
+    meta = ops_pb2.TensorMeta(dtype="float32", shape=[4], stride=[1])
+    call = ops_pb2.OpCall(op=op, out_ids=[out], out_meta=[meta])
+    call.args.add().tensor.CopyFrom(arg)
+    client.forwarded(call, (), {}, None)
+
+
+def test_a_sequence_that_arrives_mid_inference_joins_it_where_the_app_is():
+    """The app forwarded relu and neg (ids 500, 501) before the sequence arrived; its next
+    call, sigmoid of 501, joins at position 2, naming 501 as the sequence's local 1 (all the
+    host needs: the only value read from there on), and 500 as local 0 for the shim."""
+    session = Session()
+    client = ReplayClient(session)  # type: ignore[arg-type]
+    upload = ops_pb2.TensorRef(upload=ops_pb2.TensorData(meta=ops_pb2.TensorMeta(
+        dtype="float32", shape=[4], stride=[1])))
+    forwarded(client, "aten::relu.default", upload, 500)
+    forwarded(client, "aten::neg.default", ops_pb2.TensorRef(id=500), 501)
+    client.define(chain())
+    (seq,) = client.sequences[0]
+    x = new_proxy(Handle(session, 501), (4,), (1,), 0, torch.float32, torch.device("cpu"))
+    info = OpInfo(torch.ops.aten.sigmoid.default)
+    act, frames = client._join([seq], (x,), {}, info, 0)
+    assert act.position == 2 and act.joined == {0: 500, 1: 501} and frames == ()
+    assert _read_after(seq, 2, act.joined) == {1: 501}
+    # A tail that is not the sequence's dataflow (neg read another value) does not join.
+    client.downloaded()
+    forwarded(client, "aten::relu.default", upload, 600)
+    forwarded(client, "aten::neg.default", ops_pb2.TensorRef(id=999), 601)
+    y = new_proxy(Handle(session, 601), (4,), (1,), 0, torch.float32, torch.device("cpu"))
+    assert client._join([seq], (y,), {}, info, 0) is None

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import struct
 
+import pytest
+
 from rrto.v1 import ops_pb2
 from rrtod.gpu.replay import HostReplayer
 from rrtod.wire import SPAN
@@ -468,3 +470,33 @@ def test_a_symbolic_integer_the_host_could_not_fill_in_is_refused():
     assert "not an integer" in refused(call=1, arg=1, tensor=1, dim=0)  # a tensor argument
     assert "no argument" in refused(call=1, arg=9, tensor=1, dim=0)
     assert "no tensor" in refused(call=1, arg=0, tensor=55, dim=0)
+
+
+def test_a_start_that_joins_under_way_runs_the_rest_on_the_apps_values():
+    """The app forwarded the first call itself (its output is id 500 = 12.0); the start joins
+    at call 1, naming 500 as local value 0. The host runs only mul and add_, reads 500 where
+    the sequence reads local 0, writes it in place, and pushes only what it made under base."""
+    ex = NumberExecutor()
+    ex.store[500] = 12.0
+    r = HostReplayer(ex)
+    run(r, ops_pb2.SessionUp(define=sequence()))
+    out = run(r, ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=1000,
+                                                             position=1, joined={0: 500})))
+    assert ex.calls == ["mul", "add_"]  # no input to wait for: call 0 is the app's own
+    assert [value(d) for d in out] == [(1001, 144.0)]  # 500 is the app's: it fetches it
+    assert ex.store[500] == 156.0 and 1000 not in ex.store
+    out = run(r, ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=2000)),
+              ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(0.0))))
+    assert [value(d) for d in out] == [(2001, 100.0), (2000, 110.0)]  # then as usual
+
+
+@pytest.mark.parametrize("position, joined", [(3, {}), (1, {2: 500})])
+def test_a_join_past_the_sequence_is_refused_and_its_arguments_dropped(position, joined):
+    ex = NumberExecutor()
+    r = HostReplayer(ex)
+    run(r, ops_pb2.SessionUp(define=sequence()))
+    out = run(r, ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=1000,
+                                                             position=position, joined=joined)),
+              ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(2.0))))
+    assert [(x.error.code, x.error.sequence) for x in out] == [("BAD_START", 7)]
+    assert ex.calls == [] and r.active is None

@@ -296,6 +296,8 @@ class RemoteSession:
     def download(self, proxy: RemoteTensor) -> torch.Tensor:
         """The value of ``proxy`` (an app's data read)."""
         value = downloads.read_value(self, proxy)
+        if self.replay is not None:
+            self.replay.downloaded()
         if self.on_read is not None:
             self.on_read(proxy._rrto_handle.id)
         return value
@@ -476,8 +478,12 @@ class RemoteSession:
         if info.inplace_view:
             restride(func, args, kwargs)
         if want:
-            return self._from_reply(reply, device)
-        return materialize(tmpl, handles, info, args, kwargs, device)
+            result = self._from_reply(reply, device)
+        else:
+            result = materialize(tmpl, handles, info, args, kwargs, device)
+        if self.replay is not None:  # a sequence found meanwhile may join this inference
+            self.replay.forwarded(call, args, kwargs, result)
+        return result
 
     def _from_reply(self, reply: ops_pb2.OpResult, device: torch.device) -> Any:
         metas = iter(reply.outs)

@@ -33,7 +33,7 @@ from . import compiling, factories
 from .client import RemoteSession
 from .proxy import RemoteTensor
 
-BY_INFERENCE = ("round_trips", "push_waits", "replays")
+BY_INFERENCE = ("round_trips", "push_waits", "replays", "mismatches", "switches")
 
 
 class _Open:
@@ -168,11 +168,13 @@ class TorchInterceptor:
     def _counters(self) -> tuple[int, ...]:
         """The session's counts that ``stats()["by_inference"]`` gives per inference
         (``BY_INFERENCE``): replies the app waited for (a replayed inference's pushed outputs
-        are one), the waits among them for pushed outputs, and replays started."""
+        are one), the waits among them for pushed outputs, replays started, replays that
+        mismatched, and switches to a variant at a branch."""
         c = self.session.counters
         replay = getattr(self.session, "replay", None)
-        replays = replay.counters["replays"] if replay is not None else 0
-        return (c["round_trips"] + c["replay_replies"], c["push_waits"], replays)
+        rc = replay.counters if replay is not None else {}
+        return (c["round_trips"] + c["replay_replies"], c["push_waits"], rc.get("replays", 0),
+                rc.get("mismatches", 0), rc.get("switches", 0))
 
     def _read(self, handle_id: int) -> None:
         """The app read a proxy (``RemoteSession.download``): extends its thread's open

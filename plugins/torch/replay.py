@@ -18,6 +18,10 @@ waits only if it gets there first. An integer argument the sequence names as a s
 inference's tensors (``SymbolicInt``) matches only if it is that size now. From the sequence's
 ``varies_from`` on, each call's outputs are worked out from its arguments every time (a cache
 lookup per argument signature) instead of once.
+
+A sequence that arrives while its thread is in the middle of an inference joins it
+(``_join``): the calls forwarded since the last download are mapped onto the sequence's first
+calls, and the host replays the rest from the values they made.
 """
 
 from __future__ import annotations
@@ -46,7 +50,14 @@ _PRODUCED, _INPUT, _PERSISTENT = SRC.PRODUCED, SRC.INPUT, SRC.PERSISTENT
 MISS = object()  # dispatch: not answered by replay, forward it
 _T = object()  # a tensor's place in an argument structure
 
-GIVE_UP_AFTER = 3  # consecutive mismatches before a sequence is dropped
+# Consecutive mismatches before a sequence is dropped (its control flow keeps changing: record
+# again). Not fewer: an inference that branches off it is recorded as a variant next to it
+# (``ReplayedPrefix``), which takes a few inferences of that branch to be found.
+GIVE_UP_AFTER = 8
+# Forwarded calls a thread keeps since its last download, for a sequence that arrives during
+# the inference to join it (``ReplayClient._join``); an inference longer than this is not joined.
+MAX_TAIL = 8192
+JOIN_TRIES = 4  # places in the kept calls where the inference under way may have begun
 MAX_PER_THREAD = 8  # sequences a thread keeps (variants: other input shapes, models, branches)
 RELEASE_EARLY_AT = 32  # released values worth a frame of their own while waiting for a push
 
@@ -150,6 +161,14 @@ class Step:
     any_shape: frozenset[int] = frozenset()  # INPUT slots of any shape (dtype and rank fixed)
     # INPUT slots with fixed bytes (``SeqSource.fixed``): slot -> (bytes, upload strides)
     fixed: dict[int, tuple[bytes, tuple[int, ...]]] = field(default_factory=dict)
+    # everything the step matches and makes, comparable across sequences (``same_prefix``)
+    sig: tuple[Any, ...] = ()
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.op, self.grad_mode, repr(self.args), repr(sorted(self.kwargs.items())),
+                tuple(self.checks), tuple(self.out_local), tuple(sorted(self.input_keys.items())),
+                tuple(self.out_meta), self.answered, repr(self.syms), tuple(sorted(self.any_shape)),
+                tuple(sorted((s, d) for s, (d, _) in self.fixed.items())))
 
 
 @dataclass
@@ -168,7 +187,18 @@ class Sequence:
     mismatches: int = 0
     failed: bool = False  # the host could not replay it
     stale: bool = False  # a fixed input got other bytes: given up at the mismatch
+    fresh: bool = True  # not looked at by its thread yet: it may join the inference under way
     sized: frozenset[int] = frozenset()  # local indices whose sizes symbolic integers use
+    chain: list[int] = field(default_factory=list)  # per step: a hash of the steps up to it
+
+    def same_prefix(self, other: Sequence, p: int) -> bool:
+        """Whether this sequence's first ``p`` steps are exactly ``other``'s: the same calls
+        from the same sources, making the same local values (so an inference that ran them
+        under one holds what the other's would)."""
+        return (p <= len(self.steps) and p <= len(other.steps)
+                and self.chain[p - 1] == other.chain[p - 1]
+                and all(a.sig == b.sig for a, b in zip(self.steps[:p], other.steps[:p],
+                                                        strict=True)))
 
     @property
     def id(self) -> int:
@@ -231,8 +261,13 @@ def compile_sequence(d: ops_pb2.SequenceDef) -> Sequence:
         step.flat = None  # matched against this inference's sizes: the general path
     outputs = {local[o] for o in d.outputs}
     last_writer = {i: k for k, st in enumerate(steps) for i in st.out_local if i is not None}
+    chain, h = [], 0
+    for st in steps:
+        st.sig = st.signature()
+        h = hash((h, st.sig))
+        chain.append(h)
     return Sequence(d, steps, local, last_writer, outputs,
-                    sized=frozenset(i for st in steps for _p, i, _d, _n in st.syms))
+                    sized=frozenset(i for st in steps for _p, i, _d, _n in st.syms), chain=chain)
 
 
 @dataclass
@@ -241,6 +276,11 @@ class Active:
     base: int
     position: int = 0
     sizes: dict[int, tuple[int, ...]] = field(default_factory=dict)  # ``Sequence.sized`` now
+    # joined under way: local index -> the id the app already holds it under (forwarded)
+    joined: dict[int, int] | None = None
+
+    def id_of(self, i: int) -> int:
+        return self.joined.get(i, self.base + i) if self.joined else self.base + i
 
 
 def _with_sizes(step: Step, act: Active) -> tuple[list[Any], dict[str, Any]] | None:
@@ -266,6 +306,16 @@ def _put(x: Any, items: list[int], value: int) -> Any:
     out = list(x)
     out[items[0]] = _put(x[items[0]], items[1:], value)
     return type(x)(out)
+
+
+def _read_after(seq: Sequence, p: int, joined: dict[int, int] | None) -> dict[int, int]:
+    """The part of ``joined`` the host needs: values that steps from ``p`` on read, or whose
+    sizes they use (the shim keeps all of it, to match those steps)."""
+    if not joined:
+        return {}
+    used = {aux for st in seq.steps[p:] for _s, kind, aux in st.checks if kind == _PRODUCED}
+    used.update(i for st in seq.steps[p:] for _p, i, _d, _n in st.syms)
+    return {i: v for i, v in joined.items() if i in used}
 
 
 def decode_answer(reply: ops_pb2.OpResult, session: Session, device: torch.device) -> Any:
@@ -301,6 +351,7 @@ class ReplayClient:
         self._inference = itertools.count(0)
         self._pushed: dict[int, ops_pb2.TensorData] = {}
         self._aborted: dict[int, int] = {}  # inference base -> position of its mismatch
+        self._bases: dict[int, Sequence] = {}  # inference base -> the sequence it replays
         self._replied_bases: set[int] = set()  # inferences whose reply the app has read
         # Waits for a pushed output (by id) or an answer (by (base, position)).
         self._waiting: dict[Any, threading.Event] = {}
@@ -312,7 +363,8 @@ class ReplayClient:
         # once per step, so not part of the per-operator cost (``replay_shim_ns``).
         self.planning_ns = 0
         self.counters = {"replays": 0, "mismatches": 0, "replayed_ops": 0, "dropped": 0,
-                         "failed": 0, "answer_waits": 0}
+                         "failed": 0, "answer_waits": 0, "joined": 0,
+                         "switches": 0}
 
     # ----- from the reader thread -----
     def define(self, d: ops_pb2.SequenceDef) -> None:
@@ -388,7 +440,8 @@ class ReplayClient:
         if info.value_op and act is None:
             return MISS  # a value read outside a replay: forwarded (a sequence never starts so)
         if act is None:
-            for seq in self.sequences.get(thread, ()):
+            seqs = self.sequences.get(thread, ())
+            for seq in seqs:
                 if seq.steps[0].op != info.name:
                     continue
                 act = Active(seq, REPLAY_BASE + next(self._inference) * SPAN)
@@ -396,19 +449,37 @@ class ReplayClient:
                 if frames is not None:
                     break
             else:
-                return MISS  # not the start of any sequence: an ordinary forwarded call
+                fresh = [s for s in seqs if s.fresh]
+                joined = None
+                if fresh:  # looked at once: its first call after it arrived
+                    for s in fresh:
+                        s.fresh = False
+                    joined = self._join(fresh, args, kwargs, info, grad_mode)
+                if joined is None:
+                    return MISS  # not the start of any sequence: an ordinary forwarded call
+                act, frames = joined
+                seq = act.seq
+            for s in seqs:
+                s.fresh = False
+            self._tls.tail = []
             self._forget_before(act.base - 4 * SPAN)
+            self._bases[act.base] = seq
             start = ops_pb2.SessionUp(start=ops_pb2.ReplayStart(
-                sequence=seq.id, base_id=act.base, inference=act.base))
+                sequence=seq.id, base_id=act.base, inference=act.base,
+                position=act.position, joined=_read_after(seq, act.position, act.joined)))
             self.session.send_frames([start, *frames])
             self._tls.active = act
             self.counters["replays"] += 1
         else:
             frames = self._match(act, args, kwargs, info, grad_mode)
             if frames is None:
-                self._mismatch(act)
-                return MISS
-            if frames:
+                switched = (self._switch(act, args, kwargs, info, grad_mode)
+                            if len(self.sequences.get(thread, ())) > 1 else None)
+                if switched is None:
+                    self._mismatch(act)
+                    return MISS
+                act = switched
+            elif frames:
                 self.session.send_frames(frames)
         step = act.seq.steps[act.position]
         if step.answered or info.value_op:
@@ -444,6 +515,151 @@ class ReplayClient:
         if act.seq.sized:
             self._note_sizes(act, step, result)
         return self._advance(act, result)
+
+    # ----- variants -----
+    def _switch(self, act: Active, args: tuple, kwargs: dict, info: OpInfo,
+                grad_mode: int) -> Active | None:
+        """The app's call differs from the sequence in progress at position ``p``: if another
+        sequence of this thread has exactly the same first ``p`` steps (a variant: the same
+        inference up to a branch on a value, such as no detections against some) and this
+        call is its step ``p``, go on with that one. The host is told to abort the first at
+        ``p`` and to run the variant from ``p`` (a join, ``ReplayStart.position``) on the
+        values the first one made, under a new base so that nothing the first one ran ahead
+        can be taken for the variant's. None: no variant matches (a mismatch)."""
+        p, a = act.position, act.seq
+        if p == 0:
+            return None
+        for b in self.sequences.get(a.definition.thread, ()):
+            if b is a or len(b.steps) <= p or b.steps[p].op != info.name \
+                    or not b.same_prefix(a, p):
+                continue
+            joined = {i: act.id_of(i) for st in a.steps[:p] for i in st.out_local
+                      if i is not None}
+            if any(i in joined for st in b.steps[p:] for i in st.out_local if i is not None):
+                continue  # writes a value made before the branch again (see ``_join``)
+            new = Active(b, REPLAY_BASE + next(self._inference) * SPAN, position=p,
+                         sizes=dict(act.sizes), joined=joined)
+            frames = self._match(new, args, kwargs, info, grad_mode)
+            if frames is None:
+                continue
+            start = ops_pb2.SessionUp(start=ops_pb2.ReplayStart(
+                sequence=b.id, base_id=new.base, inference=new.base, position=p,
+                joined=_read_after(b, p, joined)))
+            self.session.send_frames([ops_pb2.SessionUp(abort=ops_pb2.ReplayAbort(position=p)),
+                                      start, *frames])
+            self._aborted[act.base] = p
+            self._bases[new.base] = b
+            self._tls.active = new
+            self.counters["switches"] += 1
+            return new
+        return None
+
+    # ----- joining an inference under way -----
+    def forwarded(self, call: ops_pb2.OpCall, args: tuple, kwargs: dict, result: Any) -> None:
+        """A call of this thread was forwarded: kept (the frame itself, and for a call whose
+        outputs the host named, their ids and shapes) until the thread's next download, in
+        case a sequence arrives during this inference and joins it (``_join``)."""
+        tail = getattr(self._tls, "tail", None)
+        if tail is None:
+            tail = self._tls.tail = []
+        elif len(tail) >= MAX_TAIL:
+            return
+        outs = None
+        if call.want_meta:
+            found: list[Any] = []
+            sizing_flatten(result, found)
+            outs = [(t._rrto_handle.id, tuple(t.shape)) if isinstance(t, RemoteTensor) else None
+                    for t in found]
+        tail.append((call, outs))
+
+    def downloaded(self) -> None:
+        """The app read a value: an inference ends here (the robot's search sees it so too)."""
+        if getattr(self._tls, "tail", None):
+            self._tls.tail = []
+
+    def _join(self, fresh: list[Sequence], args: tuple, kwargs: dict, info: OpInfo,
+              grad_mode: int) -> tuple[Active, list[Any] | tuple[()]] | None:
+        """A sequence that reached this thread during an inference it already began forwarding:
+        if the calls forwarded since the last download are the sequence's first ``m`` calls
+        (same operators, arguments and dataflow) and this call is its call ``m``, replay the
+        rest of the inference from here (``ReplayStart.position``), telling the host which of
+        the values it already holds are the sequence's (``joined``). Back to back, an app then
+        replays from its third inference, not its fourth. The calls matched here only name
+        those values: every later call is still matched as the app makes it, so a wrong guess
+        costs a mismatch, never a wrong result."""
+        tail = getattr(self._tls, "tail", None)
+        if not tail:
+            return None
+        for seq in fresh:
+            starts = [j for j, (call, _) in enumerate(tail) if call.op == seq.steps[0].op]
+            for j in starts[:JOIN_TRIES]:
+                m = len(tail) - j
+                if m >= len(seq.steps) or seq.steps[m].op != info.name:
+                    continue
+                act = Active(seq, REPLAY_BASE + next(self._inference) * SPAN, joined={})
+                if not all(self._took(act, k, *tail[j + k]) for k in range(m)):
+                    continue
+                # Later calls must make new values: one that writes a joined value again
+                # would need its own id where replay gives each output base + index.
+                later = {i for st in seq.steps[m:] for i in st.out_local if i is not None}
+                if later & act.joined.keys():
+                    continue
+                act.position = m
+                frames = self._match(act, args, kwargs, info, grad_mode)
+                if frames is not None:
+                    self.counters["joined"] += 1
+                    return act, frames
+        return None
+
+    def _took(self, act: Active, k: int, call: ops_pb2.OpCall,
+              outs: list[tuple[int, tuple[int, ...]] | None] | None) -> bool:
+        """Whether forwarded ``call`` was step ``k`` of ``act``'s sequence; if so, its output
+        ids go into ``act.joined`` (and their sizes, where symbolic integers use them)."""
+        step = act.seq.steps[k]
+        if call.op != step.op or call.grad_mode != step.grad_mode:
+            return False
+        refs: list[_Placeholder] = []
+        try:
+            decoded = [codec.decode_value(v, _Placeholder, torch.device) for v in call.args]
+            kw = {n: codec.decode_value(call.kwargs[n], _Placeholder, torch.device)
+                  for n in sorted(call.kwargs)}
+        except (codec.CodecError, RuntimeError, ValueError, TypeError):
+            return False
+        want_args, want_kwargs = step.args, step.kwargs
+        if step.syms:
+            sized = _with_sizes(step, act)
+            if sized is None:
+                return False
+            want_args, want_kwargs = sized
+        if (_strip(decoded, refs) != want_args
+                or {n: _strip(v, refs) for n, v in kw.items()} != want_kwargs
+                or len(refs) != len(step.checks)):
+            return False
+        joined = act.joined if act.joined is not None else {}
+        sources = act.seq.definition.sources
+        for (slot, kind, aux), ph in zip(step.checks, refs, strict=True):
+            ref = ph.ref
+            if kind == _PRODUCED:
+                if ref.WhichOneof("ref") != "id" or joined.get(aux) != ref.id:
+                    return False
+            elif kind not in (_INPUT, _PERSISTENT) and (
+                    ref.WhichOneof("ref") != "id" or ref.id != sources[slot].id):
+                return False  # CONSTANT: the very tensor recorded
+        if outs is None:  # the shim named the outputs itself
+            outs = [(oid, tuple(m.shape)) for oid, m in zip(call.out_ids, call.out_meta,
+                                                           strict=True)] \
+                if len(call.out_ids) == len(call.out_meta) else None
+        if outs is None or len(outs) != len(step.out_local):
+            return False
+        for i, out in zip(step.out_local, outs, strict=True):
+            if i is None:
+                continue
+            if out is None:
+                return False
+            joined[i] = out[0]
+            if i in act.seq.sized:
+                act.sizes[i] = out[1]
+        return True
 
     def _advance(self, act: Active, result: Any) -> Any:
         act.position += 1
@@ -543,7 +759,8 @@ class ReplayClient:
             else:
                 return None
             if kind == _PRODUCED:
-                if h is None or h.id != act.base + aux:
+                if h is None or h.id != act.base + aux and (
+                        act.joined is None or act.joined.get(aux) != h.id):
                     return None
                 continue
             if kind == _PERSISTENT:
@@ -740,12 +957,12 @@ class ReplayClient:
         """Whether the host will push ``oid``: an output of the sequence, finalised before
         any mismatch of its inference."""
         base = REPLAY_BASE + ((oid - REPLAY_BASE) // SPAN) * SPAN
+        seq = self._bases.get(base)
+        if seq is None or seq.failed:
+            return False
         cut = self._aborted.get(base)
-        for seq in (s for seqs in self.sequences.values() for s in seqs):
-            i = oid - base
-            if i in seq.outputs and (cut is None or seq.last_writer.get(i, 0) < cut):
-                return True
-        return False
+        i = oid - base
+        return i in seq.outputs and (cut is None or seq.last_writer.get(i, 0) < cut)
 
     def _forget_before(self, base: int) -> None:
         """Pushed values of old inferences the app never read (it dropped the proxies)."""
@@ -754,6 +971,8 @@ class ReplayClient:
                 del self._pushed[oid]
             for b in [b for b in self._aborted if b < base]:
                 del self._aborted[b]
+            for b in [b for b in self._bases if b < base]:
+                del self._bases[b]
             for key in [k for k in self._answers if k[0] < base]:
                 del self._answers[key]
             self._replied_bases = {b for b in self._replied_bases if b >= base}

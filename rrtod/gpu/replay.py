@@ -12,6 +12,10 @@ go on (output shapes that depend on data, recorded with ``want_meta``, or a valu
 are sizes of this inference's tensors (``SymbolicInt``) are filled in from those tensors, so the
 host runs ahead through a detector's data-dependent head without waiting for the app.
 
+A start may join an inference the app began by forwarding (``ReplayStart.position`` and
+``joined``: the definition reached the shim mid-inference): its first calls are not run, and
+the values they made are read by the ids the app holds them under (``Active.id_of``).
+
 On ``ReplayAbort(position)`` the values of calls before ``position`` stay in the session (the
 app holds proxies of them), the rest are released; the session goes on forwarding.
 """
@@ -68,6 +72,8 @@ class Compiled:
     # per call: its symbolic integers, as (path to the Value to set, local index of the tensor,
     # first dimension, number of dimensions multiplied)
     symbols: dict[int, list[tuple[list[Any], int, int, int]]] = field(default_factory=dict)
+    # calls whose output sizes may follow the data: answered ones, and from ``varies_from`` on
+    varying: frozenset[int] = frozenset()
 
 
 def compile_sequence(d: ops_pb2.SequenceDef,
@@ -149,9 +155,11 @@ def compile_sequence(d: ops_pb2.SequenceDef,
         if made_at.get(local[sym.tensor], len(d.calls)) >= sym.call:
             raise ValueError(f"sequence {d.id}: call {sym.call} uses a size of a tensor made "
                              "after it")
+    first = d.varies_from if d.HasField("varies_from") else len(d.calls)
+    varying = frozenset(k for k, call in enumerate(d.calls) if k >= first or call.want_meta)
     return Compiled(d, local, inputs, outputs, pushes, writes, mutates, binding,
                     last_use, free_after, written=written, constants=constants,
-                    constants_at=constants_at, symbols=symbols)
+                    constants_at=constants_at, symbols=symbols, varying=varying)
 
 
 def _int_at(call: ops_pb2.OpCall, sym: ops_pb2.SymbolicInt) -> ops_pb2.Value:
@@ -183,6 +191,15 @@ class Active:
     failed: bool = False
     snapshots: list[tuple[int, Any]] = field(default_factory=list)  # (call, executor token)
     dropped: set[int] = field(default_factory=set)  # local indices the app let go of
+    # joined under way (``ReplayStart.joined``): local index -> the id the app holds it under
+    joined: dict[int, int] = field(default_factory=dict)
+    start: int = 0  # the first call this replay runs (``ReplayStart.position``)
+    # per call whose output sizes follow the data: those sizes (``ReplayedPrefix``)
+    sizes: dict[int, list[tuple[int, ...] | None]] = field(default_factory=dict)
+
+    def id_of(self, i: int) -> int:
+        """The id of local value ``i`` in this inference."""
+        return self.joined.get(i, self.base + i) if self.joined else self.base + i
 
 
 class HostReplayer:
@@ -246,7 +263,16 @@ class HostReplayer:
                 emit(_error("UNKNOWN_SEQUENCE", f"no sequence {frame.start.sequence} defined",
                             frame.start.sequence))
                 return
-            self.active = Active(seq, frame.start.base_id)
+            act = Active(seq, frame.start.base_id)
+            if frame.start.position or frame.start.joined:
+                why = _bad_join(seq, frame.start)
+                if why is not None:  # its arguments follow: dropped like an unknown sequence's
+                    self.refused = True
+                    emit(_error("BAD_START", why, frame.start.sequence))
+                    return
+                act.position, act.joined = frame.start.position, dict(frame.start.joined)
+                act.start = act.position
+            self.active = act
             self.replays += 1
             self._advance(emit)
         elif kind == "arg":
@@ -405,9 +431,12 @@ class HostReplayer:
                         base_id=act.base, position=k, result=down.result)))
                 else:
                     emit(down)
+            if k in act.seq.varying and self.replay is not None:  # for an abort's account
+                act.sizes[k] = [self.replay.shape(i) for i in out_ids]
             act.position += 1
             for i in act.seq.pushes[k]:
-                self._push(act.base + i, emit)
+                if i not in act.joined:  # else the app holds it by its own id, and fetches it
+                    self._push(act.base + i, emit)
             if self._released:
                 self._take_released(act)
             free = [act.base + i for i in act.seq.free_after[k] if i in act.dropped]
@@ -420,11 +449,11 @@ class HostReplayer:
         """Put this inference's sizes into call ``k``'s symbolic integers. False (the replay
         failed, reported) when a tensor they name is not there."""
         for path, i, dim, span in act.seq.symbols[k]:
-            shape = self.replay.shape(act.base + i) if self.replay is not None else None
+            shape = self.replay.shape(act.id_of(i)) if self.replay is not None else None
             if shape is None or dim + span > len(shape):
                 act.failed = True
                 emit(_error("REPLAY_FAILED", f"sequence {act.seq.definition.id}, call {k}: "
-                            f"no size {dim} of tensor {act.base + i}", act.seq.definition.id))
+                            f"no size {dim} of tensor {act.id_of(i)}", act.seq.definition.id))
                 return False
             v = call.kwargs[path[0]] if isinstance(path[0], str) else call.args[path[0]]
             for j in path[1:]:
@@ -497,12 +526,12 @@ class HostReplayer:
                 else:
                     refs.append(sticky)
             elif produced is not None:
-                refs.append(base + produced)
+                refs.append(act.id_of(produced))
             elif bind is not None:
                 refs.append(_with_bind(rec, base + bind))
             else:
                 refs.append(rec.id if kind == "id" else rec)
-        out_ids = [base + seq.local[r] if r in seq.local else r
+        out_ids = [act.id_of(seq.local[r]) if r in seq.local else r
                    for r in seq.definition.calls[k].out_ids]
         if renamed:  # written in place and returned: the result is the rebound tensor too
             out_ids = [renamed.get(r, r) for r in out_ids]
@@ -545,6 +574,25 @@ class HostReplayer:
         if drop:
             list(self.handle(ops_pb2.SessionUp(release=ops_pb2.Release(ids=drop))))
         self._close(act)
+        if position > act.start:  # the robot's log has not seen these calls (``ReplayedPrefix``)
+            emit(ops_pb2.SessionDown(replayed=ops_pb2.ReplayedPrefix(
+                base_id=act.base, start=act.start,
+                calls=[ops_pb2.OutSizes(outs=[ops_pb2.Sizes(dims=s, known=True) if s is not None
+                                              else ops_pb2.Sizes() for s in act.sizes.get(k, ())])
+                       for k in range(act.start, min(position, len(act.seq.definition.calls)))])))
+
+
+def _bad_join(seq: Compiled, start: ops_pb2.ReplayStart) -> str | None:
+    """Why a start that joins an inference under way cannot be run, or None. Only the shape of
+    the request is checked: the ids it names are looked up in the session's own tensors, as any
+    forwarded call's are (an unknown one fails that call)."""
+    n, calls = len(seq.local), len(seq.definition.calls)
+    if start.position >= calls:
+        return (f"sequence {start.sequence} has {calls} calls: cannot join at call "
+                f"{start.position}")
+    if any(i >= n for i in start.joined):
+        return f"sequence {start.sequence}: a joined value is not one of its {n} local values"
+    return None
 
 
 def _with_bind(ref: ops_pb2.TensorRef, bind_id: int) -> ops_pb2.TensorRef:

@@ -28,6 +28,7 @@ calls) from snapshots of the lists, so the relay may keep appending meanwhile.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -142,6 +143,9 @@ class OpLog:
         self.cleared = 0  # how many times ``clear`` emptied the log
         self.results: dict[int, ops_pb2.OpResult] = {}  # call seq -> its ``want_meta`` reply
         self._built: dict[int | None, _Built] = {}
+        # ``insert`` changes the lists in the middle: a snapshot (``entries``) must not see half
+        # of it. (Appends and truncation keep the generation protocol: the relay's thread.)
+        self._insert_lock = threading.Lock()
 
     def record(self, frame: ops_pb2.SessionUp) -> None:
         kind = frame.WhichOneof("msg")
@@ -173,6 +177,19 @@ class OpLog:
         elif kind == "fetch":
             self.fetched.append(frame.fetch.id)
             self.fetch_after.append(len(self.calls))
+
+    def insert(self, at: int, fetches: int, calls: list[ops_pb2.OpCall]) -> None:
+        """Put ``calls`` into the log at position ``at``, before the ``fetches``-th fetch on:
+        calls that ran as a replay the app aborted there (``Recorder.observe_replayed``)."""
+        if not calls or at > len(self.calls):
+            return
+        n = len(calls)
+        with self._insert_lock:
+            self.generation += 1
+            self.calls[at:at] = calls
+            self.fetch_after[fetches:] = [x + n for x in self.fetch_after[fetches:]]
+            self.recorded += n
+            self._built = {}
 
     def record_result(self, result: ops_pb2.OpResult) -> None:
         """The host's reply to a ``want_meta`` call: its output ids and metadata."""
@@ -216,9 +233,10 @@ class OpLog:
         # Snapshots: the relay may append (or truncate) while a search reads. Fetches first:
         # each names a call logged before it. A truncation in between: take them again.
         while True:
-            generation = self.generation
-            fetched, fetch_after = list(self.fetched), list(self.fetch_after)
-            calls = list(self.calls)
+            with self._insert_lock:
+                generation = self.generation
+                fetched, fetch_after = list(self.fetched), list(self.fetch_after)
+                calls = list(self.calls)
             if generation == self.generation:
                 break
         b = self._built.get(thread)

@@ -15,14 +15,14 @@ import asyncio
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from rrto.v1 import ops_pb2
-from rrtod.robot.oplog import LoggedCall, OpLog
+from rrtod.robot.oplog import LoggedCall, OpLog, resolve_reads
 from rrtod.robot.search import Found, SequenceSearch, search_log
 from rrtod.robot.sequences import SequenceStore
 from rrtod.wire import iter_tensor_refs
@@ -35,6 +35,82 @@ Push = Callable[[ops_pb2.SequenceDef], Awaitable[None]]
 # Calls forwarded on a thread with no replay, beyond which its sequences are stale: this many
 # times the longest one's length, plus a margin for occasional extra work between inferences.
 STALE_FACTOR, STALE_MARGIN = 2, 8
+# Aborted replays whose calls the robot waits to put into its log (``ReplayedPrefix``).
+MAX_CUTS = 4
+
+
+@dataclass
+class _Replaying:
+    """A replay as the relay saw it go up: what the robot needs to put the calls it ran into
+    the op log, should the app abort it (``Recorder.observe_replayed``)."""
+
+    d: ops_pb2.SequenceDef
+    base: int
+    start: int  # ``ReplayStart.position``
+    joined: dict[int, int]
+    args: dict[int, ops_pb2.TensorRef] = field(default_factory=dict)  # slot -> what the app sent
+    answers: dict[int, ops_pb2.OpResult] = field(default_factory=dict)  # position -> host's answer
+    cut: int = 0  # where the app's call differed (``ReplayAbort.position``)
+    at: int = 0  # calls logged then
+    fetches: int = 0  # fetches logged then
+    log_state: tuple[int, int] = (0, 0)  # the log's (cleared, truncated) then
+    switched: bool = False  # the shim went on with a variant: no calls were forwarded
+    partial: bool = False  # itself a variant switched to: the calls before it are not logged
+
+
+def _contiguous(shape: list[int]) -> list[int]:
+    strides, n = [], 1
+    for size in reversed(shape):
+        strides.append(n)
+        n *= max(size, 1)
+    return strides[::-1]
+
+
+def replayed_calls(r: _Replaying, sizes: ops_pb2.ReplayedPrefix) -> list[ops_pb2.OpCall]:
+    """The calls an aborted replay ran, as forwarding would have logged them: the recorded
+    calls with this inference's ids (``base + local index``, or the ids it joined), the inputs
+    the app sent, and the sizes the host found for outputs that follow the data. Empty if one
+    cannot be rebuilt (an input the relay did not see, an answer it missed)."""
+    d = r.d
+    local = {rid: i for i, rid in enumerate(d.local_ids)}
+
+    def id_of(rid: int) -> int:
+        i = local.get(rid)
+        return rid if i is None else r.joined.get(i, r.base + i)
+    slot = sum(1 for call in d.calls[: r.start] for _ in iter_tensor_refs(call))
+    out = []
+    for k in range(r.start, min(r.cut, len(d.calls))):
+        call = ops_pb2.OpCall()
+        call.CopyFrom(d.calls[k])
+        call.seq, call.sync = 0, False
+        for ref in iter_tensor_refs(call):
+            src, given = d.sources[slot], r.args.get(slot)
+            slot += 1
+            if given is not None:
+                ref.CopyFrom(given)
+            elif src.kind == SRC.PRODUCED:
+                ref.Clear()
+                ref.id = id_of(src.id)
+            elif src.kind == SRC.INPUT and not src.fixed:
+                return []
+        call.out_ids[:] = [id_of(x) for x in call.out_ids]
+        if call.want_meta:  # the host's answer named its outputs
+            answer = r.answers.get(k)
+            if answer is None:
+                return []
+            call.want_meta = False
+            del call.out_meta[:]
+            call.out_meta.extend(answer.outs)
+        else:
+            outs = sizes.calls[k - r.start].outs if k - r.start < len(sizes.calls) else ()
+            for meta, size in zip(call.out_meta, outs, strict=False):
+                if size.known and len(size.dims) == len(meta.shape):
+                    contiguous = list(meta.stride) == _contiguous(list(meta.shape))
+                    meta.shape[:] = size.dims
+                    if contiguous:
+                        meta.stride[:] = _contiguous(list(size.dims))
+        out.append(call)
+    return out
 
 
 def build_definition(entries: list[LoggedCall], found: Found, persistent: dict[int, bytes],
@@ -131,6 +207,15 @@ def _add_shapes(d: ops_pb2.SequenceDef, block: list[LoggedCall], found: Found,
         d.varies_from = shapes.varies_from
 
 
+def _from_call(entries: list[LoggedCall], first: ops_pb2.OpCall | None) -> list[LoggedCall]:
+    """The entries from the one logging ``first`` on, as a log of their own (copies, with
+    their reads resolved within it: what was written before is a constant to it)."""
+    start = next((i for i, e in enumerate(entries) if e.raw is first), len(entries))
+    out = [replace(e) for e in entries[start:]]
+    resolve_reads(out)
+    return out
+
+
 def _is_bind(call: ops_pb2.OpCall) -> bool:
     """A bind-only call (a persistent tensor's first use gets its id): not the app's work."""
     return len(call.args) == 1 and call.args[0].tensor.HasField("persistent")
@@ -179,6 +264,16 @@ class Recorder:
         self.search_stats: list[dict[str, Any]] = []
         self.seen_hashes: set[bytes] = set()
         self._pending: dict[int, ops_pb2.SequenceDef] = {}  # sent to the host, not yet accepted
+        # Variants: the definitions in use, the replay in progress, aborted ones waiting for
+        # the host's account of what they ran, and each sequence's latest input per slot.
+        self.definitions: dict[int, ops_pb2.SequenceDef] = {}
+        self._replay: _Replaying | None = None
+        self._cuts: dict[int, _Replaying] = {}
+        self._last_cut: _Replaying | None = None  # aborted, nothing forwarded since
+        self._latest: dict[int, dict[int, ops_pb2.TensorRef]] = {}
+        self.variant_threads: set[int] = set()  # active threads with a variant in the log
+        self._variant_from: dict[int, ops_pb2.OpCall] = {}  # thread -> its first variant call
+        self._keys: dict[int, tuple[int, ...]] = {}  # sequence -> its calls' keys
         self.strays: dict[int, int] = {}  # thread -> calls forwarded since its last replay
         self.saved: list[tuple[dict[str, Any], ops_pb2.SequenceDef]] = self.store.load(app)
 
@@ -193,10 +288,11 @@ class Recorder:
         a test or benchmark may call ``search_now`` itself)."""
         kind = frame.WhichOneof("msg")
         if kind in ("call", "fetch"):
+            self._last_cut = None
             if kind == "call" and self.active_threads:
                 self._stray(frame.call)
             self.log.record(frame)
-            if kind == "fetch" and not self.active_threads:
+            if kind == "fetch" and (not self.active_threads or self.variant_threads):
                 self.inferences += 1
                 return self.search_due()
         elif kind == "start":
@@ -204,13 +300,75 @@ class Recorder:
             if summary is not None:
                 summary["replays"] += 1
                 self.strays[summary["thread"]] = 0
+            cut, self._last_cut = self._last_cut, None
+            if cut is not None and frame.start.position == cut.cut and frame.start.position:
+                cut.switched = True  # the shim went on with a variant from there
+                left = self.sequences.get(cut.d.id)
+                if left is not None:  # a branch taken, not a mismatch: counted as such
+                    left["replays"] -= 1
+                    left["mismatches"] -= 1
+                    left["switched"] = left.get("switched", 0) + 1
+            d = self.definitions.get(frame.start.sequence)
+            self._replay = None if d is None else _Replaying(
+                d, frame.start.base_id, frame.start.position, dict(frame.start.joined),
+                partial=cut is not None and cut.switched)
+        elif kind == "arg":
+            if self._replay is not None:
+                self._arg(self._replay, frame.arg)
         elif kind == "abort":
-            for summary in self.sequences.values():
-                if summary["thread"] in self.active_threads:
-                    summary["mismatches"] += 1
+            r, self._replay = self._replay, None
+            summary = self.sequences.get(r.d.id) if r is not None else None
+            if summary is not None:
+                summary["mismatches"] += 1
+            if r is not None and frame.abort.position > r.start and not r.partial:
+                r.cut, r.at = frame.abort.position, len(self.log.calls)
+                r.fetches, r.log_state = len(self.log.fetched), (self.log.cleared,
+                                                                 self.log.truncated)
+                self._cuts[r.base] = self._last_cut = r
+                for old in list(self._cuts)[:-MAX_CUTS]:
+                    del self._cuts[old]
         elif kind == "query":
             self.seen_hashes.update(bytes(h) for h in frame.query.hashes)
         return False
+
+    def _arg(self, r: _Replaying, arg: ops_pb2.ReplayArg) -> None:
+        """What the app sent for a slot of the replay in progress (a repeat by ``same_as`` is
+        the slot's latest upload, as the host resolves it)."""
+        latest = self._latest.setdefault(r.d.id, {})
+        which = arg.WhichOneof("value")
+        if which == "tensor":
+            r.args[arg.slot] = arg.tensor
+            if arg.tensor.WhichOneof("ref") == "upload":
+                latest[arg.slot] = arg.tensor
+        elif which == "same_as" and arg.same_as in latest:
+            r.args[arg.slot] = latest[arg.same_as]
+
+    def observe_answer(self, answer: ops_pb2.ReplayAnswer) -> None:
+        """The host's answer to a replayed call (kept until the replay ends or is aborted:
+        an aborted replay's answered calls go into the log with the outputs it named)."""
+        r = self._replay if self._replay is not None and self._replay.base == answer.base_id \
+            else self._cuts.get(answer.base_id)
+        if r is not None:
+            r.answers[answer.position] = answer.result
+
+    def observe_replayed(self, sizes: ops_pb2.ReplayedPrefix) -> None:
+        """The host's account of a replay the app aborted: its calls go into the op log where
+        the abort was, before the calls that were forwarded after it, so that an inference that
+        branched off a sequence (a variant) is in the log whole and can be found as a sequence
+        of its own, next to the one it branched off (``search_now``)."""
+        r = self._cuts.pop(sizes.base_id, None)
+        if r is None or r.switched or r.log_state != (self.log.cleared, self.log.truncated):
+            return
+        calls = replayed_calls(r, sizes)
+        if calls:
+            for call in calls:
+                call.thread = r.d.thread
+            self.log.insert(r.at, r.fetches, calls)
+            # A variant's search starts at an inference's first call: not at a replay that
+            # joined its inference under way (its first calls were forwarded, logged before).
+            if r.start == 0 and r.d.thread not in self.variant_threads:
+                self.variant_threads.add(r.d.thread)
+                self._variant_from[r.d.thread] = calls[0]
 
     def _stray(self, call: ops_pb2.OpCall) -> None:
         """A call forwarded on a thread that has sequences. Many of them with no replay in
@@ -283,6 +441,8 @@ class Recorder:
         if self.log.cleared != self._cleared:
             self._cleared = self.log.cleared
             self.failed = self.failed_work = self.next_search = 0
+            self.variant_threads.clear()  # their logged variants went with the log
+            self._variant_from.clear()
         return self.log.recorded >= self.next_search
 
     def _searched(self, position: int, work: int) -> None:
@@ -308,10 +468,12 @@ class Recorder:
         self.last_search = time.monotonic()
         position, work = self.log.recorded, 0
         for thread in self.log.threads():
-            if thread in self.active_threads:
+            if thread in self.active_threads and thread not in self.variant_threads:
                 continue
             t0 = time.perf_counter()
             entries = self.log.entries(thread)
+            if thread in self.active_threads:  # a variant: search from its first inference on
+                entries = _from_call(entries, self._variant_from.get(thread))
             found, rejected, timed_out = search_log(entries, self.search,
                                                     budget_s=self.budget.time_s)
             elapsed = time.perf_counter() - t0
@@ -322,6 +484,9 @@ class Recorder:
             del self.search_stats[:-50]
             if found is None:
                 continue
+            keys = tuple(found.keys)
+            if any(k == keys for k in self._keys.values()):
+                continue  # a variant already in use (its inferences aborted for other reasons)
             seq_id = int.from_bytes(os.urandom(6), "big")
             d = build_definition(entries, found, self.log.persistent_bindings(), seq_id, thread)
             summary = {"id": seq_id, "app": self.app, "session": self.session, "thread": thread,
@@ -330,6 +495,11 @@ class Recorder:
                        "search_s": round(elapsed, 6), "log_length": len(entries),
                        "replays": 0, "mismatches": 0, "created": time.time()}
             self._adopt(d, summary)
+            self._keys[seq_id] = keys
+            if thread in self.variant_threads:  # found next to the one it branched off
+                summary["variant"] = True
+                self.variant_threads.discard(thread)
+                self.log.clear()
             self.store.save(self.app, summary, d)
             log.info("sequence found", session=self.session, app=self.app, thread=thread,
                      operators=found.period, start=found.start, found_at=found.found_at,
@@ -341,6 +511,7 @@ class Recorder:
 
     def _adopt(self, d: ops_pb2.SequenceDef, summary: dict[str, Any]) -> None:
         self.sequences[d.id] = summary
+        self.definitions[d.id] = d
         self.active_threads.add(d.thread)
 
     def drop(self, seq_id: int, forget: bool = False) -> ops_pb2.SequenceDef | None:
@@ -349,9 +520,13 @@ class Recorder:
         restarted app does not start from it again."""
         summary = self.sequences.pop(seq_id, None)
         self._pending.pop(seq_id, None)
+        self.definitions.pop(seq_id, None)
+        self._keys.pop(seq_id, None)
+        self._latest.pop(seq_id, None)
         if summary is None:
             return None
-        self.active_threads.discard(summary["thread"])
+        if not any(s["thread"] == summary["thread"] for s in self.sequences.values()):
+            self.active_threads.discard(summary["thread"])  # its variants stay in use
         self.log.clear()
         if forget:
             self.store.forget(self.app, seq_id)

@@ -262,9 +262,16 @@ class AppRelay:
                       else (message,))
             parts: list[bytes] = []
             for frame in frames:
-                if rec is not None and frame.WhichOneof("msg") == "result" and frame.result.outs:
+                what = frame.WhichOneof("msg")
+                if rec is not None and what == "result" and frame.result.outs:
                     rec.observe_result(frame.result)
-                if frame.WhichOneof("msg") == "defined":
+                elif what == "answer" and rec is not None:
+                    rec.observe_answer(frame.answer)
+                elif what == "replayed":  # for this daemon's op log only
+                    if rec is not None:
+                        rec.observe_replayed(frame.replayed)
+                    continue
+                if what == "defined":
                     d = rec.acknowledged(frame.defined) if rec is not None else None
                     if d is None:
                         continue

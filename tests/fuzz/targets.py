@@ -23,6 +23,9 @@ replay_defs        gpu.replay.compile_sequence, then HostReplayer         ValueE
 shim_down          the shim's replay client for what the host sends it     none escape (a bad
                    through the robot daemon (SessionDown: sequence,        definition is not
                    pushed outputs, answers, errors) and decode_answer     used; MISS)
+robot_replayed     the robot's recorder for an aborted replay: the host's  none escape (what
+                   answers and ReplayedPrefix into its op log, entries     cannot be rebuilt is
+                   then built (recorder.replayed_calls, OpLog.insert)      not logged)
 =================  =====================================================  ====================
 """
 
@@ -372,6 +375,46 @@ def shim_down(data: bytes) -> None:
             client.failed(down.error.sequence)
 
 
+# -- the robot's op log, fed what the host sends about an aborted replay ------------------------
+def robot_replayed(data: bytes) -> None:
+    """A replay the app aborted, as the robot daemon relays it (a definition of its own, the
+    shim's start, arguments and abort), then the host's answers and ``ReplayedPrefix`` from the
+    network: put into the op log, whose entries are then built, without raising."""
+    fdp = atheris.FuzzedDataProvider(data)
+    builder = Builder(fdp, budget=200)
+    d = builder.build(ops_pb2.SequenceDef)
+    n = sum(1 for call in d.calls for _ in iter_tensor_refs(call))
+    del d.sources[n:]
+    while len(d.sources) < n:  # the robot's own definitions have a source per argument
+        builder.fill(d.sources.add(), 1)
+    d = ops_pb2.SequenceDef.FromString(d.SerializeToString())
+    rec = Recorder("fuzz.py", "s1", DataDependencySearch(), STATE / "robot")
+    rec._adopt(d, {"id": d.id, "thread": d.thread, "replays": 0, "mismatches": 0,
+                   "operators": len(d.calls)})
+    start = builder.build(ops_pb2.ReplayStart)
+    start.sequence = d.id
+    ups = [ops_pb2.SessionUp(start=start)]
+    ups += [ops_pb2.SessionUp(arg=builder.build(ops_pb2.ReplayArg))
+            for _ in range(fdp.ConsumeIntInRange(0, 3))]
+    ups.append(ops_pb2.SessionUp(abort=builder.build(ops_pb2.ReplayAbort)))
+    for up in ups:
+        rec.observe(up)
+    for _ in range(fdp.ConsumeIntInRange(1, 3)):
+        down = builder.build(ops_pb2.SessionDown)
+        if fdp.ConsumeBool():
+            down.replayed.base_id = start.base_id
+        down = ops_pb2.SessionDown.FromString(down.SerializeToString())
+        kind = down.WhichOneof("msg")
+        if kind == "answer":
+            rec.observe_answer(down.answer)
+        elif kind == "replayed":
+            rec.observe_replayed(down.replayed)
+        elif kind == "result":
+            rec.observe_result(down.result)
+    rec.observe(ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=1, id=1)))
+    rec.log.entries(d.thread)
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "frames": frames,
     "local_socket": local_socket,
@@ -379,5 +422,6 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "codec": codec_values,
     "replay_defs": replay_defs,
     "shim_down": shim_down,
+    "robot_replayed": robot_replayed,
 }
 assert tuple(TARGETS) == TARGET_NAMES

@@ -280,7 +280,7 @@ class SessionUpBatch(_message.Message):
     def __init__(self, frames: _Optional[_Iterable[_Union[SessionUp, _Mapping]]] = ...) -> None: ...
 
 class SessionDown(_message.Message):
-    __slots__ = ("ready", "result", "fetched", "query", "error", "sequence", "defined", "batch", "answer")
+    __slots__ = ("ready", "result", "fetched", "query", "error", "sequence", "defined", "batch", "answer", "replayed")
     READY_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     FETCHED_FIELD_NUMBER: _ClassVar[int]
@@ -290,6 +290,7 @@ class SessionDown(_message.Message):
     DEFINED_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
     ANSWER_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
     ready: SessionReady
     result: OpResult
     fetched: Fetched
@@ -299,7 +300,8 @@ class SessionDown(_message.Message):
     defined: SequenceAck
     batch: SessionDownBatch
     answer: ReplayAnswer
-    def __init__(self, ready: _Optional[_Union[SessionReady, _Mapping]] = ..., result: _Optional[_Union[OpResult, _Mapping]] = ..., fetched: _Optional[_Union[Fetched, _Mapping]] = ..., query: _Optional[_Union[BlobQueryReply, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., sequence: _Optional[_Union[SequenceDef, _Mapping]] = ..., defined: _Optional[_Union[SequenceAck, _Mapping]] = ..., batch: _Optional[_Union[SessionDownBatch, _Mapping]] = ..., answer: _Optional[_Union[ReplayAnswer, _Mapping]] = ...) -> None: ...
+    replayed: ReplayedPrefix
+    def __init__(self, ready: _Optional[_Union[SessionReady, _Mapping]] = ..., result: _Optional[_Union[OpResult, _Mapping]] = ..., fetched: _Optional[_Union[Fetched, _Mapping]] = ..., query: _Optional[_Union[BlobQueryReply, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., sequence: _Optional[_Union[SequenceDef, _Mapping]] = ..., defined: _Optional[_Union[SequenceAck, _Mapping]] = ..., batch: _Optional[_Union[SessionDownBatch, _Mapping]] = ..., answer: _Optional[_Union[ReplayAnswer, _Mapping]] = ..., replayed: _Optional[_Union[ReplayedPrefix, _Mapping]] = ...) -> None: ...
 
 class SessionDownBatch(_message.Message):
     __slots__ = ("frames",)
@@ -393,15 +395,50 @@ class ReplayAnswer(_message.Message):
     result: OpResult
     def __init__(self, base_id: _Optional[int] = ..., position: _Optional[int] = ..., result: _Optional[_Union[OpResult, _Mapping]] = ...) -> None: ...
 
+class ReplayedPrefix(_message.Message):
+    __slots__ = ("base_id", "start", "calls")
+    BASE_ID_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    base_id: int
+    start: int
+    calls: _containers.RepeatedCompositeFieldContainer[OutSizes]
+    def __init__(self, base_id: _Optional[int] = ..., start: _Optional[int] = ..., calls: _Optional[_Iterable[_Union[OutSizes, _Mapping]]] = ...) -> None: ...
+
+class OutSizes(_message.Message):
+    __slots__ = ("outs",)
+    OUTS_FIELD_NUMBER: _ClassVar[int]
+    outs: _containers.RepeatedCompositeFieldContainer[Sizes]
+    def __init__(self, outs: _Optional[_Iterable[_Union[Sizes, _Mapping]]] = ...) -> None: ...
+
+class Sizes(_message.Message):
+    __slots__ = ("dims", "known")
+    DIMS_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    dims: _containers.RepeatedScalarFieldContainer[int]
+    known: bool
+    def __init__(self, dims: _Optional[_Iterable[int]] = ..., known: _Optional[bool] = ...) -> None: ...
+
 class ReplayStart(_message.Message):
-    __slots__ = ("sequence", "base_id", "inference")
+    __slots__ = ("sequence", "base_id", "inference", "position", "joined")
+    class JoinedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     BASE_ID_FIELD_NUMBER: _ClassVar[int]
     INFERENCE_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    JOINED_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     base_id: int
     inference: int
-    def __init__(self, sequence: _Optional[int] = ..., base_id: _Optional[int] = ..., inference: _Optional[int] = ...) -> None: ...
+    position: int
+    joined: _containers.ScalarMap[int, int]
+    def __init__(self, sequence: _Optional[int] = ..., base_id: _Optional[int] = ..., inference: _Optional[int] = ..., position: _Optional[int] = ..., joined: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class ReplayArg(_message.Message):
     __slots__ = ("slot", "tensor", "same_as")
