@@ -500,6 +500,11 @@ class ReplayClient:
                 self.planning_ns += thread_time_ns() - t0
             if not step.variable:
                 step.built = built
+        if act.joined is not None and any(i in act.joined for i in built.plan if i is not None):
+            # A new tensor where the app holds a joined value: replay would name it base + i.
+            # (A call that writes a joined value in place returns the app's own tensor: fine.)
+            self._mismatch(act)
+            return MISS
         single = built.single
         if single is not None:  # the common case: one new tensor
             i, shape, stride, offset, dtype = single
@@ -535,8 +540,6 @@ class ReplayClient:
                 continue
             joined = {i: act.id_of(i) for st in a.steps[:p] for i in st.out_local
                       if i is not None}
-            if any(i in joined for st in b.steps[p:] for i in st.out_local if i is not None):
-                continue  # writes a value made before the branch again (see ``_join``)
             new = Active(b, REPLAY_BASE + next(self._inference) * SPAN, position=p,
                          sizes=dict(act.sizes), joined=joined)
             frames = self._match(new, args, kwargs, info, grad_mode)
@@ -598,11 +601,6 @@ class ReplayClient:
                     continue
                 act = Active(seq, REPLAY_BASE + next(self._inference) * SPAN, joined={})
                 if not all(self._took(act, k, *tail[j + k]) for k in range(m)):
-                    continue
-                # Later calls must make new values: one that writes a joined value again
-                # would need its own id where replay gives each output base + index.
-                later = {i for st in seq.steps[m:] for i in st.out_local if i is not None}
-                if later & act.joined.keys():
                     continue
                 act.position = m
                 frames = self._match(act, args, kwargs, info, grad_mode)

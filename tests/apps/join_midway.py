@@ -2,7 +2,8 @@
 through its third inference (a sensor read, a slow pre-processing step: anything that is not an
 operator), long enough for the robot to find the sequence of the first two and push it. The
 app must replay the rest of that very inference (joined under way), with outputs equal to
-local. ``--diverge`` also makes the third inference take another path a few calls after the
+local; the first call after the pause writes a value made before it in place. ``--diverge``
+also makes the third inference take another path a few calls after the
 pause: the joined replay then mismatches and the inference is completed by forwarding."""
 
 import sys
@@ -30,6 +31,7 @@ class TwoStages(nn.Module):
         h = self.first(x)
         if self.calls == PAUSE_AT:
             time.sleep(PAUSE_S)
+        h.add_(0.5)  # in place, on a value made before the pause (a joined one)
         h = self.second[0](h).relu()
         if self.diverge and self.calls == PAUSE_AT:
             h = h * 2  # another path, after the replay joined
