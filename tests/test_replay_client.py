@@ -13,6 +13,7 @@ from rrto_plugins.torch.metadata import OpInfo
 from rrto_plugins.torch.proxy import Handle, new_proxy
 from rrto_plugins.torch.replay import (
     MAX_PER_THREAD,
+    MAX_TAIL_BYTES,
     MISS,
     ReplayClient,
     _read_after,
@@ -111,3 +112,28 @@ def test_a_sequence_that_arrives_mid_inference_joins_it_where_the_app_is():
     forwarded(client, "aten::neg.default", ops_pb2.TensorRef(id=999), 601)
     y = new_proxy(Handle(session, 601), (4,), (1,), 0, torch.float32, torch.device("cpu"))
     assert client._join([seq], (y,), {}, info, 0) is None
+
+
+def test_forwarded_frames_are_kept_for_a_join_only_up_to_a_bound():
+    """The kept frames hold the app's uploads: past ``MAX_TAIL_BYTES`` none are kept and that
+    inference is not joined (it replays from its next one); a download starts afresh."""
+    session = Session()
+    client = ReplayClient(session)  # type: ignore[arg-type]
+    big = ops_pb2.TensorRef(upload=ops_pb2.TensorData(
+        meta=ops_pb2.TensorMeta(dtype="float32", shape=[4], stride=[1]),
+        data=bytes(MAX_TAIL_BYTES)))
+    forwarded(client, "aten::relu.default", big, 500)
+    forwarded(client, "aten::neg.default", ops_pb2.TensorRef(id=500), 501)
+    client.define(chain())
+    (seq,) = client.sequences[0]
+    x = new_proxy(Handle(session, 501), (4,), (1,), 0, torch.float32, torch.device("cpu"))
+    info = OpInfo(torch.ops.aten.sigmoid.default)
+    assert client._join([seq], (x,), {}, info, 0) is None
+    client.downloaded()
+    small = ops_pb2.TensorRef(upload=ops_pb2.TensorData(
+        meta=ops_pb2.TensorMeta(dtype="float32", shape=[4], stride=[1]), data=bytes(16)))
+    forwarded(client, "aten::relu.default", small, 600)
+    forwarded(client, "aten::neg.default", ops_pb2.TensorRef(id=600), 601)
+    y = new_proxy(Handle(session, 601), (4,), (1,), 0, torch.float32, torch.device("cpu"))
+    joined = client._join([seq], (y,), {}, info, 0)
+    assert joined is not None and joined[0].joined == {0: 600, 1: 601}

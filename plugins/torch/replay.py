@@ -57,6 +57,7 @@ GIVE_UP_AFTER = 8
 # Forwarded calls a thread keeps since its last download, for a sequence that arrives during
 # the inference to join it (``ReplayClient._join``); an inference longer than this is not joined.
 MAX_TAIL = 8192
+MAX_TAIL_BYTES = 64 << 20  # nor one whose forwarded frames (uploads included) exceed this
 JOIN_TRIES = 4  # places in the kept calls where the inference under way may have begun
 MAX_PER_THREAD = 8  # sequences a thread keeps (variants: other input shapes, models, branches)
 RELEASE_EARLY_AT = 32  # released values worth a frame of their own while waiting for a push
@@ -461,7 +462,7 @@ class ReplayClient:
                 seq = act.seq
             for s in seqs:
                 s.fresh = False
-            self._tls.tail = []
+            self._tls.tail, self._tls.tail_bytes = [], 0
             self._forget_before(act.base - 4 * SPAN)
             self._bases[act.base] = seq
             start = ops_pb2.SessionUp(start=ops_pb2.ReplayStart(
@@ -565,8 +566,14 @@ class ReplayClient:
         tail = getattr(self._tls, "tail", None)
         if tail is None:
             tail = self._tls.tail = []
+            self._tls.tail_bytes = 0
         elif len(tail) >= MAX_TAIL:
             return
+        size = self._tls.tail_bytes + call.ByteSize()
+        if size > MAX_TAIL_BYTES:  # the frames hold the uploads' bytes: this one is not joined
+            self._tls.tail = [None] * MAX_TAIL  # full (``_join`` looks at no full tail)
+            return
+        self._tls.tail_bytes = size
         outs = None
         if call.want_meta:
             found: list[Any] = []
@@ -578,7 +585,7 @@ class ReplayClient:
     def downloaded(self) -> None:
         """The app read a value: an inference ends here (the robot's search sees it so too)."""
         if getattr(self._tls, "tail", None):
-            self._tls.tail = []
+            self._tls.tail, self._tls.tail_bytes = [], 0
 
     def _join(self, fresh: list[Sequence], args: tuple, kwargs: dict, info: OpInfo,
               grad_mode: int) -> tuple[Active, list[Any] | tuple[()]] | None:
@@ -591,8 +598,8 @@ class ReplayClient:
         those values: every later call is still matched as the app makes it, so a wrong guess
         costs a mismatch, never a wrong result."""
         tail = getattr(self._tls, "tail", None)
-        if not tail:
-            return None
+        if not tail or len(tail) >= MAX_TAIL:
+            return None  # nothing forwarded, or too much kept to be joined
         for seq in fresh:
             starts = [j for j, (call, _) in enumerate(tail) if call.op == seq.steps[0].op]
             for j in starts[:JOIN_TRIES]:
