@@ -298,6 +298,12 @@ def _with_sizes(step: Step, act: Active) -> tuple[list[Any], dict[str, Any]] | N
     return args, kwargs
 
 
+def _wanted(step: Step, act: Active) -> tuple[Any, dict[str, Any]] | None:
+    """The stripped arguments a call must have to be ``step`` in this inference (its symbolic
+    integers set to this inference's sizes); None if a size is not known."""
+    return _with_sizes(step, act) if step.syms else (step.args, step.kwargs)
+
+
 def _put(x: Any, items: list[int], value: int) -> Any:
     """``x`` (a stripped argument) with the integer at ``items`` replaced by ``value``."""
     if not items:
@@ -630,12 +636,10 @@ class ReplayClient:
                   for n in sorted(call.kwargs)}
         except (codec.CodecError, RuntimeError, ValueError, TypeError):
             return False
-        want_args, want_kwargs = step.args, step.kwargs
-        if step.syms:
-            sized = _with_sizes(step, act)
-            if sized is None:
-                return False
-            want_args, want_kwargs = sized
+        wanted = _wanted(step, act)
+        if wanted is None:
+            return False
+        want_args, want_kwargs = wanted
         if (_strip(decoded, refs) != want_args
                 or {n: _strip(v, refs) for n, v in kw.items()} != want_kwargs
                 or len(refs) != len(step.checks)):
@@ -738,12 +742,10 @@ class ReplayClient:
                     return None
             found = [args[i] for i in tensors]
         else:
-            want_args, want_kwargs = step.args, step.kwargs
-            if step.syms:
-                sized = _with_sizes(step, act)
-                if sized is None:
-                    return None
-                want_args, want_kwargs = sized
+            wanted = _wanted(step, act)
+            if wanted is None:
+                return None
+            want_args, want_kwargs = wanted
             found = []
             if _strip(list(args), found) != want_args:
                 return None

@@ -307,16 +307,23 @@ def codec_values(data: bytes) -> None:
 
 
 # -- replay definitions ------------------------------------------------------------------------
-def replay_defs(data: bytes) -> None:
-    fdp = atheris.FuzzedDataProvider(data)
-    builder = Builder(fdp, budget=200)
+def _definition(builder: Builder, fdp: atheris.FuzzedDataProvider | None = None
+                ) -> ops_pb2.SequenceDef:
+    """A fuzzed SequenceDef with as many sources as tensor arguments (past the first check, as
+    the robot's own definitions are): always, or as ``fdp`` decides."""
     d = builder.build(ops_pb2.SequenceDef)
-    if fdp.ConsumeBool():  # as many sources as tensor arguments: past the first check
+    if fdp is None or fdp.ConsumeBool():
         n = sum(1 for call in d.calls for _ in iter_tensor_refs(call))
         del d.sources[n:]
         while len(d.sources) < n:
             builder.fill(d.sources.add(), 1)
-    d = ops_pb2.SequenceDef.FromString(d.SerializeToString())
+    return ops_pb2.SequenceDef.FromString(d.SerializeToString())
+
+
+def replay_defs(data: bytes) -> None:
+    fdp = atheris.FuzzedDataProvider(data)
+    builder = Builder(fdp, budget=200)
+    d = _definition(builder, fdp)
     ex = _executor()
     try:
         ex.open(ops_pb2.SessionOpen())
@@ -382,12 +389,7 @@ def robot_replayed(data: bytes) -> None:
     network: put into the op log, whose entries are then built, without raising."""
     fdp = atheris.FuzzedDataProvider(data)
     builder = Builder(fdp, budget=200)
-    d = builder.build(ops_pb2.SequenceDef)
-    n = sum(1 for call in d.calls for _ in iter_tensor_refs(call))
-    del d.sources[n:]
-    while len(d.sources) < n:  # the robot's own definitions have a source per argument
-        builder.fill(d.sources.add(), 1)
-    d = ops_pb2.SequenceDef.FromString(d.SerializeToString())
+    d = _definition(builder)
     rec = Recorder("fuzz.py", "s1", DataDependencySearch(), STATE / "robot")
     rec._adopt(d, {"id": d.id, "thread": d.thread, "replays": 0, "mismatches": 0,
                    "operators": len(d.calls)})
