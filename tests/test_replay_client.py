@@ -86,7 +86,7 @@ def forwarded(client: ReplayClient, op: str, arg: ops_pb2.TensorRef, out: int) -
     meta = ops_pb2.TensorMeta(dtype="float32", shape=[4], stride=[1])
     call = ops_pb2.OpCall(op=op, out_ids=[out], out_meta=[meta])
     call.args.add().tensor.CopyFrom(arg)
-    client.forwarded(call, (), {}, None)
+    client.forwarded(call, None)
 
 
 def test_a_sequence_that_arrives_mid_inference_joins_it_where_the_app_is():

@@ -482,7 +482,7 @@ class RemoteSession:
         else:
             result = materialize(tmpl, handles, info, args, kwargs, device)
         if self.replay is not None:  # a sequence found meanwhile may join this inference
-            self.replay.forwarded(call, args, kwargs, result)
+            self.replay.forwarded(call, result)
         return result
 
     def _from_reply(self, reply: ops_pb2.OpResult, device: torch.device) -> Any:

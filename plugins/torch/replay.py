@@ -565,7 +565,7 @@ class ReplayClient:
         return None
 
     # ----- joining an inference under way -----
-    def forwarded(self, call: ops_pb2.OpCall, args: tuple, kwargs: dict, result: Any) -> None:
+    def forwarded(self, call: ops_pb2.OpCall, result: Any) -> None:
         """A call of this thread was forwarded: kept (the frame itself, and for a call whose
         outputs the host named, their ids and shapes) until the thread's next download, in
         case a sequence arrives during this inference and joins it (``_join``)."""
@@ -576,8 +576,9 @@ class ReplayClient:
         elif len(tail) >= MAX_TAIL:
             return
         size = self._tls.tail_bytes + call.ByteSize()
-        if size > MAX_TAIL_BYTES:  # the frames hold the uploads' bytes: this one is not joined
-            self._tls.tail = [None] * MAX_TAIL  # full (``_join`` looks at no full tail)
+        if size > MAX_TAIL_BYTES:  # the frames hold the uploads' bytes: this inference is not
+            tail.clear()           # joined, and nothing more is kept until the next download
+            self._tls.tail_bytes = size
             return
         self._tls.tail_bytes = size
         outs = None
@@ -590,7 +591,7 @@ class ReplayClient:
 
     def downloaded(self) -> None:
         """The app read a value: an inference ends here (the robot's search sees it so too)."""
-        if getattr(self._tls, "tail", None):
+        if getattr(self._tls, "tail_bytes", 0):  # something kept, or over the bound
             self._tls.tail, self._tls.tail_bytes = [], 0
 
     def _join(self, fresh: list[Sequence], args: tuple, kwargs: dict, info: OpInfo,
@@ -605,7 +606,7 @@ class ReplayClient:
         costs a mismatch, never a wrong result."""
         tail = getattr(self._tls, "tail", None)
         if not tail or len(tail) >= MAX_TAIL:
-            return None  # nothing forwarded, or too much kept to be joined
+            return None  # nothing kept (or too much: see ``forwarded``)
         for seq in fresh:
             starts = [j for j, (call, _) in enumerate(tail) if call.op == seq.steps[0].op]
             for j in starts[:JOIN_TRIES]:
