@@ -242,3 +242,31 @@ def test_state_written_in_place_then_read_is_a_constant_the_host_accepts(tmp_pat
     reads = [s for s in d.sources if s.id == buf]
     assert len(reads) == 2 and all(s.kind == ops_pb2.SeqSource.CONSTANT for s in reads)
     assert buf not in d.local_ids and compiled.writes[0] == [0]  # snapshot before the write
+
+
+def test_a_replayed_prefix_the_robot_did_not_see_aborted_is_ignored(tmp_path):
+    """The host's ``ReplayedPrefix`` comes from the network: one that names no replay this
+    robot saw aborted (or a switch to a variant, where nothing was forwarded after the abort)
+    puts nothing into the op log and marks no thread for a variant search."""
+    rec = Recorder("app.py", "s1", DataDependencySearch(), tmp_path / "seq")
+    d = ops_pb2.SequenceDef(id=3, local_ids=[1], outputs=[1])
+    d.calls.add(op="aten::relu.default", out_ids=[1]).args.add().tensor.id = 100
+    d.sources.add(kind=ops_pb2.SeqSource.CONSTANT, id=100)
+    rec._adopt(d, {"id": 3, "thread": 0, "replays": 0, "mismatches": 0, "operators": 1})
+    sizes = ops_pb2.ReplayedPrefix(base_id=7, calls=[ops_pb2.OutSizes()])
+    rec.observe_replayed(sizes)  # no replay at all
+    for frame in (ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=3, base_id=7)),
+                  ops_pb2.SessionUp(abort=ops_pb2.ReplayAbort(position=1)),
+                  ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=3, base_id=8,
+                                                               position=1))):
+        rec.observe(frame)  # aborted at 1, then a variant joined there: a switch
+    rec.observe_replayed(sizes)
+    assert len(rec.log) == 0 and not rec.variant_threads
+    # the same abort followed by a forwarded call: the replayed call goes into the log first
+    for frame in (ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=3, base_id=9)),
+                  ops_pb2.SessionUp(abort=ops_pb2.ReplayAbort(position=1)),
+                  ops_pb2.SessionUp(call=ops_pb2.OpCall(seq=1, op="aten::neg.default"))):
+        rec.observe(frame)
+    rec.observe_replayed(ops_pb2.ReplayedPrefix(base_id=9, calls=[ops_pb2.OutSizes()]))
+    assert [c.op for c in rec.log.calls] == ["aten::relu.default", "aten::neg.default"]
+    assert rec.log.calls[0].out_ids == [9] and rec.variant_threads == {0}
