@@ -32,6 +32,9 @@ TORCHVISION = {
     "tv-fcos": ("fcos_resnet50_fpn", {"score_thresh": 0.001}),
     "tv-ssdlite": ("ssdlite320_mobilenet_v3_large", {"score_thresh": 0.001, "size": None}),
     "tv-keypointrcnn": ("keypointrcnn_resnet50_fpn", {"box_score_thresh": 0.001}),
+    # at most 3 people: with random weights the count differs every frame otherwise
+    "tv-keypointrcnn-top3": ("keypointrcnn_resnet50_fpn", {"box_score_thresh": 0.001,
+                                                           "box_detections_per_img": 3}),
 }
 ULTRALYTICS = {"yolov8n": "yolov8n.yaml", "yolov8n-pose": "yolov8n-pose.yaml"}
 # Per detection, what torchvision returns, in a fixed order (those a model has).

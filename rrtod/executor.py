@@ -104,6 +104,12 @@ class ReplayExtension(Protocol):
         batch norm's running statistics in training mode)."""
         ...
 
+    def viewed_ids(self, call: ops_pb2.OpCall) -> list[int]:
+        """Per output id of ``call``: the id of the tensor argument whose storage it shares (a
+        view; an in-place op's ``self``), 0 for new storage. With ``written_ids``, when a
+        replayed output is final (``rrtod.wire.final_writes``)."""
+        ...
+
     def snapshot(self, ids: list[int]) -> Any:
         """Copies of the live tensors ``ids`` (unknown ids have nothing to keep): a token."""
         ...
@@ -115,6 +121,12 @@ class ReplayExtension(Protocol):
     def shape(self, tid: int) -> tuple[int, ...] | None:
         """The sizes of live tensor ``tid`` (None if it is not live): a replayed call's
         integer arguments that follow this inference's data (``SymbolicInt``)."""
+        ...
+
+    def scalar(self, tid: int) -> int | None:
+        """``int()`` of live one-element tensor ``tid`` (None if it is not live, has more
+        elements or is not finite): an integer the app computed from a value it read
+        (``SymbolicInt.value``)."""
         ...
 
     def missing(self, ids: list[int]) -> list[int]:

@@ -33,7 +33,10 @@ GPU daemon -> robot daemon     response stream of ``ops.SessionDown``: ``ready``
                                sizes of what the aborted replay ran; kept by the robot daemon,
                                never passed on). The robot daemon logs ``result`` replies with
                                ``outs`` (the outputs of a ``want_meta`` call), ``answer``s and
-                               ``replayed`` for the op log.
+                               ``replayed`` for the op log, and the replies to fetches of
+                               one element (values the app read, ``scalar_of``). An ``error``
+                               with ``base_id`` is a replayed call that failed while the host
+                               ran ahead of the app (the shim decides whether it is the app's).
 =============================  ================================================================
 
 The robot daemon relays and records ``SessionUp``/``SessionDown``; the GPU daemon hands them to
@@ -64,8 +67,9 @@ HOST_ID_BASE ..          the host's executor           outputs the client could 
 
 from __future__ import annotations
 
+import math
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import accumulate
 from typing import Any
 
@@ -227,3 +231,64 @@ def content_hash(dtype: str, shape: list[int] | tuple[int, ...], data: bytes | m
 def hash_of(tensor: ops_pb2.TensorData) -> bytes:
     """``content_hash`` of a tensor value as it travels."""
     return content_hash(tensor.meta.dtype, list(tensor.meta.shape), tensor.data)
+
+
+# ``SymbolicInt.value`` in the compiled forms of a sequence (host, shim, search), where a size
+# symbol keeps its first dimension: the integer is ``int()`` of the tensor's one element.
+READ_VALUE = -1
+
+# One element of each dtype, as ``struct`` reads it (little-endian); bfloat16 is the high half
+# of a float32.
+_SCALAR_FORMATS = {"float64": "<d", "float32": "<f", "float16": "<e", "int64": "<q",
+                   "int32": "<i", "int16": "<h", "int8": "<b", "uint8": "<B", "bool": "<?"}
+
+
+def scalar_of(tensor: ops_pb2.TensorData) -> int | float | None:
+    """The value of a one-element tensor (what the app read with ``item()``), None for any
+    other tensor or bytes that do not fit its dtype. Read by the robot daemon, which has no
+    torch: values the app passes on as integer arguments (``SymbolicInt.value``)."""
+    meta = tensor.meta
+    if math.prod(meta.shape) != 1:
+        return None
+    data = tensor.data
+    if meta.dtype == "bfloat16":
+        fmt, data = "<f", b"\0\0" + data if len(data) == 2 else b""
+    else:
+        fmt = _SCALAR_FORMATS.get(meta.dtype, "")
+    if not fmt or len(data) != struct.calcsize(fmt):
+        return None
+    value = struct.unpack(fmt, data)[0]
+    return int(value) if isinstance(value, bool) else value
+
+
+def final_writes(d: ops_pb2.SequenceDef,
+                 written: Callable[[ops_pb2.OpCall], list[int]] | None,
+                 viewed: Callable[[ops_pb2.OpCall], list[int]] | None) -> dict[int, int]:
+    """Per local index of ``d`` (its position in ``local_ids``): the last call that writes its
+    storage. That is the call that makes it, unless a later one writes it in place (returning
+    it, or as an argument ``written`` names), writes a view of it, or writes what it is a view
+    of (``viewed``: per output, the id of the argument whose storage it shares, 0 for new
+    storage). The host pushes an output after this call and the shim takes the push only
+    after it: both ends compute it here, from the same definition and the operators' schemas
+    (``rrto_plugins.torch.aliasing``). Without ``viewed``, storage is never shared."""
+    local = {rid: i for i, rid in enumerate(d.local_ids)}
+    root: dict[int, int] = {}  # local index -> the local index whose storage it is
+    wrote: dict[int, int] = {}  # storage (root) -> the last call that wrote it
+    made: dict[int, int] = {}
+    for k, call in enumerate(d.calls):
+        sources = viewed(call) if viewed is not None else []
+        for j, rid in enumerate(call.out_ids):
+            i = local.get(rid)
+            if i is None:
+                continue
+            src = local.get(sources[j]) if j < len(sources) and sources[j] else None
+            if i in made:  # an earlier value returned again: written in place
+                wrote[root.get(i, i)] = k
+            elif src is not None:
+                root[i] = root.get(src, src)
+            made.setdefault(i, k)
+        for rid in (written(call) if written is not None else ()):
+            i = local.get(rid)
+            if i is not None:
+                wrote[root.get(i, i)] = k
+    return {i: max(k, wrote.get(root.get(i, i), k)) for i, k in made.items()}

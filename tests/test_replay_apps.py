@@ -374,3 +374,47 @@ def test_frames_with_and_without_detections_replay_as_two_variants(fresh, tmp_pa
     assert all(by["replays"][both:]) and not any(by["mismatches"][both:]), stats
     assert all(n <= 1 for n in by["round_trips"][both:]), stats
     assert any(by["switches"][both:]), stats
+
+
+def test_integers_from_values_the_app_read_replay_with_one_reply(fresh, tmp_path):
+    """``read_values``: a per-box loop that reads each box's width and height (``item()``)
+    and passes them on as integers (``interpolate(size=(h, w))``, ``pos % w``), other values
+    every frame. They become ``SymbolicInt``s of the values read: the host computes them from
+    its own tensors and the shim accepts only the integers the app derives from the values it
+    was given. Every frame from the 4th on replays whole, waiting for one reply (the values
+    arrive pushed, not fetched), with outputs equal to local."""
+    stats = same_as_local("read_values", fresh, "--pace", "20", tmp=tmp_path)
+    by = stats["by_inference"]
+    replayed = [i for i, r in enumerate(by["replays"]) if r]
+    assert replayed and replayed[0] <= 3 and replayed == list(range(replayed[0], 10)), stats
+    assert stats["mismatches"] == 0 and stats["failed"] == 0, stats
+    assert all(by["round_trips"][i] <= 1 for i in replayed[stats["joined"]:]), stats
+    assert max(by["round_trips"][: replayed[0]]) > 3, stats  # forwarding waited per value
+
+
+def test_a_call_that_fails_on_the_host_ahead_of_the_app_is_never_the_apps_error(fresh,
+                                                                               tmp_path):
+    """Forced: frame 6 has two boxes, not three. The host runs ahead into the third box's
+    iteration and its ``select`` fails there; the app's loop ends after two, so the app never
+    made that call: no error reaches it (``Error.base_id``/``position``), the inference is
+    forwarded from where it went another way with outputs equal to local, the sequence is
+    kept and the next frames replay again."""
+    stats = same_as_local("read_values", fresh, "--pace", "20", "--fewer", "6", tmp=tmp_path)
+    by = stats["by_inference"]
+    assert stats["failed"] == 0 and by["mismatches"][6] == 1, stats
+    assert stats["failed_ahead"] <= 1, stats  # 0: the app branched before the host got there
+    assert by["replays"][7:] == [1, 1, 1] and not any(by["mismatches"][7:]), stats
+
+
+def test_an_output_written_after_a_mismatch_is_never_the_push_of_the_run_ahead(fresh,
+                                                                               tmp_path):
+    """Forced: in frame 6 the app decodes its last box with another integer than the one the
+    sequence has (``--odd``). The host has run that inference to its end and pushed the
+    buffer the loop fills row by row through views (``rrtod.wire.final_writes``: it is final
+    only after the last row); its last row, written after the mismatch, is not the app's. The
+    app reads the buffer as the host holds it after the abort and the forwarded rest, never
+    the stale push: outputs equal to local, and the next frames replay again."""
+    stats = same_as_local("read_values", fresh, "--pace", "20", "--odd", "6", tmp=tmp_path)
+    by = stats["by_inference"]
+    assert stats["failed"] == 0 and by["mismatches"][6] == 1, stats
+    assert by["replays"][7:] == [1, 1, 1] and not any(by["mismatches"][7:]), stats

@@ -15,10 +15,12 @@ from rrto_plugins.torch.replay import (
     MAX_PER_THREAD,
     MAX_TAIL_BYTES,
     MISS,
+    Active,
     ReplayClient,
     _read_after,
     decode_answer,
 )
+from rrtod.wire import REPLAY_BASE, SPAN
 
 
 class Session:
@@ -137,3 +139,30 @@ def test_forwarded_frames_are_kept_for_a_join_only_up_to_a_bound():
     y = new_proxy(Handle(session, 601), (4,), (1,), 0, torch.float32, torch.device("cpu"))
     joined = client._join([seq], (y,), {}, info, 0)
     assert joined is not None and joined[0].joined == {0: 600, 1: 601}
+
+
+def test_a_call_the_host_failed_ahead_of_the_app_is_forwarded_only_when_the_app_gets_there():
+    """The host ran ahead and failed call 2 of an inference (``Error.base_id``/``position``).
+    The app's calls before it still replay; at call 2 the app mismatches (the call is
+    forwarded: it fails there as forwarding fails, if the app makes it) and no error is
+    raised for a call the app may never make. If the app had already made it, the error is
+    the app's: kept to be raised at its next read."""
+    session = Session()
+    session.errors = []
+    session.add_async_error = session.errors.append  # type: ignore[attr-defined]
+    client = ReplayClient(session)  # type: ignore[arg-type]
+    client.define(chain())
+    (seq,) = client.sequences[0]
+    err = ops_pb2.Error(code="OP_FAILED", sequence=seq.id, base_id=REPLAY_BASE, position=2)
+    act = Active(seq, REPLAY_BASE, position=1)
+    client._tls.active = act
+    client.broken(err)
+    assert not client._check_broken(act) and client.active is act  # call 1: still replayed
+    act.position = 2
+    assert client._check_broken(act) and client.active is None and session.errors == []
+    assert session.sent[-1].abort.position == 2 and client._aborted[REPLAY_BASE] == 2
+    late = Active(seq, REPLAY_BASE + SPAN, position=2)
+    client._tls.active = late
+    client.broken(ops_pb2.Error(code="OP_FAILED", base_id=REPLAY_BASE + SPAN, position=1))
+    assert client._check_broken(late) and [e.position for e in session.errors] == [1]
+    assert client.counters["failed_ahead"] == 2 and client.counters["mismatches"] == 2

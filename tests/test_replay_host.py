@@ -51,6 +51,10 @@ class NumberExecutor:
         kind = frame.WhichOneof("msg")
         if kind == "call":
             c = frame.call
+            if c.op == "scale":  # a * an integer argument
+                self.store[c.out_ids[0]] = self._value(c.args[0].tensor) * c.args[1].i
+                self.calls.append(f"scale {c.args[1].i}")
+                return
             a, b = (self._value(v.tensor) for v in c.args)
             self.calls.append(c.op)
             if c.op == "fail":
@@ -78,6 +82,12 @@ class NumberExecutor:
 
     def missing(self, ids):
         return [i for i in ids if i not in self.store]
+
+    def viewed_ids(self, c: ops_pb2.OpCall) -> list[int]:
+        return [0] * len(c.out_ids)  # no views among these operators
+
+    def scalar(self, tid):
+        return int(self.store[tid]) if tid in self.store else None
 
 
 def call(op: str, out: int, *refs: ops_pb2.TensorRef) -> ops_pb2.OpCall:
@@ -202,7 +212,9 @@ def test_unknown_sequence_and_failing_call_are_reported():
     run(r, ops_pb2.SessionUp(define=d))
     out = run(r, ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=1000)),
               ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(2.0))))
-    assert [(x.error.code, x.error.sequence) for x in out] == [("OP_FAILED", 7)]
+    # ... and where: the app may never make that call (it would forward it if it did)
+    assert [(x.error.code, x.error.sequence, x.error.base_id, x.error.position)
+            for x in out] == [("OP_FAILED", 7, 1000, 1)]
     out = run(r, ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=99, tensor=upload(2.0))))
     assert out == []  # the replay already failed: nothing more runs or is reported
 
@@ -500,3 +512,48 @@ def test_a_join_past_the_sequence_is_refused_and_its_arguments_dropped(position,
               ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(2.0))))
     assert [(x.error.code, x.error.sequence) for x in out] == [("BAD_START", 7)]
     assert ex.calls == [] and r.active is None
+
+
+def test_an_integer_the_app_computes_from_a_value_it_read_is_the_hosts_own():
+    """``SymbolicInt.value``: call 1 takes ``int()`` of the value call 0 made (the app read it
+    and passed ``int(x.item())`` on). The host fills it in from its own tensor, every
+    inference with its own value; without that tensor the replay fails, saying where."""
+    d = ops_pb2.SequenceDef(id=8, local_ids=[1, 2], outputs=[2])
+    d.calls.extend([call("add", 1, upload(0.0), ref(100)), call("scale", 2, ref(1))])
+    d.calls[1].args.add(i=3)  # as recorded: 3 then
+    d.sources.add(kind=SRC.INPUT)
+    d.sources.add(kind=SRC.CONSTANT, id=100)
+    d.sources.add(kind=SRC.PRODUCED, id=1)
+    d.symbols.add(call=1, arg=1, tensor=1, value=True)
+    ex = NumberExecutor()
+    r = HostReplayer(ex)
+    run(r, ops_pb2.SessionUp(define=d))
+    out = run(r, start(1000, seq=8), arg(0, tensor=upload(2.5)))
+    assert [value(x) for x in out] == [(1001, 12.5 * 12)] and ex.calls[-1] == "scale 12"
+    out = run(r, start(2000, seq=8), arg(0, tensor=upload(-6.5)))
+    assert [value(x) for x in out] == [(2001, 3.5 * 3)] and ex.calls[-1] == "scale 3"
+    ex.scalar = lambda tid: None  # type: ignore[method-assign]  # (not one element, say)
+    out = run(r, start(3000, seq=8), arg(0, tensor=upload(1.0)))
+    assert [(x.error.code, x.error.base_id, x.error.position) for x in out] == [
+        ("REPLAY_FAILED", 3000, 1)]
+
+
+def test_a_value_read_is_kept_until_the_call_that_takes_it_runs():
+    """The app reads ``x`` (``item()``) and drops it at once; the call that takes ``int(x)``
+    waits for another input. The release reaches the host first: ``x`` is still freed only
+    after that call (a symbol is a use), never before, which would fail the replay."""
+    d = ops_pb2.SequenceDef(id=8, local_ids=[1, 2], outputs=[2])
+    d.calls.extend([call("add", 1, upload(0.0), ref(100)), call("scale", 2, upload(0.0))])
+    d.calls[1].args.add(i=3)
+    d.sources.add(kind=SRC.INPUT)
+    d.sources.add(kind=SRC.CONSTANT, id=100)
+    d.sources.add(kind=SRC.INPUT)
+    d.symbols.add(call=1, arg=1, tensor=1, value=True)
+    ex = NumberExecutor()
+    r = HostReplayer(ex)
+    run(r, ops_pb2.SessionUp(define=d))
+    out = run(r, start(1000, seq=8), arg(0, tensor=upload(2.5)),
+              ops_pb2.SessionUp(release=ops_pb2.Release(ids=[1000])),
+              arg(2, tensor=upload(5.0)))
+    assert [value(x) for x in out] == [(1001, 5.0 * 12)]
+    assert 1000 not in ex.store  # freed once taken

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import struct
 import time
 
 import pytest
@@ -12,6 +13,7 @@ from rrto_plugins.search.dds import DataDependencySearch
 from rrto_plugins.search.period import PeriodSearch, tail_periods, z_function
 from rrtod.robot.oplog import OpLog
 from rrtod.robot.search import Candidate, best, search_log, verify
+from rrtod.robot.shapes import VALUE
 from testkit.frames import W1, W2, W3, App, cnn
 
 
@@ -324,3 +326,53 @@ def test_inferences_of_different_lengths_replay_the_calls_they_begin_with():
     assert found is not None and (found.start, found.period, found.repeats) == (22, 23, 2)
     # the 3-loop inference downloaded its last call: pushed when a replay gets there
     assert found.outputs == [(22, 0)]
+
+
+def _read_then_passed(log: OpLog, values: list[float], passed=int, reply_first=False) -> None:
+    """Per inference: ``w = amax(x)`` (one element), the app reads it (a fetch and its reply,
+    which the relay may see before the fetch it answers), then ``y = add(w, passed(value))``
+    and ``y`` is downloaded."""
+    seq, ids = 0, iter(range(10, 10_000))
+    for v in values:
+        x = ops_pb2.Value(tensor=ops_pb2.TensorRef(upload=ops_pb2.TensorData(meta=_meta(8))))
+        w = next(ids)
+        seq += 1
+        log.record(ops_pb2.SessionUp(call=ops_pb2.OpCall(seq=seq, op="aten::amax.default",
+                                                         args=[x], out_ids=[w],
+                                                         out_meta=[_meta()])))
+        seq += 1
+        fetch = ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=seq, id=w))
+        reply = ops_pb2.Fetched(seq=seq, tensor=ops_pb2.TensorData(
+            meta=_meta(), data=struct.pack("<f", v)))
+        if reply_first:
+            log.record_fetched(reply)
+        log.record(fetch)
+        if not reply_first:
+            log.record_fetched(reply)
+        y = next(ids)
+        seq += 1
+        log.record(ops_pb2.SessionUp(call=ops_pb2.OpCall(
+            seq=seq, op="aten::add.Scalar", out_ids=[y], out_meta=[_meta()],
+            args=[ops_pb2.Value(tensor=ops_pb2.TensorRef(id=w)), ops_pb2.Value(i=passed(v))])))
+        seq += 1
+        log.record(ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=seq, id=y)))
+
+
+@pytest.mark.parametrize("reply_first", [False, True])
+def test_integers_from_values_the_app_read_become_symbols(reply_first):
+    """``int(w.item())`` passed on: the integer differs every inference and is no size, but it
+    is ``int()`` of the value the app read of ``w`` every time (whichever of a fetch and its
+    reply the relay logged first): a ``SymbolicInt`` of that value (``VALUE``)."""
+    log = OpLog()
+    _read_then_passed(log, [3.5, 7.25, 2.0, 11.75], reply_first=reply_first)
+    found, _ = best(log.entries(0), DataDependencySearch())
+    assert found is not None and found.period == 2
+    assert found.shapes.symbols == {(1, ("arg", 1)): (0, 0, VALUE, 0)}
+
+
+def test_an_integer_that_is_not_the_value_read_refuses_the_candidate():
+    """``int(w.item()) + 1``: the host could not know it."""
+    log = OpLog()
+    _read_then_passed(log, [3.5, 7.25, 2.0, 11.75], passed=lambda v: int(v) + 1)
+    found, _ = best(log.entries(0), DataDependencySearch())
+    assert found is None

@@ -4,6 +4,7 @@ The hand-built encodings are checked against protobuf's own; no torch, no socket
 from __future__ import annotations
 
 import random
+import struct
 
 import blake3
 import pytest
@@ -157,3 +158,63 @@ def test_content_hash_tells_apart_what_differs() -> None:
 def test_hash_of_names_a_tensor_value_as_it_travels() -> None:
     value = ops_pb2.TensorData(meta=ops_pb2.TensorMeta(dtype="float16", shape=[4]), data=b"ab" * 4)
     assert wire.hash_of(value) == wire.content_hash("float16", [4], b"ab" * 4)
+
+
+@pytest.mark.parametrize(("dtype", "fmt", "value"), [
+    ("float32", "<f", 51.0), ("float64", "<d", -2.5), ("float16", "<e", 3.0),
+    ("int64", "<q", -7), ("int32", "<i", 1 << 30), ("uint8", "<B", 255), ("bool", "<?", True)])
+def test_a_one_element_tensor_reads_as_the_app_reads_it(dtype, fmt, value) -> None:
+    t = ops_pb2.TensorData(meta=ops_pb2.TensorMeta(dtype=dtype, shape=[1, 1]),
+                           data=struct.pack(fmt, value))
+    assert wire.scalar_of(t) == value
+
+
+def test_bfloat16_is_the_high_half_of_a_float32() -> None:
+    t = ops_pb2.TensorData(meta=ops_pb2.TensorMeta(dtype="bfloat16"),
+                           data=struct.pack("<f", 5.0)[2:])
+    assert wire.scalar_of(t) == 5.0
+
+
+@pytest.mark.parametrize("data", [b"", b"\0\0\0", b"\0" * 8])
+def test_bytes_that_are_no_one_element_of_the_dtype_read_as_nothing(data) -> None:
+    assert wire.scalar_of(ops_pb2.TensorData(meta=ops_pb2.TensorMeta(dtype="float32"),
+                                             data=data)) is None
+    assert wire.scalar_of(ops_pb2.TensorData(meta=ops_pb2.TensorMeta(dtype="float32",
+                                                                     shape=[2]),
+                                             data=b"\0" * 8)) is None
+    assert wire.scalar_of(ops_pb2.TensorData(meta=ops_pb2.TensorMeta(dtype="complex64"),
+                                             data=b"\0" * 8)) is None
+
+
+def _seq_of(*calls: tuple[str, list[int], list[int]]) -> ops_pb2.SequenceDef:
+    """Calls as (op, argument ids, output ids); every id is a local one."""
+    d = ops_pb2.SequenceDef()
+    ids: list[int] = []
+    for op, args, outs in calls:
+        c = d.calls.add(op=op, out_ids=outs)
+        for a in args:
+            c.args.add().tensor.id = a
+        ids += [i for i in outs if i not in ids]
+    d.local_ids.extend(ids)
+    return d
+
+
+def test_an_output_is_final_after_the_last_write_of_its_storage() -> None:
+    """``buf = zeros()``; ``row = select(buf)``; ``copy_(row, v)``; ``t = permute(buf)``: the
+    buffer is written through its view at call 3, so it is final there, not where it was made;
+    so is the view; the permute made after it is final where it is made. Without views known,
+    only the returned in-place write counts."""
+    d = _seq_of(("zeros", [], [1]), ("select", [1], [2]), ("v", [], [3]),
+                ("copy_", [2, 3], [2]), ("permute", [1], [4]))
+    viewed = {"select": lambda c: [c.args[0].tensor.id], "permute": lambda c: [c.args[0].tensor.id],
+              "copy_": lambda c: [c.args[0].tensor.id]}
+
+    def views(call: ops_pb2.OpCall) -> list[int]:
+        return viewed[call.op](call) if call.op in viewed else [0] * len(call.out_ids)
+
+    def written(call: ops_pb2.OpCall) -> list[int]:
+        return [call.args[0].tensor.id] if call.op == "copy_" else []
+
+    # local indices: 1 -> 0, 2 -> 1, 3 -> 2, 4 -> 3
+    assert wire.final_writes(d, written, views) == {0: 3, 1: 3, 2: 2, 3: 4}
+    assert wire.final_writes(d, None, None) == {0: 0, 1: 3, 2: 2, 3: 4}

@@ -100,7 +100,7 @@ def builtin_entries() -> dict[str, BuiltinEntry]:
     return out
 
 
-def _lookup(name: str) -> torch._ops.OpOverload | None:
+def lookup(name: str) -> torch._ops.OpOverload | None:
     """The OpOverload for an exact, syntactically valid name, without importing anything."""
     ns, op, overload = split(name)
     dispatcher_name = f"{ns}::{op}" + ("" if overload == "default" else f".{overload}")
@@ -190,7 +190,7 @@ class Allowlist:
         missing = libops.probe(ns)  # a reviewed library's operators exist once it is imported
         if missing is not None:
             return f"operator {name} cannot run here: {missing}"
-        op = _lookup(full)
+        op = lookup(full)
         if op is None:
             return f"operator {name} does not exist on this host"
         if not explicit and not _safe_schema(op):

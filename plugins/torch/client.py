@@ -182,6 +182,8 @@ class RemoteSession:
             if w is not None:
                 w.error = RemoteOpError(err.code, err.message)
                 w.event.set()
+            elif err.base_id and self.replay is not None:
+                self.replay.broken(err)  # a replayed call the app may never make failed
             else:
                 self._async_errors.append(err)
                 if err.sequence and self.replay is not None:
@@ -251,6 +253,9 @@ class RemoteSession:
         rrtod/gpu/replay.py); a few releases are not worth a message of their own."""
         if len(self.released) >= at_least:
             self.send_frames([])
+
+    def add_async_error(self, err: ops_pb2.Error) -> None:
+        self._async_errors.append(err)
 
     def raise_async_errors(self) -> None:
         """Raise the first error the host reported for a streamed call, if any."""

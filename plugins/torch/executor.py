@@ -17,6 +17,7 @@ to stay inside its storage (``bounds``); a view reaching outside is ``BAD_VIEW``
 from __future__ import annotations
 
 import itertools
+import math
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -28,7 +29,7 @@ from rrtod.executor import ExecutorContext
 from rrtod.gpu.blobstore import BlobError
 from rrtod.wire import BIND_OP, HOST_ID_BASE, hash_of, released_ids
 
-from . import codec, sizing
+from . import aliasing, codec, sizing
 from .allowlist import Allowlist, OpNotAllowed
 from .bounds import BadView, check_view
 from .schemas import SchemaCheck, SchemaMismatch
@@ -49,19 +50,6 @@ class _Poisoned(Exception):
     def __init__(self, cause: str):
         super().__init__(cause)
         self.cause = cause
-
-
-def _training(call: ops_pb2.OpCall) -> bool:
-    return len(call.args) > 5 and call.args[5].WhichOneof("kind") == "b" and call.args[5].b
-
-
-# Composite operators that update running statistics in place although their schema does not
-# say so: name -> (when, argument positions written).
-_HIDDEN_WRITES: dict[str, tuple[Any, tuple[int, ...]]] = {
-    f"aten::{name}.default": (_training, (3, 4))
-    for name in ("batch_norm", "native_batch_norm", "_batch_norm_impl_index", "cudnn_batch_norm",
-                 "miopen_batch_norm", "instance_norm")
-}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -334,19 +322,16 @@ class TorchExecutor:
             op = self.allow.resolve(call.op)
         except OpNotAllowed:
             return []
-        ids = []
-        hidden = _HIDDEN_WRITES.get(call.op)
-        if hidden is not None and hidden[0](call):
-            ids += [call.args[i].tensor.id for i in hidden[1]
-                    if i < len(call.args) and call.args[i].tensor.id]
-        for i, arg in enumerate(op._schema.arguments):
-            info = arg.alias_info
-            if info is None or not info.is_write:
-                continue
-            v = call.args[i] if i < len(call.args) else call.kwargs.get(arg.name)
-            if v is not None and v.WhichOneof("kind") == "tensor" and v.tensor.id:
-                ids.append(v.tensor.id)
-        return ids
+        return aliasing.written_ids(op, call)
+
+    def viewed_ids(self, call: ops_pb2.OpCall) -> list[int]:
+        """Per output id of ``call``: the argument whose storage it shares, 0 for none
+        (``aliasing.viewed_ids``); an operator that is not allowed shares nothing."""
+        try:
+            op = self.allow.resolve(call.op)
+        except OpNotAllowed:
+            return [0] * len(call.out_ids)
+        return aliasing.viewed_ids(op, call)
 
     def missing(self, ids: list[int]) -> list[int]:
         """Ids no live tensor has: a sequence reading one as its constant can never match."""
@@ -356,6 +341,14 @@ class TorchExecutor:
         """The live tensor's sizes (a replayed call's symbolic integers), None if not live."""
         t = self.store.get(tid)
         return None if t is None else tuple(t.shape)
+
+    def scalar(self, tid: int) -> int | None:
+        """``int()`` of the live one-element tensor (a value the app read and passed on)."""
+        t = self.store.get(tid)
+        if t is None or t.numel() != 1 or t.is_complex():
+            return None
+        v = t.item()
+        return None if isinstance(v, float) and not math.isfinite(v) else int(v)
 
     def restore(self, token: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Write the copies back in place, so views of those tensors see the old values too."""

@@ -36,9 +36,18 @@ from typing import Any
 import torch
 
 from rrto.v1 import ops_pb2
-from rrtod.wire import HOST_ID_BASE, REPLAY_BASE, SPAN, iter_tensor_refs
+from rrtod.wire import (
+    HOST_ID_BASE,
+    READ_VALUE,
+    REPLAY_BASE,
+    SPAN,
+    final_writes,
+    iter_tensor_refs,
+    scalar_of,
+)
 
-from . import codec
+from . import aliasing, codec
+from .allowlist import lookup
 from .metadata import OpInfo, Out, materialize
 from .proxy import Handle, RemoteTensor, new_proxy
 from .session_api import Session
@@ -157,7 +166,8 @@ class Step:
     answered: bool = False  # its outputs' shapes are the host's answer (``ReplayAnswer``)
     variable: bool = False  # its shapes may differ each inference: planned every time
     # symbolic integers: (path into the stripped arguments, local index of the tensor, first
-    # dimension, number of dimensions whose sizes multiply)
+    # dimension (``READ_VALUE``: its value, as the app read it), number of dimensions whose
+    # sizes multiply)
     syms: list[tuple[tuple[Any, ...], int, int, int]] = field(default_factory=list)
     any_shape: frozenset[int] = frozenset()  # INPUT slots of any shape (dtype and rank fixed)
     # INPUT slots with fixed bytes (``SeqSource.fixed``): slot -> (bytes, upload strides)
@@ -190,6 +200,7 @@ class Sequence:
     stale: bool = False  # a fixed input got other bytes: given up at the mismatch
     fresh: bool = True  # not looked at by its thread yet: it may join the inference under way
     sized: frozenset[int] = frozenset()  # local indices whose sizes symbolic integers use
+    valued: frozenset[int] = frozenset()  # local indices whose values they use (read by the app)
     chain: list[int] = field(default_factory=list)  # per step: a hash of the steps up to it
 
     def same_prefix(self, other: Sequence, p: int) -> bool:
@@ -214,6 +225,16 @@ class Sequence:
             if prev is not None and prev[0] == key and prev[1] == raw:
                 return s
         return None
+
+
+def _written_ids(call: ops_pb2.OpCall) -> list[int]:
+    op = lookup(call.op)
+    return aliasing.written_ids(op, call) if op is not None else []
+
+
+def _viewed_ids(call: ops_pb2.OpCall) -> list[int]:
+    op = lookup(call.op)
+    return aliasing.viewed_ids(op, call) if op is not None else [0] * len(call.out_ids)
 
 
 def compile_sequence(d: ops_pb2.SequenceDef) -> Sequence:
@@ -257,18 +278,23 @@ def compile_sequence(d: ops_pb2.SequenceDef) -> Sequence:
         if sym.call >= len(steps) or sym.tensor not in local:
             raise ValueError(f"sequence {d.id}: a symbolic integer names no call or tensor")
         step = steps[sym.call]
-        step.syms.append(((sym.kwarg or sym.arg, *sym.items), local[sym.tensor], sym.dim,
-                          max(sym.span, 1)))
+        step.syms.append(((sym.kwarg or sym.arg, *sym.items), local[sym.tensor],
+                          READ_VALUE if sym.value else sym.dim,
+                          0 if sym.value else max(sym.span, 1)))
         step.flat = None  # matched against this inference's sizes: the general path
     outputs = {local[o] for o in d.outputs}
-    last_writer = {i: k for k, st in enumerate(steps) for i in st.out_local if i is not None}
+    # as the host pushes them: once nothing writes their storage any more
+    last_writer = final_writes(d, _written_ids, _viewed_ids)
     chain, h = [], 0
     for st in steps:
         st.sig = st.signature()
         h = hash((h, st.sig))
         chain.append(h)
     return Sequence(d, steps, local, last_writer, outputs,
-                    sized=frozenset(i for st in steps for _p, i, _d, _n in st.syms), chain=chain)
+                    sized=frozenset(i for st in steps for _p, i, d, _n in st.syms
+                                    if d != READ_VALUE),
+                    valued=frozenset(i for st in steps for _p, i, d, _n in st.syms
+                                     if d == READ_VALUE), chain=chain)
 
 
 @dataclass
@@ -277,6 +303,7 @@ class Active:
     base: int
     position: int = 0
     sizes: dict[int, tuple[int, ...]] = field(default_factory=dict)  # ``Sequence.sized`` now
+    values: dict[int, int] = field(default_factory=dict)  # ``Sequence.valued`` as the app read
     # joined under way: local index -> the id the app already holds it under (forwarded)
     joined: dict[int, int] | None = None
 
@@ -289,12 +316,18 @@ def _with_sizes(step: Step, act: Active) -> tuple[list[Any], dict[str, Any]] | N
     sizes; None if a size is not known (its tensor was not made by this replay)."""
     args, kwargs = list(step.args), dict(step.kwargs)
     for path, i, dim, span in step.syms:
-        shape = act.sizes.get(i)
-        if shape is None or dim + span > len(shape):
-            return None
+        if dim == READ_VALUE:
+            n = act.values.get(i)
+            if n is None:
+                return None  # the app did not read it: its integer came from elsewhere
+        else:
+            shape = act.sizes.get(i)
+            if shape is None or dim + span > len(shape):
+                return None
+            n = math.prod(shape[dim:dim + span])
         top, *items = path
         where: Any = kwargs if isinstance(top, str) else args
-        where[top] = _put(where[top], items, math.prod(shape[dim:dim + span]))
+        where[top] = _put(where[top], items, n)
     return args, kwargs
 
 
@@ -358,6 +391,8 @@ class ReplayClient:
         self._inference = itertools.count(0)
         self._pushed: dict[int, ops_pb2.TensorData] = {}
         self._aborted: dict[int, int] = {}  # inference base -> position of its mismatch
+        # inference base -> (position, error) of a call the host failed while ahead of the app
+        self._broken: dict[int, tuple[int, ops_pb2.Error]] = {}
         self._bases: dict[int, Sequence] = {}  # inference base -> the sequence it replays
         self._replied_bases: set[int] = set()  # inferences whose reply the app has read
         # Waits for a pushed output (by id) or an answer (by (base, position)).
@@ -370,7 +405,7 @@ class ReplayClient:
         # once per step, so not part of the per-operator cost (``replay_shim_ns``).
         self.planning_ns = 0
         self.counters = {"replays": 0, "mismatches": 0, "replayed_ops": 0, "dropped": 0,
-                         "failed": 0, "answer_waits": 0, "joined": 0,
+                         "failed": 0, "failed_ahead": 0, "answer_waits": 0, "joined": 0,
                          "switches": 0}
 
     # ----- from the reader thread -----
@@ -400,6 +435,37 @@ class ReplayClient:
                         for t, seqs in self.sequences.items()}
                 self.sequences = {t: seqs for t, seqs in kept.items() if seqs}
         return gone
+
+    def broken(self, err: ops_pb2.Error) -> None:
+        """Call ``err.position`` of replayed inference ``err.base_id`` failed on the host,
+        which ran ahead of the app: nothing from it on will be pushed. The app thread finds
+        out at its next replayed call (``_check_broken``); downloads and answers of that
+        inference waiting now are woken (they fetch, or forward, the usual way)."""
+        base = err.base_id
+        with self._lock:
+            self._broken[base] = (err.position, err)
+            self.counters["failed_ahead"] += 1
+            woken = [k for k in self._waiting
+                     if (k[0] if isinstance(k, tuple) else
+                         REPLAY_BASE + ((k - REPLAY_BASE) // SPAN) * SPAN) == base]
+            events = [self._waiting.pop(k) for k in woken]
+        for event in events:
+            event.set()
+
+    def _check_broken(self, act: Active) -> bool:
+        """Whether this call must be forwarded because the host failed a call of ``act``'s
+        inference. Calls before the failed one still replay (the host ran them). The failed
+        one is forwarded if the app makes it (then it fails as forwarding fails); a branch
+        before it is a mismatch as usual. If the app had already made it when the error came,
+        the error is the app's: raised at its next read."""
+        position, err = self._broken[act.base]
+        if act.position < position:
+            return False
+        del self._broken[act.base]
+        if act.position > position:
+            self.session.add_async_error(err)
+        self._mismatch(act)
+        return True
 
     def failed(self, seq_id: int) -> None:
         """The host could not replay ``seq_id`` (an operator failed, or it lost the sequence):
@@ -444,6 +510,9 @@ class ReplayClient:
         act = getattr(self._tls, "active", None)
         if act is not None and act.seq.failed:
             self._tls.active = act = None  # failed on the host: forward from here on
+        elif act is not None and self._broken and act.base in self._broken \
+                and self._check_broken(act):
+            return MISS
         if info.value_op and act is None:
             return MISS  # a value read outside a replay: forwarded (a sequence never starts so)
         if act is None:
@@ -548,7 +617,7 @@ class ReplayClient:
             joined = {i: act.id_of(i) for st in a.steps[:p] for i in st.out_local
                       if i is not None}
             new = Active(b, REPLAY_BASE + next(self._inference) * SPAN, position=p,
-                         sizes=dict(act.sizes), joined=joined)
+                         sizes=dict(act.sizes), values=dict(act.values), joined=joined)
             frames = self._match(new, args, kwargs, info, grad_mode)
             if frames is None:
                 continue
@@ -704,7 +773,7 @@ class ReplayClient:
             self.counters["answer_waits"] += 1
             self.session.release_now(RELEASE_EARLY_AT)
             while not event.wait(0.5):
-                if self.session.lost is not None or act.seq.failed:
+                if self.session.lost is not None or act.seq.failed or act.base in self._broken:
                     break
             with self._lock:
                 self._waiting.pop(key, None)
@@ -922,6 +991,7 @@ class ReplayClient:
         (not an output of the sequence, or the app reads it before its final write: then the
         replay is aborted here and the caller fetches it the usual way)."""
         act = self.active
+        i = -1
         if act is not None and act.base <= oid < act.base + SPAN:
             i = oid - act.base
             if i not in act.seq.outputs or act.seq.last_writer.get(i, 0) >= act.position:
@@ -929,8 +999,14 @@ class ReplayClient:
                 return None
         with self._lock:
             data = self._pushed.pop(oid, None)
+            if data is not None and not self._expects(oid):
+                # Pushed by a host that ran ahead past where the app went another way: later
+                # calls wrote it (a view of it) after that. The host's tensor is fetched.
+                data = None
             if data is not None:
                 self._replied(oid, waited=False)
+                if act is not None and i in act.seq.valued:
+                    self._note_value(act, i, data)
                 return data
             if not self._expects(oid):
                 return None
@@ -943,7 +1019,17 @@ class ReplayClient:
             data = self._pushed.pop(oid, None)
             if data is not None:
                 self._replied(oid, waited=True)
+                if act is not None and i in act.seq.valued:
+                    self._note_value(act, i, data)
             return data
+
+    @staticmethod
+    def _note_value(act: Active, i: int, data: ops_pb2.TensorData) -> None:
+        """Keep a value the app read that later steps take as an integer argument
+        (``SymbolicInt.value``): those steps match only the integer the app computes from it."""
+        v = scalar_of(data)
+        if v is not None and not (isinstance(v, float) and not math.isfinite(v)):
+            act.values[i] = int(v)
 
     def _replied(self, oid: int, waited: bool) -> None:
         """A pushed output was read (under the lock). The first one read of an inference is
@@ -963,12 +1049,14 @@ class ReplayClient:
 
     def _expects(self, oid: int) -> bool:
         """Whether the host will push ``oid``: an output of the sequence, finalised before
-        any mismatch of its inference."""
+        any mismatch of its inference, and before any call the host failed in it."""
         base = REPLAY_BASE + ((oid - REPLAY_BASE) // SPAN) * SPAN
         seq = self._bases.get(base)
         if seq is None or seq.failed:
             return False
         cut = self._aborted.get(base)
+        if base in self._broken:
+            cut = min(cut if cut is not None else SPAN, self._broken[base][0])
         i = oid - base
         return i in seq.outputs and (cut is None or seq.last_writer.get(i, 0) < cut)
 
@@ -983,4 +1071,6 @@ class ReplayClient:
                 del self._bases[b]
             for key in [k for k in self._answers if k[0] < base]:
                 del self._answers[key]
+            for b in [b for b in self._broken if b < base]:
+                del self._broken[b]
             self._replied_bases = {b for b in self._replied_bases if b >= base}

@@ -52,6 +52,9 @@ class Session(Protocol):
     def raise_async_errors(self) -> None:
         """Raise the first error the host reported for a streamed call, if any."""
 
+    def add_async_error(self, err: ops_pb2.Error) -> None:
+        """An error of a call the app made, to raise at its next read."""
+
     def bind(self, handle: Any) -> None:
         """Have the host bind a persistent tensor's cached blob to its id (first use of
         ``handle``, a ``proxy.Handle``: typed loosely, proxy.py imports this module)."""

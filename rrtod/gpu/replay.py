@@ -9,8 +9,9 @@ Calls run as soon as their inputs are here; each value the app downloads is push
 moment it exists (``Fetched`` with ``seq`` 0 and its id). A call whose result the app needs to
 go on (output shapes that depend on data, recorded with ``want_meta``, or a value such as
 ``item()``) sends its reply as a ``ReplayAnswer`` as soon as it has run. Integer arguments that
-are sizes of this inference's tensors (``SymbolicInt``) are filled in from those tensors, so the
-host runs ahead through a detector's data-dependent head without waiting for the app.
+are sizes of this inference's tensors, or values the app read of them (``SymbolicInt``), are
+filled in from those tensors, so the host runs ahead through a detector's data-dependent head
+without waiting for the app.
 
 A start may join an inference the app began by forwarding (``ReplayStart.position`` and
 ``joined``: the definition reached the shim mid-inference): its first calls are not run, and
@@ -30,7 +31,14 @@ from typing import Any, Protocol
 
 from rrto.v1 import ops_pb2
 from rrtod.executor import ReplayExtension
-from rrtod.wire import SPAN, iter_tensor_refs, released_ids
+from rrtod.wire import (
+    READ_VALUE,
+    SPAN,
+    final_writes,
+    iter_tensor_refs,
+    release_of,
+    released_ids,
+)
 
 Emit = Callable[[ops_pb2.SessionDown], None]
 SRC = ops_pb2.SeqSource
@@ -70,14 +78,15 @@ class Compiled:
     # call reading one waits, for the app can no longer match it (its abort follows)
     gone: set[int] = field(default_factory=set)
     # per call: its symbolic integers, as (path to the Value to set, local index of the tensor,
-    # first dimension, number of dimensions multiplied)
+    # first dimension (READ_VALUE: its value), number of dimensions multiplied)
     symbols: dict[int, list[tuple[list[Any], int, int, int]]] = field(default_factory=dict)
     # calls whose output sizes may follow the data: answered ones, and from ``varies_from`` on
     varying: frozenset[int] = frozenset()
 
 
 def compile_sequence(d: ops_pb2.SequenceDef,
-                     written: Callable[[ops_pb2.OpCall], list[int]] | None = None) -> Compiled:
+                     written: Callable[[ops_pb2.OpCall], list[int]] | None = None,
+                     viewed: Callable[[ops_pb2.OpCall], list[int]] | None = None) -> Compiled:
     """Index a definition for replay; ValueError if it is inconsistent (never trusted blindly:
     a bad definition must fail here, not halfway through an inference). ``written``: the ids
     of arguments a call writes in place without returning them (from the executor)."""
@@ -115,7 +124,8 @@ def compile_sequence(d: ops_pb2.SequenceDef,
         mutates.append(bool(written and written(call)))
         produced.update(call.out_ids)
     outputs = {local[o] for o in d.outputs if o in local}
-    last_writer = {local[r]: k for k, call in enumerate(d.calls) for r in call.out_ids if r in local}
+    # an output is pushed once nothing writes its storage any more (a view of it included)
+    last_writer = final_writes(d, written, viewed)
     pushes: list[list[int]] = [[] for _ in d.calls]
     for i in sorted(outputs):
         pushes[last_writer[i]].append(i)
@@ -125,6 +135,10 @@ def compile_sequence(d: ops_pb2.SequenceDef,
             for i in (bind, produced):
                 if i is not None:
                     last_use[i] = max(last_use.get(i, k), k)
+    for sym in d.symbols:  # a size or value read when that call runs: kept until then
+        if sym.tensor in local and sym.call < len(d.calls):
+            i = local[sym.tensor]
+            last_use[i] = max(last_use.get(i, sym.call), sym.call)
     free_after: list[list[int]] = [[] for _ in d.calls]
     for i, k in last_use.items():
         free_after[k].append(i)
@@ -149,8 +163,9 @@ def compile_sequence(d: ops_pb2.SequenceDef,
                              "call or no tensor of the inference")
         _int_at(d.calls[sym.call], sym)  # the path must lead to an integer
         path = [sym.kwarg if sym.kwarg else sym.arg, *sym.items]
-        symbols.setdefault(sym.call, []).append((path, local[sym.tensor], sym.dim,
-                                                 max(sym.span, 1)))
+        symbols.setdefault(sym.call, []).append(
+            (path, local[sym.tensor], READ_VALUE, 0) if sym.value
+            else (path, local[sym.tensor], sym.dim, max(sym.span, 1)))
         # the tensor must exist when the call runs: made by an earlier call of the inference
         if made_at.get(local[sym.tensor], len(d.calls)) >= sym.call:
             raise ValueError(f"sequence {d.id}: call {sym.call} uses a size of a tensor made "
@@ -286,18 +301,36 @@ class HostReplayer:
             self._abort(frame.abort.position, emit)
 
     def forwarded(self, frame: ops_pb2.SessionUp, emit: Emit) -> None:
-        """A forwarded frame during or after a replay: the calls it may read run first. A
-        release is safe here: the app only holds (and drops) values of calls it has matched,
-        whose inputs have all arrived, so ``_advance`` has run them."""
-        if self.active is not None:
+        """A forwarded frame during or after a replay: the calls it may read run first. The
+        app only holds (and drops) values of calls it has matched, whose inputs have all
+        arrived, so ``_advance`` has run them; but a later call may still take a size or value
+        of one (``SymbolicInt``) while it waits for another input: a release of such a value
+        frees it after that call."""
+        act = self.active
+        if act is not None:
             self._advance(emit)
         kind = frame.WhichOneof("msg")
         if kind == "call":
             self.last = None
         elif kind == "release":
             self._constants_released(frame.release)
+            if act is not None and self.active is act and act.seq.symbols:
+                frame = self._defer_released(act, frame)
         for down in self.handle(frame):
             emit(down)
+
+    def _defer_released(self, act: Active, frame: ops_pb2.SessionUp) -> ops_pb2.SessionUp:
+        """``frame`` (a release) without the values of ``act`` still to be used, which go
+        into ``act.dropped``: freed after their last use."""
+        keep, later = [], False
+        for oid in released_ids(frame.release):
+            i = oid - act.base
+            if 0 <= i < len(act.seq.local) and act.seq.last_use.get(i, -1) >= act.position:
+                act.dropped.add(i)
+                later = True
+            else:
+                keep.append(oid)
+        return ops_pb2.SessionUp(release=release_of(keep)) if later else frame
 
     # ----- internals -----
     def _arg(self, act: Active, arg: ops_pb2.ReplayArg, emit: Emit) -> None:
@@ -341,7 +374,8 @@ class HostReplayer:
             return
         replay = self.replay
         try:
-            compiled = compile_sequence(d, replay.written_ids if replay is not None else None)
+            compiled = compile_sequence(d, replay.written_ids if replay is not None else None,
+                                        replay.viewed_ids if replay is not None else None)
             if (any(compiled.writes) or any(compiled.mutates)) and replay is None:
                 raise ValueError(f"sequence {d.id} writes values in place and this executor "
                                  "cannot snapshot them (it declares no replay extension)")
@@ -368,6 +402,18 @@ class HostReplayer:
             return self.replay.prepare(call)
         except Exception:  # noqa: BLE001 - reported by the generic path at replay time
             return None
+
+    def crashed(self) -> int:
+        """Something raised while a frame was handled: the replay in progress, if any, fails
+        (the caller names its sequence in the error, so the app stops waiting for its pushes
+        and drops it; its remaining arguments are dropped here). 0: none was in progress."""
+        act = self.active
+        if act is None:
+            return 0
+        act.failed = True
+        self._close(act)
+        self.refused = True
+        return act.seq.definition.id
 
     def _finish(self, emit: Emit) -> None:
         act = self.active
@@ -421,9 +467,10 @@ class HostReplayer:
                 downs = self.handle(ops_pb2.SessionUp(call=call))
             for down in downs:
                 what = down.WhichOneof("msg")
-                if what == "error":
+                if what == "error":  # the app may never make this call: it is told where
                     act.failed = True
                     down.error.sequence = act.seq.definition.id
+                    down.error.base_id, down.error.position = act.base, k
                     emit(down)
                     return
                 if what == "result":  # what the app needs to go on: its answer
@@ -449,16 +496,24 @@ class HostReplayer:
         """Put this inference's sizes into call ``k``'s symbolic integers. False (the replay
         failed, reported) when a tensor they name is not there."""
         for path, i, dim, span in act.seq.symbols[k]:
-            shape = self.replay.shape(act.id_of(i)) if self.replay is not None else None
-            if shape is None or dim + span > len(shape):
+            if dim == READ_VALUE:
+                n = self.replay.scalar(act.id_of(i)) if self.replay is not None else None
+            else:
+                shape = self.replay.shape(act.id_of(i)) if self.replay is not None else None
+                n = (None if shape is None or dim + span > len(shape)
+                     else math.prod(shape[dim:dim + span]))
+            if n is None:  # this inference's data took another path: the app will not match
                 act.failed = True
-                emit(_error("REPLAY_FAILED", f"sequence {act.seq.definition.id}, call {k}: "
-                            f"no size {dim} of tensor {act.id_of(i)}", act.seq.definition.id))
+                what = "the value" if dim == READ_VALUE else f"size {dim}"
+                down = _error("REPLAY_FAILED", f"sequence {act.seq.definition.id}, call {k}: "
+                              f"no {what} of tensor {act.id_of(i)}", act.seq.definition.id)
+                down.error.base_id, down.error.position = act.base, k
+                emit(down)
                 return False
             v = call.kwargs[path[0]] if isinstance(path[0], str) else call.args[path[0]]
             for j in path[1:]:
                 v = getattr(v, v.WhichOneof("kind")).items[j]
-            v.i = math.prod(shape[dim:dim + span])
+            v.i = n
         return True
 
     def _constants_released(self, release: ops_pb2.Release) -> None:

@@ -190,10 +190,12 @@ class _PacedReplay:
     def __init__(self, ext: ReplayExtension, run: Callable[..., Any]):
         self.prepare = ext.prepare
         self.written_ids = ext.written_ids
+        self.viewed_ids = ext.viewed_ids
         self.snapshot = ext.snapshot
         self.restore = ext.restore
         self.missing = ext.missing
         self.shape = ext.shape
+        self.scalar = ext.scalar
         self._run_prepared = ext.run_prepared
         self._run = run
 
@@ -290,7 +292,8 @@ class HostSession:
                     self.replayer.forwarded(frame, emit)
             except Exception as exc:  # noqa: BLE001 - reported to the app, logged here
                 log.exception("executor failed", session=self.id)
-                emit(ops_pb2.SessionDown(error=ops_pb2.Error(code="INTERNAL", message=repr(exc))))
+                emit(ops_pb2.SessionDown(error=ops_pb2.Error(
+                    code="INTERNAL", message=repr(exc), sequence=self.replayer.crashed())))
             if framing.TRACING:
                 framing.hop("gpu.work.end")
         self.outbox.flush()

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rrto.v1 import ops_pb2
-from rrtod.wire import iter_tensor_refs
+from rrtod.wire import iter_tensor_refs, scalar_of
 
 Ref = tuple[str, Any]
 # For a live ref: (position of the latest write before the call, output index of that write or
@@ -42,6 +42,9 @@ Read = tuple[int, int, int]
 NO_READ: Read = (-1, -1, -1)
 # The last calls of a snapshot whose ``want_meta`` reply may still be on its way.
 PENDING_REPLIES = 64
+# Values read (and fetches awaiting their reply) kept for the search: a detector's loop reads
+# a few per box.
+MAX_VALUES = 16384
 
 
 @dataclass(slots=True)
@@ -59,6 +62,8 @@ class LoggedCall:
     exact: int = 0  # same operator, non-tensor arguments, input metadata and grad mode
     loose: int = 0  # the same without integers and shapes (module docstring)
     result: ops_pb2.OpResult | None = field(default=None, repr=False)  # a ``want_meta`` reply
+    # output id -> the value the app read of it (a one-element download, ``item()``)
+    values: dict[int, int | float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.exact:  # made by hand with one key: it is both
@@ -92,6 +97,8 @@ class _Built:
     metas: dict[int, bytes] = field(default_factory=dict)
     ranks: dict[int, tuple[str, int]] = field(default_factory=dict)  # id -> (dtype, rank)
     writes: _Writes = field(default_factory=lambda: _Writes())
+    # downloads whose value (if one-element) may not be back yet: (entry, id)
+    unread: list[tuple[LoggedCall, int]] = field(default_factory=list)
 
 
 class _Writes:
@@ -142,6 +149,12 @@ class OpLog:
         self.generation = 0  # bumped when calls are dropped: built entries are then stale
         self.cleared = 0  # how many times ``clear`` emptied the log
         self.results: dict[int, ops_pb2.OpResult] = {}  # call seq -> its ``want_meta`` reply
+        # Values the app read of one-element tensors (store id -> value), for integer arguments
+        # it computes from them (``rrtod.robot.shapes``); the fetches still unanswered.
+        self.values: dict[int, int | float] = {}
+        self._fetching: dict[int, int] = {}  # fetch seq -> store id
+        # A reply the relay saw before the fetch it answers (it logs frames once written up).
+        self._early: dict[int, int | float] = {}  # fetch seq -> value
         self._built: dict[int | None, _Built] = {}
         # ``insert`` changes the lists in the middle: a snapshot (``entries``) must not see half
         # of it. (Appends and truncation keep the generation protocol: the relay's thread.)
@@ -177,6 +190,31 @@ class OpLog:
         elif kind == "fetch":
             self.fetched.append(frame.fetch.id)
             self.fetch_after.append(len(self.calls))
+            early = self._early.pop(frame.fetch.seq, None)
+            if early is not None:
+                self._keep_value(frame.fetch.id, early)
+            elif len(self._fetching) < MAX_VALUES:
+                self._fetching[frame.fetch.seq] = frame.fetch.id
+
+    def record_fetched(self, fetched: ops_pb2.Fetched) -> None:
+        """The host's reply to a fetch: the value, if it is one element (the app read a
+        number). Only those are kept, at most ``MAX_VALUES`` (the oldest go first)."""
+        if len(fetched.tensor.data) > 8:
+            self._fetching.pop(fetched.seq, None)
+            return
+        value = scalar_of(fetched.tensor)
+        tid = self._fetching.pop(fetched.seq, None)
+        if value is None:
+            return
+        if tid is not None:
+            self._keep_value(tid, value)
+        elif len(self._early) < MAX_VALUES:
+            self._early[fetched.seq] = value
+
+    def _keep_value(self, tid: int, value: int | float) -> None:
+        if len(self.values) >= MAX_VALUES:
+            del self.values[next(iter(self.values))]
+        self.values[tid] = value
 
     def insert(self, at: int, fetches: int, calls: list[ops_pb2.OpCall]) -> None:
         """Put ``calls`` into the log at position ``at``, before the ``fetches``-th fetch on:
@@ -222,6 +260,9 @@ class OpLog:
         self.fetched.clear()
         self.fetch_after.clear()
         self.results.clear()
+        self.values.clear()
+        self._fetching.clear()
+        self._early.clear()
         self.truncated = self.recorded = 0
         self.generation += 1
         self.cleared += 1
@@ -237,6 +278,7 @@ class OpLog:
                 generation = self.generation
                 fetched, fetch_after = list(self.fetched), list(self.fetch_after)
                 calls = list(self.calls)
+                values = dict(self.values)
             if generation == self.generation:
                 break
         b = self._built.get(thread)
@@ -254,6 +296,7 @@ class OpLog:
                 entry = writes.producer.get(fetched[f])
                 if entry is not None:
                     entry.downloads.append(fetched[f])
+                    b.unread.append((entry, fetched[f]))
                 f += 1
             return f
 
@@ -293,6 +336,11 @@ class OpLog:
             out.append(entry)
         b.calls, b.after_fetch = stop, after_fetch
         b.fetches = attribute(stop)
+        # The values of downloads (a snapshot may be built before a fetch's reply is back)
+        for entry, oid in b.unread:
+            if oid in values:
+                entry.values[oid] = values[oid]
+        b.unread = [(e, oid) for e, oid in b.unread[-PENDING_REPLIES:] if oid not in e.values]
         return list(out)
 
     def threads(self) -> list[int]:

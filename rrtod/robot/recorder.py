@@ -25,6 +25,7 @@ from rrto.v1 import ops_pb2
 from rrtod.robot.oplog import LoggedCall, OpLog, resolve_reads
 from rrtod.robot.search import Found, SequenceSearch, search_log
 from rrtod.robot.sequences import SequenceStore
+from rrtod.robot.shapes import VALUE
 from rrtod.wire import iter_tensor_refs
 
 log = structlog.get_logger("rrtod.recorder")
@@ -191,7 +192,8 @@ def _add_shapes(d: ops_pb2.SequenceDef, block: list[LoggedCall], found: Found,
             raise ValueError(f"call {i}: a size of tensor {tensor}, which this inference "
                              "does not make")
         where, at, *items = path
-        sym = d.symbols.add(call=i, tensor=tensor, dim=dim, span=span, items=items)
+        sym = (d.symbols.add(call=i, tensor=tensor, value=True, items=items) if dim == VALUE
+               else d.symbols.add(call=i, tensor=tensor, dim=dim, span=span, items=items))
         if where == "kw":
             sym.kwarg = at
         else:
@@ -282,6 +284,10 @@ class Recorder:
         """The host's reply to a call forwarded with ``want_meta`` (its outputs' ids and
         shapes, which the op log needs for that call)."""
         self.log.record_result(result)
+
+    def observe_fetched(self, fetched: ops_pb2.Fetched) -> None:
+        """The host's reply to a fetch: a number the app read is kept for the search."""
+        self.log.record_fetched(fetched)
 
     def observe(self, frame: ops_pb2.SessionUp) -> bool:
         """Log a frame; True when a search is due (the relay then calls ``request_search``;

@@ -267,6 +267,8 @@ class AppRelay:
                     rec.observe_result(frame.result)
                 elif what == "answer" and rec is not None:
                     rec.observe_answer(frame.answer)
+                elif what == "fetched" and rec is not None and frame.fetched.seq:
+                    rec.observe_fetched(frame.fetched)
                 elif what == "replayed":  # for this daemon's op log only
                     if rec is not None:
                         rec.observe_replayed(frame.replayed)

@@ -14,8 +14,10 @@ for every difference, or the candidate is refused:
   another shape, not another dtype or rank: its slot is marked ``any_shape``;
 - an integer argument may differ only where it equals, in every repetition, one size of a
   tensor produced earlier in the same inference, or the product of consecutive sizes (what
-  ``flatten`` passes to ``view``): it becomes a ``SymbolicInt``, which the host
-  fills in from its own tensor and the shim checks against the app's call;
+  ``flatten`` passes to ``view``), or ``int()`` of a one-element tensor of the inference whose
+  value the app read (``interpolate(size=int(h.item()))`` in a pose head's per-box loop): it
+  becomes a ``SymbolicInt``, which the host fills in from its own tensor and the shim checks
+  against the app's call (a read value: against the value the app was given);
 - anything else (a float, a string, an integer no size explains, a call that returns another
   number of tensors, such as ``unbind`` of a count) refuses the candidate: the host could not
   know what the app will pass or how many tensors to name.
@@ -33,13 +35,15 @@ from typing import Any
 
 from rrto.v1 import ops_pb2
 from rrtod.robot.oplog import LoggedCall
-from rrtod.wire import iter_tensor_refs
+from rrtod.wire import READ_VALUE, iter_tensor_refs
 
 # Where an integer sits in a call: ("arg", position, *list indices) or ("kw", name, *indices).
 Path = tuple[Any, ...]
 # The size it equals: (position in the block of the producing call, output index, first
-# dimension, number of consecutive dimensions whose product it is).
+# dimension, number of consecutive dimensions whose product it is); first dimension ``VALUE``:
+# ``int()`` of that one-element output's value, which the app read.
 SizeOf = tuple[int, int, int, int]
+VALUE = READ_VALUE
 # How far back a symbol's tensor is looked for, in calls (a detector's sizes are used close by).
 SCAN_CALLS = 4096
 
@@ -135,10 +139,12 @@ def _walk(v: ops_pb2.Value, vs: list[ops_pb2.Value], path: Path,
 
 def _size_of(log: list[LoggedCall], blocks: list[int], i: int, values: list[int]) -> SizeOf:
     """The nearest size (or product of consecutive sizes) of a tensor made earlier in the
-    block that equals ``values`` (one per repetition) in every repetition."""
+    block, or value the app read of one (``VALUE``), that equals ``values`` (one per
+    repetition) in every repetition."""
     b0 = blocks[0]
     for j in range(i - 1, max(-1, i - 1 - SCAN_CALLS), -1):
-        for o, shape in enumerate(log[b0 + j].out_shapes()):
+        first = log[b0 + j]
+        for o, shape in enumerate(first.out_shapes()):
             for span in range(1, len(shape) + 1):
                 for d in range(len(shape) - span + 1):
                     if math.prod(shape[d:d + span]) != values[0]:
@@ -146,7 +152,20 @@ def _size_of(log: list[LoggedCall], blocks: list[int], i: int, values: list[int]
                     if all(_product(log[b + j], o, d, span) == v
                            for b, v in zip(blocks[1:], values[1:], strict=True)):
                         return (j, o, d, span)
-    raise Unexplained(f"call {i}: an integer argument {values} is no size of this inference")
+        if first.values:
+            for o in range(len(first.outputs)):
+                if all(_read_int(log[b + j], o) == v for b, v in zip(blocks, values, strict=True)):
+                    return (j, o, VALUE, 0)
+    raise Unexplained(f"call {i}: an integer argument {values} is no size of this inference "
+                      "nor a value the app read")
+
+
+def _read_int(e: LoggedCall, o: int) -> int | None:
+    """``int()`` of the value the app read of output ``o`` of ``e`` (None if it read none)."""
+    v = e.values.get(e.outputs[o]) if o < len(e.outputs) else None
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return None
+    return int(v)
 
 
 def _product(e: LoggedCall, o: int, d: int, span: int) -> int | None:

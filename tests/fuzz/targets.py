@@ -24,8 +24,9 @@ shim_down          the shim's replay client for what the host sends it     none 
                    through the robot daemon (SessionDown: sequence,        definition is not
                    pushed outputs, answers, errors) and decode_answer     used; MISS)
 robot_replayed     the robot's recorder for an aborted replay: the host's  none escape (what
-                   answers and ReplayedPrefix into its op log, entries     cannot be rebuilt is
-                   then built (recorder.replayed_calls, OpLog.insert)      not logged)
+                   answers, ReplayedPrefix and fetch replies (values the   cannot be rebuilt is
+                   app read: wire.scalar_of) into its op log, entries      not logged)
+                   then built (recorder.replayed_calls, OpLog.insert)
 =================  =====================================================  ====================
 """
 
@@ -378,6 +379,8 @@ def shim_down(data: bytes) -> None:
             decode_answer(down.answer.result, session, torch.device("cpu"))  # type: ignore[arg-type]
         elif kind == "fetched":
             client.pushed(down.fetched)
+        elif kind == "error" and down.error.base_id:
+            client.broken(down.error)  # as the client routes it
         elif kind == "error" and down.error.sequence:
             client.failed(down.error.sequence)
 
@@ -413,6 +416,11 @@ def robot_replayed(data: bytes) -> None:
             rec.observe_replayed(down.replayed)
         elif kind == "result":
             rec.observe_result(down.result)
+        elif kind == "fetched":  # a fetch's reply (a value the app read), before or after it
+            if fdp.ConsumeBool():
+                rec.observe(ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=down.fetched.seq,
+                                                                  id=fdp.ConsumeIntInRange(1, 64))))
+            rec.observe_fetched(down.fetched)
     rec.observe(ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=1, id=1)))
     rec.log.entries(d.thread)
 

@@ -188,16 +188,20 @@ class BlobQueryReply(_message.Message):
     def __init__(self, missing: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class Error(_message.Message):
-    __slots__ = ("code", "message", "seq", "sequence")
+    __slots__ = ("code", "message", "seq", "sequence", "base_id", "position")
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    BASE_ID_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
     code: str
     message: str
     seq: int
     sequence: int
-    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., seq: _Optional[int] = ..., sequence: _Optional[int] = ...) -> None: ...
+    base_id: int
+    position: int
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., seq: _Optional[int] = ..., sequence: _Optional[int] = ..., base_id: _Optional[int] = ..., position: _Optional[int] = ...) -> None: ...
 
 class SessionOpen(_message.Message):
     __slots__ = ("app", "pid", "uid", "robot", "executor", "memory_quota", "versions")
@@ -368,7 +372,7 @@ class SequenceDef(_message.Message):
     def __init__(self, id: _Optional[int] = ..., calls: _Optional[_Iterable[_Union[OpCall, _Mapping]]] = ..., local_ids: _Optional[_Iterable[int]] = ..., sources: _Optional[_Iterable[_Union[SeqSource, _Mapping]]] = ..., outputs: _Optional[_Iterable[int]] = ..., thread: _Optional[int] = ..., symbols: _Optional[_Iterable[_Union[SymbolicInt, _Mapping]]] = ..., varies_from: _Optional[int] = ...) -> None: ...
 
 class SymbolicInt(_message.Message):
-    __slots__ = ("call", "arg", "kwarg", "items", "tensor", "dim", "span")
+    __slots__ = ("call", "arg", "kwarg", "items", "tensor", "dim", "span", "value")
     CALL_FIELD_NUMBER: _ClassVar[int]
     ARG_FIELD_NUMBER: _ClassVar[int]
     KWARG_FIELD_NUMBER: _ClassVar[int]
@@ -376,6 +380,7 @@ class SymbolicInt(_message.Message):
     TENSOR_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
     SPAN_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
     call: int
     arg: int
     kwarg: str
@@ -383,7 +388,8 @@ class SymbolicInt(_message.Message):
     tensor: int
     dim: int
     span: int
-    def __init__(self, call: _Optional[int] = ..., arg: _Optional[int] = ..., kwarg: _Optional[str] = ..., items: _Optional[_Iterable[int]] = ..., tensor: _Optional[int] = ..., dim: _Optional[int] = ..., span: _Optional[int] = ...) -> None: ...
+    value: bool
+    def __init__(self, call: _Optional[int] = ..., arg: _Optional[int] = ..., kwarg: _Optional[str] = ..., items: _Optional[_Iterable[int]] = ..., tensor: _Optional[int] = ..., dim: _Optional[int] = ..., span: _Optional[int] = ..., value: _Optional[bool] = ...) -> None: ...
 
 class ReplayAnswer(_message.Message):
     __slots__ = ("base_id", "position", "result")
