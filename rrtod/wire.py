@@ -261,6 +261,15 @@ def scalar_of(tensor: ops_pb2.TensorData) -> int | float | None:
     return int(value) if isinstance(value, bool) else value
 
 
+def int_of(value: int | float | None) -> int | None:
+    """``int()`` of a value the app read, as the app computes it (truncation); None for none,
+    or one that is not finite. The search, the host and the shim all derive a
+    ``SymbolicInt.value`` with this, so they agree."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return None
+    return int(value)
+
+
 def final_writes(d: ops_pb2.SequenceDef,
                  written: Callable[[ops_pb2.OpCall], list[int]] | None,
                  viewed: Callable[[ops_pb2.OpCall], list[int]] | None) -> dict[int, int]:

@@ -91,6 +91,17 @@ def forwarded(client: ReplayClient, op: str, arg: ops_pb2.TensorRef, out: int) -
     client.forwarded(call, None)
 
 
+def relu_neg(client: ReplayClient, session: Session, upload: ops_pb2.TensorRef, out: int,
+             reads: int | None = None) -> torch.Tensor:
+    """The app forwards ``relu(upload) -> out`` then ``neg(reads, default out) -> out + 1``;
+    returns the proxy of ``out + 1`` (what its next call, sigmoid, takes)."""
+    forwarded(client, "aten::relu.default", upload, out)
+    forwarded(client, "aten::neg.default", ops_pb2.TensorRef(id=out if reads is None else reads),
+              out + 1)
+    return new_proxy(Handle(session, out + 1), (4,), (1,), 0, torch.float32,
+                     torch.device("cpu"))
+
+
 def test_a_sequence_that_arrives_mid_inference_joins_it_where_the_app_is():
     """The app forwarded relu and neg (ids 500, 501) before the sequence arrived; its next
     call, sigmoid of 501, joins at position 2, naming 501 as the sequence's local 1 (all the
@@ -99,20 +110,16 @@ def test_a_sequence_that_arrives_mid_inference_joins_it_where_the_app_is():
     client = ReplayClient(session)  # type: ignore[arg-type]
     upload = ops_pb2.TensorRef(upload=ops_pb2.TensorData(meta=ops_pb2.TensorMeta(
         dtype="float32", shape=[4], stride=[1])))
-    forwarded(client, "aten::relu.default", upload, 500)
-    forwarded(client, "aten::neg.default", ops_pb2.TensorRef(id=500), 501)
+    x = relu_neg(client, session, upload, 500)
     client.define(chain())
     (seq,) = client.sequences[0]
-    x = new_proxy(Handle(session, 501), (4,), (1,), 0, torch.float32, torch.device("cpu"))
     info = OpInfo(torch.ops.aten.sigmoid.default)
     act, frames = client._join([seq], (x,), {}, info, 0)
     assert act.position == 2 and act.joined == {0: 500, 1: 501} and frames == ()
     assert _read_after(seq, 2, act.joined) == {1: 501}
     # A tail that is not the sequence's dataflow (neg read another value) does not join.
     client.downloaded()
-    forwarded(client, "aten::relu.default", upload, 600)
-    forwarded(client, "aten::neg.default", ops_pb2.TensorRef(id=999), 601)
-    y = new_proxy(Handle(session, 601), (4,), (1,), 0, torch.float32, torch.device("cpu"))
+    y = relu_neg(client, session, upload, 600, reads=999)
     assert client._join([seq], (y,), {}, info, 0) is None
 
 
@@ -124,19 +131,15 @@ def test_forwarded_frames_are_kept_for_a_join_only_up_to_a_bound():
     big = ops_pb2.TensorRef(upload=ops_pb2.TensorData(
         meta=ops_pb2.TensorMeta(dtype="float32", shape=[4], stride=[1]),
         data=bytes(MAX_TAIL_BYTES)))
-    forwarded(client, "aten::relu.default", big, 500)
-    forwarded(client, "aten::neg.default", ops_pb2.TensorRef(id=500), 501)
+    x = relu_neg(client, session, big, 500)
     client.define(chain())
     (seq,) = client.sequences[0]
-    x = new_proxy(Handle(session, 501), (4,), (1,), 0, torch.float32, torch.device("cpu"))
     info = OpInfo(torch.ops.aten.sigmoid.default)
     assert client._join([seq], (x,), {}, info, 0) is None
     client.downloaded()
     small = ops_pb2.TensorRef(upload=ops_pb2.TensorData(
         meta=ops_pb2.TensorMeta(dtype="float32", shape=[4], stride=[1]), data=bytes(16)))
-    forwarded(client, "aten::relu.default", small, 600)
-    forwarded(client, "aten::neg.default", ops_pb2.TensorRef(id=600), 601)
-    y = new_proxy(Handle(session, 601), (4,), (1,), 0, torch.float32, torch.device("cpu"))
+    y = relu_neg(client, session, small, 600)
     joined = client._join([seq], (y,), {}, info, 0)
     assert joined is not None and joined[0].joined == {0: 600, 1: 601}
 

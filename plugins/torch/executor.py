@@ -17,7 +17,6 @@ to stay inside its storage (``bounds``); a view reaching outside is ``BAD_VIEW``
 from __future__ import annotations
 
 import itertools
-import math
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -27,7 +26,7 @@ import torch
 from rrto.v1 import ops_pb2
 from rrtod.executor import ExecutorContext
 from rrtod.gpu.blobstore import BlobError
-from rrtod.wire import BIND_OP, HOST_ID_BASE, hash_of, released_ids
+from rrtod.wire import BIND_OP, HOST_ID_BASE, hash_of, int_of, released_ids
 
 from . import aliasing, codec, sizing
 from .allowlist import Allowlist, OpNotAllowed
@@ -347,8 +346,7 @@ class TorchExecutor:
         t = self.store.get(tid)
         if t is None or t.numel() != 1 or t.is_complex():
             return None
-        v = t.item()
-        return None if isinstance(v, float) and not math.isfinite(v) else int(v)
+        return int_of(t.item())
 
     def restore(self, token: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Write the copies back in place, so views of those tensors see the old values too."""

@@ -42,6 +42,7 @@ from rrtod.wire import (
     REPLAY_BASE,
     SPAN,
     final_writes,
+    int_of,
     iter_tensor_refs,
     scalar_of,
 )
@@ -1027,9 +1028,9 @@ class ReplayClient:
     def _note_value(act: Active, i: int, data: ops_pb2.TensorData) -> None:
         """Keep a value the app read that later steps take as an integer argument
         (``SymbolicInt.value``): those steps match only the integer the app computes from it."""
-        v = scalar_of(data)
-        if v is not None and not (isinstance(v, float) and not math.isfinite(v)):
-            act.values[i] = int(v)
+        n = int_of(scalar_of(data))
+        if n is not None:
+            act.values[i] = n
 
     def _replied(self, oid: int, waited: bool) -> None:
         """A pushed output was read (under the lock). The first one read of an inference is

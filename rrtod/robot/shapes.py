@@ -35,7 +35,7 @@ from typing import Any
 
 from rrto.v1 import ops_pb2
 from rrtod.robot.oplog import LoggedCall
-from rrtod.wire import READ_VALUE, iter_tensor_refs
+from rrtod.wire import READ_VALUE, int_of, iter_tensor_refs
 
 # Where an integer sits in a call: ("arg", position, *list indices) or ("kw", name, *indices).
 Path = tuple[Any, ...]
@@ -162,10 +162,7 @@ def _size_of(log: list[LoggedCall], blocks: list[int], i: int, values: list[int]
 
 def _read_int(e: LoggedCall, o: int) -> int | None:
     """``int()`` of the value the app read of output ``o`` of ``e`` (None if it read none)."""
-    v = e.values.get(e.outputs[o]) if o < len(e.outputs) else None
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return None
-    return int(v)
+    return int_of(e.values.get(e.outputs[o]) if o < len(e.outputs) else None)
 
 
 def _product(e: LoggedCall, o: int, d: int, span: int) -> int | None:
