@@ -482,6 +482,9 @@ def test_a_symbolic_integer_the_host_could_not_fill_in_is_refused():
     assert "not an integer" in refused(call=1, arg=1, tensor=1, dim=0)  # a tensor argument
     assert "no argument" in refused(call=1, arg=9, tensor=1, dim=0)
     assert "no tensor" in refused(call=1, arg=0, tensor=55, dim=0)
+    # the same for a value the app read (``SymbolicInt.value``)
+    assert "made after it" in refused(call=0, arg=2, tensor=1, value=True)
+    assert "not an integer" in refused(call=1, arg=1, tensor=1, value=True)
 
 
 def test_a_start_that_joins_under_way_runs_the_rest_on_the_apps_values():
