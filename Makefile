@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo bench bench-quick bench-detection proto proto-check lint clean fuzz compat compat-venv \
+.PHONY: install test demo bench bench-quick bench-detection bench-chaos proto proto-check lint clean fuzz compat compat-venv \
 	compat-ci
 
 install: $(STAMP)
@@ -32,6 +32,13 @@ bench: install
 
 bench-quick: install
 	$(BIN)/python -m bench --quick $(BENCH_ARGS)
+
+# GPU daemons killed (or stopped: CHAOS_FAULT=stop) under a running app, CHAOS_FAULTS times, with
+# two hosts (bench/chaos.py): app errors and frames differing from local must be 0.
+CHAOS_FAULT ?= kill
+CHAOS_FAULTS ?= 100
+bench-chaos: install
+	$(BIN)/python -m bench.chaos --fault $(CHAOS_FAULT) --faults $(CHAOS_FAULTS) $(BENCH_ARGS)
 
 # Real detection and pose models (bench/detectors.py): torchvision and Ultralytics need the
 # compatibility venv (torch 2.14.1). Local, hand-written offloading and rrto, loopback and

@@ -33,6 +33,11 @@ class _Session:
         self.replay = None
         self.on_read = None
         self.mode = "stream"
+        self.epoch = 0
+        self.released: list[int] = []
+
+    def inference_started(self) -> None:
+        pass
 
 
 def _proxy(session: _Session, oid: int) -> torch.Tensor:

@@ -28,6 +28,7 @@ class Session:
         self.counters: Counter[str] = Counter()
         self.released: list[int] = []
         self.lost: str | None = None
+        self.epoch = 0
         self.sent: list[Any] = []
 
     def send_frames(self, frames: list[Any]) -> None:

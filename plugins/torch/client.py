@@ -21,6 +21,7 @@ import itertools
 import os
 import sys
 import threading
+import time
 import weakref
 from time import thread_time_ns
 from typing import Any
@@ -34,8 +35,10 @@ from rrtod.wire import BIND_OP, content_hash, release_of
 from . import codec, downloads
 from .errors import HostLost, OffloadError, RemoteOpError
 from .fallback import run_local, run_lost, writes_local
+from .journal import Journal, Unrecoverable
 from .metadata import MetaCache, OpInfo, app_device, arg_at, materialize, restride
 from .proxy import Handle, RemoteTensor, new_proxy
+from .reconnect import Reconnect
 from .replay import MISS, ReplayClient
 from .schemas import schema_hash, schema_of
 
@@ -54,6 +57,12 @@ class _Dead:
 
     def flush_marks(self) -> None:
         pass
+
+    def close(self) -> None:
+        pass
+
+    def reopen(self) -> Any:
+        raise OSError("a forked child does not offload")
 
 
 class _Waiter:
@@ -98,6 +107,19 @@ class RemoteSession:
         self.fallback = fallback
         self.device = channel.device
         self.lost: str | None = None
+        # Failover (docs/offloading.md "When the host is lost"): the calls of the open
+        # inferences, the values rebuilt from them after a loss, and the connection number
+        # (``epoch``: a proxy made under an earlier one names a value of a host now gone).
+        self.journal = Journal()
+        self.recovered: dict[int, torch.Tensor] = {}  # by proxy id, of every loss so far
+        self._rebuild_due = False
+        self._lost_at = 0
+        self._recovery_lock = threading.Lock()
+        self.epoch = 0
+        self.stale_released: list[int] = []  # like ``released``, for earlier epochs' ids
+        self._persistent: weakref.WeakSet[Handle] = weakref.WeakSet()
+        self._replay_on = replay
+        self._reconnect = Reconnect(self)
         self.released: list[int] = []
         self._lock = threading.Lock()
         self._seq = 0
@@ -154,6 +176,7 @@ class RemoteSession:
         it must never write to the connection. It continues like a session whose host is lost."""
         self.lost = "this process was forked from the offloading app; its session stays with the parent"
         self.channel = _Dead()
+        self._reconnect.stop()
 
     # -- wire --------------------------------------------------------------------------------
     def _on_down(self, down: ops_pb2.SessionDown) -> None:
@@ -190,7 +213,12 @@ class RemoteSession:
                     self.replay.failed(err.sequence)
 
     def _on_lost(self, reason: str) -> None:
+        if self.lost is not None:
+            return
         self.lost = reason
+        self._rebuild_due = True
+        self._lost_at = time.monotonic_ns()
+        self.counters["hosts_lost"] += 1
         for h in list(self._written.values()):  # their copies are older than the host's
             h.local = None
         waiters = list(self._waiters.values()) + list(self._query_waiters)
@@ -199,6 +227,85 @@ class RemoteSession:
         for w in waiters:
             w.error = HostLost(reason)
             w.event.set()
+        if self.replay is not None:
+            self.replay.wake()
+
+    # -- failover ----------------------------------------------------------------------------
+    def value_after_loss(self, h: Handle) -> torch.Tensor | None:
+        """A proxy's value once its host is gone: the app's copy of a persistent tensor, or
+        the value the journal rebuilds here (once per loss, at the first need); None if
+        neither has it."""
+        if h.local is not None:
+            return h.local
+        self._rebuild()
+        return self.recovered.get(h.id)
+
+    def _rebuild(self) -> None:
+        """Once per loss: the values of the journal's calls, rebuilt here."""
+        with self._recovery_lock:
+            if self._rebuild_due:
+                self._rebuild_due = False
+                try:
+                    self.recovered.update(self.journal.rebuild(set(self._written.keys()),
+                                                               self.recovered))
+                    self.counters["recoveries"] += 1
+                    self.counters["recovered_calls"] += len(self.journal)
+                except Unrecoverable as exc:
+                    self.warn_once("unrecoverable", f"the GPU host was lost and the values of "
+                                   f"this inference cannot be rebuilt here: {exc}")
+                self.journal.clear()
+
+    def inference_started(self) -> None:
+        """A thread's outermost module call (the interceptor's): the journal's window moves;
+        after a loss, rebuilt values the app dropped go, and the way back is tried."""
+        if self.lost is None and not self.recovered:
+            self.journal.begin(self._thread())
+            return
+        if self.recovered:  # rebuilt values of proxies the app dropped since
+            dropped, self.stale_released[:] = list(self.stale_released), []
+            if self.lost is not None:  # (else ``released`` still goes to the host)
+                dropped += self.released
+                self.released[:] = []
+            for i in dropped:
+                self.recovered.pop(i, None)
+        if self.lost is None:
+            self.journal.begin(self._thread())
+        elif self.fallback == "local":
+            self._reconnect.poll()
+
+    def persistent_handles(self) -> list[Handle]:
+        """The live persistent tensors' handles (what a new host must have)."""
+        return list(self._persistent)
+
+    def swap(self, channel: Channel) -> None:
+        """Offload again, through ``channel`` (connected, its blobs offered; ``Reconnect``):
+        a new epoch. Persistent tensors bind again at their next use; every other proxy the
+        app still has is of the lost host, and is sent as its rebuilt value if it has one."""
+        self._rebuild()  # the journal goes with the old epoch
+        with self._lock:
+            old = self.channel
+            self.epoch += 1
+            for h in self.persistent_handles():
+                h.bound, h.epoch = False, self.epoch
+            self.released = []
+            self._seq = 0
+            self._waiters.clear()
+            self._query_waiters.clear()
+            self._async_errors.clear()
+            self._written.clear()
+            for info in self._ops.values():
+                info.probed = False  # the new host checks each operator's schema again
+            self.replay = ReplayClient(self) if self._replay_on else None
+            self.journal.clear()
+            self.device = channel.device
+            self.channel = channel
+            self.lost = None
+            self.counters["reconnects"] += 1
+            self.counters["offline_ns"] += time.monotonic_ns() - self._lost_at
+        try:
+            old.close()
+        except OSError:
+            pass
 
     def submit(self, up: ops_pb2.SessionUp, numbered: bool = False, wait: bool = False,
                query: bool = False) -> Any:
@@ -266,6 +373,8 @@ class RemoteSession:
 
     def flush(self) -> None:
         """Wait until the host has executed everything sent so far; raise its errors."""
+        if self.lost is not None and self.fallback == "local":
+            return  # everything runs here now
         if self.released or self.mode == "stream":
             self.submit(ops_pb2.SessionUp(query=ops_pb2.BlobQuery()), query=True)
         self.raise_async_errors()
@@ -279,7 +388,7 @@ class RemoteSession:
             datas.append(data)
             hashes.append(content_hash(data.meta.dtype, list(data.meta.shape), data.data))
         uniq = list(dict.fromkeys(hashes))
-        if uniq:
+        if uniq and self.lost is None:  # after a loss, a new host is offered them (Reconnect)
             reply = self.submit(ops_pb2.SessionUp(query=ops_pb2.BlobQuery(hashes=uniq)),
                                 query=True)
             missing = set(reply.missing)
@@ -293,6 +402,7 @@ class RemoteSession:
         out = []
         for t, h in zip(tensors, hashes, strict=True):
             handle = Handle(self, next(self._ids), hash=h, local=t.detach())
+            self._persistent.add(handle)
             out.append(RemoteTensor(handle, t.shape, t.stride(), t.storage_offset(), t.dtype,
                                     t.device, requires_grad=t.requires_grad))
         return out
@@ -334,6 +444,17 @@ class RemoteSession:
             return run_lost(self, func, args, kwargs)
         if info.local or (info.writes and writes_local(args, kwargs, info)):
             return run_local(self, func, args, kwargs, info)
+        try:
+            result = self._remote(func, args, kwargs, info)
+        except HostLost:
+            if self.fallback != "local":
+                raise
+            return run_lost(self, func, args, kwargs)  # on the values the journal rebuilds
+        self.journal.add(func, args, kwargs, result)
+        return result
+
+    def _remote(self, func: Any, args: tuple, kwargs: dict, info: OpInfo) -> Any:
+        """Replay the call or forward it to the host."""
         replay = self.replay
         if replay is not None and replay.sequences:
             # The shim's own cost per replayed operator (matching, proxies, input frames), as
@@ -376,6 +497,12 @@ class RemoteSession:
             h = t._rrto_handle
             if h.session is not self:
                 raise OffloadError("WRONG_SESSION", "a tensor of another rrto session was used")
+            if h.epoch != self.epoch:  # made on a host lost since: send its rebuilt value
+                local = self.value_after_loss(h)
+                if local is None:
+                    raise HostLost(f"{self.lost or 'the GPU host was lost'}; the value of a "
+                                   "tensor made before lived on it")
+                return self._encode_tensor(downloads.shape_like(local, t), device)
             if not h.bound:
                 self.bind(h)
             return ops_pb2.TensorRef(id=h.id)

@@ -2,7 +2,8 @@
 
 A value is served from the cheapest place that has it: a persistent tensor never used on the
 host from the app's own copy; a replayed output from what the host pushed during replay (no
-round trip); anything else from one ``Fetch`` round trip. Whatever the source, the app gets a
+round trip); anything else from one ``Fetch`` round trip; once the host is lost, from the values
+the session's journal rebuilds here. Whatever the source, the app gets a
 plain tensor with the proxy's shape and strides, and an error the host reported for a streamed
 call is raised here, at the read that depends on it.
 """
@@ -24,22 +25,37 @@ def read_value(session: Session, proxy: RemoteTensor) -> torch.Tensor:
     h = proxy._rrto_handle
     if not h.bound and h.local is not None:  # persistent, never used remotely: exact copy
         return shape_like(h.local, proxy)
-    if session.lost is not None:
-        raise HostLost(f"{session.lost}; the value of this tensor lived on the GPU host")
+    if session.lost is not None or h.epoch != session.epoch:
+        return _after_loss(session, proxy)
     replay = session.replay
-    if replay is not None and replay.is_replayed(h.id):
-        data = replay.take(h.id)  # pushed by the host during replay: no round trip
-        session.raise_async_errors()
-        if data is not None:
-            session.counters["bytes_down"] += len(data.data)
-            return shape_like(codec.from_tensor_data(data), proxy)
-        if session.lost is not None:
-            raise HostLost(f"{session.lost}; the value of this tensor lived on the GPU host")
-    fetch = ops_pb2.Fetch(id=h.id)
-    reply = session.submit(ops_pb2.SessionUp(fetch=fetch), numbered=True, wait=True)
+    try:
+        if replay is not None and replay.is_replayed(h.id):
+            data = replay.take(h.id)  # pushed by the host during replay: no round trip
+            session.raise_async_errors()
+            if data is not None:
+                session.counters["bytes_down"] += len(data.data)
+                return shape_like(codec.from_tensor_data(data), proxy)
+            if session.lost is not None:
+                return _after_loss(session, proxy)
+        fetch = ops_pb2.Fetch(id=h.id)
+        reply = session.submit(ops_pb2.SessionUp(fetch=fetch), numbered=True, wait=True)
+    except HostLost:
+        if session.fallback != "local":
+            raise
+        return _after_loss(session, proxy)
     session.raise_async_errors()
     session.counters["bytes_down"] += len(reply.tensor.data)
     return shape_like(codec.from_tensor_data(reply.tensor), proxy)
+
+
+def _after_loss(session: Session, proxy: RemoteTensor) -> torch.Tensor:
+    """The host that made ``proxy`` is gone: its value as the journal rebuilt it here."""
+    t = session.value_after_loss(proxy._rrto_handle) if session.fallback == "local" else None
+    if t is None:
+        raise HostLost(f"{session.lost or 'the GPU host was lost'}; the value of this tensor "
+                       "lived on the GPU host")
+    session.counters["rebuilt_reads"] += 1
+    return shape_like(t, proxy)
 
 
 def shape_like(t: torch.Tensor, proxy: torch.Tensor) -> torch.Tensor:

@@ -72,11 +72,10 @@ def _downloaded(session: Session, x: Any, real: dict[int, torch.Tensor]) -> Any:
 
 def _local_copies(session: Session, x: Any, func: Any) -> Any:
     if isinstance(x, RemoteTensor):
-        h = x._rrto_handle
-        if h.local is None:
-            raise HostLost(f"{session.lost}; the value of a tensor used by "
+        t = session.value_after_loss(x._rrto_handle)
+        if t is None:
+            raise HostLost(f"{session.lost or 'the GPU host was lost'}; the value of a tensor used by "
                            f"{func} lived on the GPU host")
-        t = h.local
         return t if tuple(t.shape) == tuple(x.shape) else t.view(x.shape)
     if isinstance(x, (list, tuple)):
         return type(x)(_local_copies(session, v, func) for v in x)

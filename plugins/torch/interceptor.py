@@ -164,6 +164,7 @@ class TorchInterceptor:
             self._close(open_)
         self._tls.counters = self._counters()
         self._tls.start = time.monotonic_ns()
+        self.session.inference_started()
 
     def _counters(self) -> tuple[int, ...]:
         """The session's counts that ``stats()["by_inference"]`` gives per inference

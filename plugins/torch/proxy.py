@@ -24,7 +24,7 @@ class Handle:
     """One tensor in the host's store. ``hash``/``local``: a persistent tensor's content hash and
     the app's original copy (served for reads before first use, and used when the host is lost)."""
 
-    __slots__ = ("id", "session", "hash", "local", "bound", "__weakref__")
+    __slots__ = ("id", "session", "hash", "local", "bound", "epoch", "__weakref__")
 
     def __init__(self, session: Session, id: int, hash: bytes | None = None,
                  local: torch.Tensor | None = None):
@@ -33,12 +33,14 @@ class Handle:
         self.hash = hash
         self.local = local
         self.bound = hash is None  # a persistent tensor is bound to its id at first use
+        self.epoch = session.epoch  # the connection it was made under (client.swap)
 
     def __del__(self) -> None:
         # Runs in any thread, possibly while the session's send lock is held: only append.
         try:
             if self.bound:
-                self.session.released.append(self.id)
+                s = self.session
+                (s.released if self.epoch == s.epoch else s.stale_released).append(self.id)
         except Exception:  # interpreter shutdown
             pass
 

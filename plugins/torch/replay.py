@@ -468,6 +468,15 @@ class ReplayClient:
         self._mismatch(act)
         return True
 
+    def wake(self) -> None:
+        """The host is gone: every download or answer waiting for it stops waiting now (it
+        finds nothing, and is served from the journal: ``RemoteSession.value_after_loss``)."""
+        with self._lock:
+            waiting = list(self._waiting.values())
+            self._waiting.clear()
+        for event in waiting:
+            event.set()
+
     def failed(self, seq_id: int) -> None:
         """The host could not replay ``seq_id`` (an operator failed, or it lost the sequence):
         stop using it and wake every download waiting for a push, which then fetches the usual
@@ -767,6 +776,8 @@ class ReplayClient:
         waited = False
         with self._lock:
             reply = self._answers.pop(key, None)
+            if reply is None and self.session.lost is not None:
+                return MISS
             if reply is None:
                 event = self._waiting.setdefault(key, threading.Event())
         if reply is None:
@@ -1009,8 +1020,8 @@ class ReplayClient:
                 if act is not None and i in act.seq.valued:
                     self._note_value(act, i, data)
                 return data
-            if not self._expects(oid):
-                return None
+            if not self._expects(oid) or self.session.lost is not None:
+                return None  # (a loss set ``lost`` before waking the waits: ``wake``)
             event = self._waiting.setdefault(oid, threading.Event())
         self.session.release_now(RELEASE_EARLY_AT)  # the host is still computing: help it
         while not event.wait(0.5):

@@ -35,6 +35,8 @@ class Session(Protocol):
     # ``Handle.__del__`` in any thread, possibly while the send lock is held: only append.
     released: list[int]
     lost: str | None  # why the connection to the host is gone; None while it is up
+    epoch: int  # the connection's number: a new host after a loss is a new epoch
+    stale_released: list[int]  # like ``released``, for the ids of earlier epochs
     fallback: str  # "local": run here what the host cannot; "error": raise instead
     replay: PushedOutputs | None
 
@@ -62,6 +64,10 @@ class Session(Protocol):
     # -- operators and values -----------------------------------------------------------------
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """Run one aten operator on proxies (``RemoteTensor.__torch_dispatch__``)."""
+
+    def value_after_loss(self, handle: Any) -> torch.Tensor | None:
+        """A proxy's value once its host is lost (the app's copy, or rebuilt by the journal);
+        None when there is none."""
 
     def persist(self, tensors: list[torch.Tensor]) -> list[Any]:
         """Proxies for new persistent tensors (offered by hash, uploaded if missing)."""

@@ -16,14 +16,21 @@ from .interceptor import TorchInterceptor
 def loopback(state_dir: Path, mode: str = "stream", fallback: str = "local",
              memory_quota: int = 1 << 30, allow_extra: tuple[str, ...] = (),
              deny: tuple[str, ...] = (), blobs: BlobStore | None = None,
-             cache_bytes: int = 1 << 30) -> TorchInterceptor:
+             cache_bytes: int = 1 << 30, takeover: bool = False,
+             replay: bool = True) -> TorchInterceptor:
     """An installed interceptor whose host is a ``TorchExecutor`` in this process.
-    ``interceptor.session.channel.executor`` is the host; call ``uninstall()`` when done."""
+    ``interceptor.session.channel.executor`` is the host; call ``uninstall()`` when done.
+    ``takeover``: after the host is lost, a new host (a new executor with an empty weight
+    cache) takes the session when it reconnects."""
     from . import make_interceptor
 
-    ctx = ExecutorContext(
-        device="auto", memory_quota=memory_quota, allow_extra=allow_extra, deny=deny,
-        blobs=blobs if blobs is not None else BlobStore(Path(state_dir) / "blobs", cache_bytes),
-        state_dir=Path(state_dir),
-    )
-    return make_interceptor(LoopbackChannel(TorchExecutor(ctx)), mode=mode, fallback=fallback)
+    def executor(name: str, blobs: BlobStore | None) -> TorchExecutor:
+        return TorchExecutor(ExecutorContext(
+            device="auto", memory_quota=memory_quota, allow_extra=allow_extra, deny=deny,
+            blobs=blobs if blobs is not None else BlobStore(Path(state_dir) / name, cache_bytes),
+            state_dir=Path(state_dir)))
+
+    hosts = iter(range(1, 1 << 30))
+    reopen = (lambda: executor(f"blobs-{next(hosts)}", None)) if takeover else None
+    return make_interceptor(LoopbackChannel(executor("blobs", blobs), reopen=reopen),
+                            mode=mode, fallback=fallback, replay=replay)

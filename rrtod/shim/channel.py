@@ -42,6 +42,10 @@ class Channel(Protocol):
         ...
     def flush_marks(self) -> None: ...
     def close(self) -> None: ...
+    def reopen(self) -> Channel:
+        """A new connection like this one, not started (after the host was lost: the
+        daemon picks a host that is up). Raises ``OSError`` (``NoHost``) if there is none."""
+        ...
 
 
 class NoHost(ConnectionError):
@@ -76,6 +80,7 @@ class SocketChannel:
 
     def __init__(self, path: str, app: str, pid: int, argv: list[str], executor: str = "torch",
                  timeout: float = 10.0, versions: dict[str, str] | None = None):
+        self._hello = (path, app, pid, argv, executor, timeout, versions)
         self.sock = FramedSocket(path, timeout=timeout)
         try:
             self.sock.send(local_pb2.LocalRequest(app_hello=local_pb2.AppHello(
@@ -168,13 +173,18 @@ class SocketChannel:
         self._closed = True
         self.sock.close()
 
+    def reopen(self) -> SocketChannel:
+        return SocketChannel(*self._hello)
+
 
 class LoopbackChannel:
     """Feeds frames straight into an executor in this process (unit tests, benchmarks)."""
 
     def __init__(self, executor, app: str = "loopback",
-                 versions: dict[str, str] | None = None) -> None:
+                 versions: dict[str, str] | None = None, reopen: Any = None) -> None:
         self.executor = executor
+        self._reopen = reopen  # () -> a new executor: the host that takes over after a loss
+        self._hello = (app, versions)
         ready = executor.open(ops_pb2.SessionOpen(app=app, executor="torch", versions=versions))
         self.session, self.device, self.host = ready.session, ready.device, "loopback"
         self.marks: list[tuple[int, int, int]] = []
@@ -208,3 +218,8 @@ class LoopbackChannel:
 
     def close(self) -> None:
         self.executor.close()
+
+    def reopen(self) -> LoopbackChannel:
+        if self._reopen is None:
+            raise ConnectionError("no host to take over")
+        return LoopbackChannel(self._reopen(), *self._hello, reopen=self._reopen)

@@ -8,7 +8,10 @@ the session's operator count; ``--thread`` runs the inferences in a thread the a
 ``--hold-mid`` waits for a line after the first half of the inferences (a test stops the GPU
 host there); ``--dump FILE`` writes every output's values as JSON (for the transformer's tolerance check);
 ``--runs N`` runs N inferences instead of the app's default; ``--pace MS`` sleeps MS after each
-inference, as a sensor-paced robot loop does.
+inference, as a sensor-paced robot loop does; ``--until-stdin`` goes on after those until a line
+arrives on stdin (a camera loop that a test stops once it has seen what it waits for);
+``--times FILE`` writes, per inference, its start (CLOCK_MONOTONIC, comparable across processes)
+and its seconds from the model call to the last output read, as JSON.
 """
 
 from __future__ import annotations
@@ -61,25 +64,34 @@ def main(build: Callable[[], torch.nn.Module], make_input: Callable[[int], Any],
     lines: list[str] = []
 
     dumped: dict[str, list] = {}
+    times: list[tuple[float, float]] = []  # per inference: start (CLOCK_MONOTONIC), seconds
+
+    stop = threading.Event()
+    if "--until-stdin" in argv:  # at least ``runs`` inferences, then until a line arrives
+        threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
 
     def infer() -> None:
-        for i in range(runs):
+        i = 0
+        while i < runs or ("--until-stdin" in argv and not stop.is_set()):
             if "--hold-mid" in argv and i == runs // 2:
                 print("\n".join(lines), flush=True)
                 lines.clear()
                 print("HOLD", flush=True)
                 sys.stdin.readline()
             x = make_input(i)
+            began = time.monotonic()
             with MODES[mode]():
                 out = model(*x) if isinstance(x, tuple) else model(x)
                 if post is not None:
                     out = post(out)
             lines.extend(describe(i, out))
+            times.append((began, time.monotonic() - began))
             if "--pace" in argv:  # a sensor-paced loop: ms between inferences
                 time.sleep(float(argv[argv.index("--pace") + 1]) / 1000)
             if "--dump" in argv:
                 for k, t in enumerate(flat(out)):
                     dumped[f"{i}:{k}"] = t.detach().double().flatten().tolist()
+            i += 1
 
     if "--thread" in argv:
         t = threading.Thread(target=infer)
@@ -91,6 +103,9 @@ def main(build: Callable[[], torch.nn.Module], make_input: Callable[[int], Any],
     if "--dump" in argv:
         with open(argv[argv.index("--dump") + 1], "w") as f:
             json.dump(dumped, f)
+    if "--times" in argv:
+        with open(argv[argv.index("--times") + 1], "w") as f:
+            json.dump(times, f)
     if "--hold" in argv:
         print("HOLD", flush=True)
         sys.stdin.readline()

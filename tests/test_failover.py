@@ -1,0 +1,222 @@
+"""A lost GPU host costs the app no error (plugins/torch/journal.py, reconnect.py): the open
+inference's values are rebuilt here from the journal, later inferences run here, and the
+session goes back to offloading once a host takes it again. Never a wrong value: what cannot
+be rebuilt raises ``HostLost`` as before. Every result is compared with local execution."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from rrto_plugins.torch.errors import HostLost
+from rrto_plugins.torch.proxy import RemoteTensor
+from rrto_plugins.torch.testing import loopback
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4)).eval()
+
+
+class LoseMidway(nn.Module):
+    """Loses the host in the middle of the forward, then keeps computing on the proxies made
+    before (one call waits for the host: ``nonzero``'s size follows the data)."""
+
+    def __init__(self, lose) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 4)
+        self.lose = lose
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x).relu()
+        if self.lose is not None:
+            self.lose()
+        keep = (h > 0.1).nonzero()
+        return self.b(h) + keep.shape[0]
+
+
+def test_the_open_inference_is_rebuilt_here_when_the_host_is_lost(tmp_path):
+    m, x = mlp(), torch.randn(2, 8)
+    with torch.no_grad():
+        ref = m(x)
+    itc = loopback(tmp_path)
+    try:
+        with torch.no_grad():
+            y = m(x)
+            z = y.softmax(-1)  # computed on the host after the module returned
+        assert isinstance(z, RemoteTensor)
+        itc.session.channel.lose("GPU host vanished")
+        assert torch.equal(y.cpu(), ref)
+        assert torch.equal(z.cpu(), ref.softmax(-1))
+        with torch.no_grad():  # later inferences run here, on the app's copies of the weights
+            again = m(x)
+        assert type(again) is torch.Tensor and torch.equal(again, ref)
+        c = itc.session.counters
+        assert c["hosts_lost"] == 1 and c["recoveries"] == 1 and c["rebuilt_reads"] == 2
+    finally:
+        itc.uninstall()
+
+
+def test_a_host_lost_in_the_middle_of_a_forward_is_no_error(tmp_path):
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        ref = LoseMidway(None)(x)
+    itc = loopback(tmp_path)
+    try:
+        m = LoseMidway(lambda: itc.session.channel.lose("GPU host vanished"))
+        with torch.no_grad():
+            y = m(x)
+        assert type(y) is torch.Tensor and torch.equal(y, ref)
+    finally:
+        itc.uninstall()
+
+
+def test_a_value_from_before_the_kept_window_raises_never_a_wrong_value(tmp_path):
+    m, x = mlp(), torch.randn(2, 8)
+    itc = loopback(tmp_path)
+    try:
+        with torch.no_grad():
+            old = m(x) * 2
+            for _ in range(3):  # the journal keeps this inference and the one before
+                m(x).cpu()
+        itc.session.channel.lose("GPU host vanished")
+        with pytest.raises(HostLost, match="lived on the GPU host"):
+            old.cpu()
+    finally:
+        itc.uninstall()
+
+
+def test_a_value_kept_from_the_previous_inference_is_rebuilt(tmp_path):
+    m, x0, x1 = mlp(), torch.randn(2, 8), torch.randn(2, 8)
+    with torch.no_grad():
+        ref0, ref1 = m(x0), m(x1)
+    itc = loopback(tmp_path)
+    try:
+        with torch.no_grad():
+            last = m(x0)  # a tracker's previous result, read after the next inference
+            now = m(x1)
+        itc.session.channel.lose("GPU host vanished")
+        assert torch.equal(now.cpu(), ref1) and torch.equal(last.cpu(), ref0)
+    finally:
+        itc.uninstall()
+
+
+def test_an_input_changed_in_place_since_it_was_sent_is_not_trusted(tmp_path):
+    m, frame = mlp(), torch.randn(2, 8)
+    itc = loopback(tmp_path)
+    try:
+        with torch.no_grad():
+            y = m(frame)
+            frame.add_(1.0)  # a reused frame buffer, already holding the next frame
+        itc.session.channel.lose("GPU host vanished")
+        with pytest.raises(HostLost):
+            y.cpu()
+    finally:
+        itc.uninstall()
+
+
+def test_fallback_error_raises_host_lost(tmp_path):
+    m, x = mlp(), torch.randn(2, 8)
+    itc = loopback(tmp_path, fallback="error")
+    try:
+        with torch.no_grad():
+            y = m(x)
+        itc.session.channel.lose("GPU host vanished")
+        with pytest.raises(HostLost, match="GPU host vanished"):
+            y.cpu()
+    finally:
+        itc.uninstall()
+
+
+def _until_offloading(itc, m: nn.Module, x: torch.Tensor, ref: torch.Tensor) -> int:
+    """Infer until a new host took the session; every result must equal ``ref``."""
+    deadline = time.monotonic() + 30
+    n, before = 0, itc.session.counters["reconnects"]
+    while itc.session.counters["reconnects"] == before:
+        assert time.monotonic() < deadline, itc.session._reconnect.last_error
+        with torch.no_grad():
+            y = m(x)
+        assert torch.equal(y.cpu() if isinstance(y, RemoteTensor) else y, ref)
+        n += 1
+        time.sleep(0.01)
+    return n
+
+
+def test_the_session_goes_back_to_offloading_on_a_new_host(tmp_path):
+    """A new host with an empty weight cache takes the session: the weights are offered and
+    uploaded in the background, then inferences are offloaded again; a proxy of the lost
+    host the app still holds is sent as its rebuilt value."""
+    m, x = mlp(), torch.randn(2, 8)
+    with torch.no_grad():
+        ref = m(x)
+    itc = loopback(tmp_path, takeover=True)
+    try:
+        with torch.no_grad():
+            kept = m(x)
+        first = itc.session.channel.executor
+        itc.session.channel.lose("GPU host vanished")
+        _until_offloading(itc, m, x, ref)
+        s = itc.session
+        assert s.channel.executor is not first and s.lost is None and s.epoch == 1
+        calls = s.counters["calls"]
+        with torch.no_grad():
+            y = m(x)
+            both = y + kept  # ``kept`` is of the lost host: its rebuilt value is uploaded
+        assert isinstance(y, RemoteTensor) and s.counters["calls"] > calls
+        assert torch.equal(y.cpu(), ref) and torch.equal(both.cpu(), ref + ref)
+        assert s.counters["blob_bytes_up"] > 0  # the new host had none of the weights
+        # and it can be lost again, and taken over again
+        s.channel.lose("second host vanished")
+        assert torch.equal(y.cpu(), ref)
+        _until_offloading(itc, m, x, ref)
+        assert s.epoch == 2
+    finally:
+        itc.uninstall()
+
+
+def test_a_weight_only_the_lost_host_had_keeps_the_session_local(tmp_path):
+    """A weight written on the host (``fill_``) has no value here after the loss: using it
+    raises, and the session never offers the new host a stale copy."""
+    m, x = mlp(), torch.randn(2, 8)
+    itc = loopback(tmp_path, takeover=True)
+    try:
+        with torch.no_grad():
+            m(x).cpu()
+            m[2].bias.fill_(0.25)
+            for _ in range(3):
+                m(x).cpu()
+            itc.session.channel.lose("GPU host vanished")
+            for _ in range(3):
+                with pytest.raises(HostLost, match="lived on the GPU host"):
+                    m(x)
+                time.sleep(0.05)
+        assert itc.session.counters["reconnects"] == 0
+        assert "only value" in (itc.session._reconnect.last_error or "")
+    finally:
+        itc.uninstall()
+
+
+def test_the_new_host_frees_what_the_app_drops_while_old_values_are_kept(tmp_path):
+    """With rebuilt values of the lost host still held, the new host is still told of every
+    proxy the app drops: its tensors do not pile up from one inference to the next."""
+    m, x = mlp(), torch.randn(2, 8)
+    itc = loopback(tmp_path, takeover=True)
+    try:
+        with torch.no_grad():
+            kept = m(x)
+        itc.session.channel.lose("GPU host vanished")
+        assert torch.equal(kept.cpu(), m(x))  # rebuilt: kept stays in ``recovered``
+        _until_offloading(itc, m, x, m(x))
+        live = []
+        for _ in range(6):
+            with torch.no_grad():
+                m(x).cpu()
+            live.append(itc.session.channel.executor.stats()["tensors"])
+        assert live[-1] == live[2], live
+        assert itc.session.recovered  # and the old value is still there
+    finally:
+        itc.uninstall()

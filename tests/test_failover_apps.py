@@ -1,0 +1,108 @@
+"""A GPU daemon killed under a running, unmodified app (tests/apps under ``rrto-run``, real
+robot and GPU daemons): the app sees no error, prints exactly what local execution prints, and
+offloads again when a host takes it (the same one restarted, or another one). See
+tests/test_failover.py for the shim's parts in process."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from testkit.apps import APPS, DAEMON_ENV, app_env, shim_stats
+from testkit.daemons import BIN, TEST_DEFAULTS, Launcher, free_port
+
+APP = "small_cnn"
+LOOP = ("--runs", "30", "--pace", "10", "--until-stdin")  # a paced loop the test stops
+
+
+def run_local(runs: int) -> str:
+    out = subprocess.run([sys.executable, str(APPS / f"{APP}.py"), "--runs", str(runs)],
+                         env=app_env(), cwd=APPS, capture_output=True, text=True, timeout=300,
+                         check=True)
+    return out.stdout
+
+
+def start_app(robot: Any) -> subprocess.Popen[str]:
+    env = app_env(OMP_WAIT_POLICY="PASSIVE", RRTO_STATS="1", RRTO_FALLBACK="local")
+    env.update(robot.env)
+    return subprocess.Popen([str(BIN / "rrto-run"), "--", sys.executable,
+                             str(APPS / f"{APP}.py"), *LOOP], env=env, cwd=APPS,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def gpu_daemon(launcher: Launcher, name: str, port: int) -> Any:
+    return launcher.start(name, roles=["gpu"], listen=f"127.0.0.1:{port}", **TEST_DEFAULTS)
+
+
+def offloading(robot: Any, host: str, inferences: int, app: subprocess.Popen[str]) -> None:
+    """Wait until the app's session on ``host`` has run ``inferences`` (replayed by then)."""
+    robot.wait_for(lambda s: app.poll() is not None or any(
+        x["host"] == host and x["inferences"] >= inferences for x in s["sessions"]),
+        timeout=120, what=f"{inferences} inferences offloaded to {host}")
+    assert app.poll() is None, app.communicate()[1][-3000:]
+
+
+def kill(gpu: Any) -> None:
+    gpu.proc.send_signal(signal.SIGKILL)
+    gpu.proc.wait(10)
+
+
+def finish(app: subprocess.Popen[str]) -> tuple[str, dict]:
+    """Stop the loop; the app's output must be what local execution prints."""
+    out, err = app.communicate("stop\n", timeout=300)
+    assert app.returncode == 0, err[-3000:]
+    stats = shim_stats(err)
+    assert stats, err[-3000:]
+    runs = stats["inferences"]
+    assert out == run_local(runs), f"{runs} inferences differ from local"
+    return out, stats
+
+
+def test_a_killed_host_that_restarts_takes_the_app_back_with_no_error():
+    port = free_port()
+    with Launcher(extra_env=DAEMON_ENV) as launcher:
+        gpu = gpu_daemon(launcher, "gpu", port)
+        robot = launcher.start("robot", roles=["robot"],
+                               hosts=[{"name": "gpu", "address": f"127.0.0.1:{port}"}],
+                               **TEST_DEFAULTS)
+        app = start_app(robot)
+        offloading(robot, "gpu", 10, app)
+        kill(gpu)
+        lost_at = time.monotonic()
+        gpu_daemon(launcher, "gpu-again", port)  # the same address: the host comes back
+        robot.wait_for(lambda s: s["hosts"][0]["state"] == "up", timeout=30, what="host up")
+        offloading(robot, "gpu", 1, app)
+        took = time.monotonic() - lost_at
+        offloading(robot, "gpu", 10, app)  # and it replays there again
+        _, stats = finish(app)
+        assert stats["hosts_lost"] == 1 and stats.get("reconnects") == 1, stats
+        done = robot.wait_for(lambda s: not s["sessions"], what="sessions closed")["finished"]
+        assert done["sessions"] == 2 and done["inferences"] >= 20
+        print(f"offloading again {took:.2f} s after the kill (restart included), the shim "
+              f"offline {stats['offline_s']:.2f} s")
+
+
+def test_a_killed_host_fails_the_app_over_to_another_host():
+    ports = free_port(), free_port()
+    with Launcher(extra_env=DAEMON_ENV) as launcher:
+        gpus = [gpu_daemon(launcher, f"gpu{k}", p) for k, p in enumerate(ports)]
+        robot = launcher.start(
+            "robot", roles=["robot"], balancer="first-up",
+            hosts=[{"name": f"gpu{k}", "address": f"127.0.0.1:{p}"} for k, p in enumerate(ports)],
+            **TEST_DEFAULTS)
+        robot.wait_for(lambda s: all(h["state"] == "up" for h in s["hosts"]), what="hosts up")
+        app = start_app(robot)
+        offloading(robot, "gpu0", 10, app)
+        kill(gpus[0])
+        lost_at = time.monotonic()
+        offloading(robot, "gpu1", 1, app)
+        took = time.monotonic() - lost_at
+        offloading(robot, "gpu1", 10, app)
+        _, stats = finish(app)
+        assert stats["hosts_lost"] == 1 and stats.get("reconnects") == 1, stats
+        print(f"offloading on the other host {took:.2f} s after the kill, the shim offline "
+              f"{stats['offline_s']:.2f} s")
