@@ -74,6 +74,8 @@ class Chaos:
                 hosts=[{"name": f"gpu{k}", "address": f"127.0.0.1:{p}"}
                        for k, p in enumerate(self.ports)], **TEST_DEFAULTS)
             env = app_env(OMP_WAIT_POLICY="PASSIVE", RRTO_STATS="1", RRTO_FALLBACK="local")
+            if a.deadline_ms:
+                env["RRTO_DEADLINE_MS"] = str(a.deadline_ms)
             env.update(robot.env)
             app = subprocess.Popen(
                 [str(BIN / "rrto-run"), "--", sys.executable, str(APPS / f"{a.app}.py"),
@@ -168,6 +170,7 @@ class Chaos:
             "frames_differing_from_local": differ,
             "hosts_lost": stats.get("hosts_lost", 0), "reconnects": stats.get("reconnects", 0),
             "recoveries": stats.get("recoveries", 0),
+            "deadline_ms": a.deadline_ms, "deadline_misses": stats.get("deadline_misses", 0),
             "offline_s_mean": round(stats.get("offline_s", 0.0) / max(1, stats.get(
                 "reconnects", 0)), 3),
             "p50_ms": round(median * 1e3, 2), "p99_ms": round(q[98] * 1e3, 2),
@@ -198,6 +201,7 @@ def render(r: dict[str, Any]) -> str:
         f"| losses / reconnects / rebuilt inferences (shim) | {r['hosts_lost']} / "
         f"{r['reconnects']} / {r['recoveries']} |",
         f"| offline per loss, mean | {r['offline_s_mean']} s |",
+        f"| deadline ({r['deadline_ms']} ms) misses | {r['deadline_misses']} |",
         f"| latency p50 / p99 | {r['p50_ms']} / {r['p99_ms']} ms |",
         f"| extra latency of the faulted inference, median / worst | "
         f"{statistics.median(extra) if extra else '-'} / {r['worst_extra_ms']} ms |",
@@ -214,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--settle", type=int, default=5,
                    help="inferences on a host before it is faulted")
     p.add_argument("--stall", type=float, default=3.0, help="seconds a stopped host stays stopped")
+    p.add_argument("--deadline-ms", type=float, default=None,
+                   help="the app's intercept.deadline_ms (RRTO_DEADLINE_MS)")
     p.add_argument("--out", type=Path, default=RESULTS)
     a = p.parse_args(argv)
     r = Chaos(a).run()

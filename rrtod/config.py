@@ -170,6 +170,9 @@ class InterceptConfig(_Section):
     mode: Literal["stream", "sync"] = "stream"  # sync: wait for every call (Cricket semantics)
     fallback: Literal["local", "error"] = "local"  # no daemon or host: run locally, or raise
     replay: bool = True  # record/replay: one request per inference once the sequence is found
+    # ms from an inference's start after which its waits for the host give up and the shim
+    # computes the rest here (fallback: local); None: wait as long as the host is up
+    deadline_ms: float | None = Field(default=None, gt=0, le=3_600_000)
 
 
 class ExecutorConfig(_Section):

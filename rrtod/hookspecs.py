@@ -81,10 +81,11 @@ class Interceptor(Protocol):
 
 class InterceptorFactory(Protocol):
     """``InterceptionBackend.factory``, called in the app process once the framework is
-    imported, with the shim's settings (``intercept.mode``/``fallback``/``replay``)."""
+    imported, with the shim's settings (``intercept.mode``/``fallback``/``replay``/
+    ``deadline_ms``)."""
 
     def __call__(self, channel: Channel, *, mode: str, fallback: str,
-                 replay: bool) -> Interceptor: ...
+                 replay: bool, deadline_ms: float | None) -> Interceptor: ...
 
 
 class ExecutorFactory(Protocol):
@@ -296,7 +297,7 @@ class Specs:
     @hookspec
     def rrto_interception_backends(self) -> list[InterceptionBackend]:
         """Operator interception for an app framework, picked by ``intercept.backend`` (shim)
-        and ``executor.backend`` (GPU daemon). ``factory(channel, mode=, fallback=, replay=)``
+        and ``executor.backend`` (GPU daemon). ``factory(channel, mode=, fallback=, replay=, deadline_ms=)``
         -> ``Interceptor``; ``executor(ctx)`` -> ``Executor``.
 
         Example, a backend whose host executor only counts calls::

@@ -220,3 +220,104 @@ def test_the_new_host_frees_what_the_app_drops_while_old_values_are_kept(tmp_pat
         assert itc.session.recovered  # and the old value is still there
     finally:
         itc.uninstall()
+
+
+class Stallable:
+    """A host that can stall: frames are held (not lost) until ``resume``."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.session, self.host, self.device = inner.session, inner.host, inner.device
+        self.executor = inner.executor
+        self.held: list = []
+        self.stalled = False
+
+    def start(self, on_down, on_lost) -> None:
+        self.inner.start(on_down, on_lost)
+
+    def send(self, frames) -> None:
+        if self.stalled:
+            self.held.append(list(frames))
+        else:
+            self.inner.send(frames)
+
+    def resume(self) -> None:
+        self.stalled = False
+        held, self.held = self.held, []
+        for frames in held:
+            self.inner.send(frames)
+
+    def mark(self, *a) -> None:
+        self.inner.mark(*a)
+
+    def flush_marks(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def reopen(self):
+        return self.inner.reopen()
+
+
+class Nonzero(nn.Module):
+    """A head whose output size follows the data (its call waits for the host's answer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(2)
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        return h[h > 0] * 2
+
+
+def test_an_inference_past_its_deadline_is_finished_here_and_the_next_is_offloaded(tmp_path):
+    m, x = mlp(), torch.randn(2, 8)
+    with torch.no_grad():
+        ref = m(x)
+    itc = loopback(tmp_path, channel=Stallable, deadline_ms=50)
+    ch, s = itc.session.channel, itc.session
+    try:
+        with torch.no_grad():
+            for _ in range(2):
+                assert torch.equal(m(x).cpu(), ref)
+            ch.stalled = True
+            t0 = time.monotonic()
+            y = m(x)
+            assert isinstance(y, RemoteTensor) and torch.equal(y.cpu(), ref)
+            waited = time.monotonic() - t0
+            assert s.counters["deadline_misses"] == 1 and waited < 30
+            y.add_(1.0)  # written here, after the deadline: the host's copy is older now
+            ch.resume()  # the late replies arrive, and are dropped
+            calls = s.counters["calls"]
+            z = m(x)
+            both = z + y  # y is sent as its value here
+            assert isinstance(z, RemoteTensor) and s.counters["calls"] > calls
+            assert torch.equal(z.cpu(), ref) and torch.equal(both.cpu(), ref + ref + 1)
+            assert s.counters["deadline_misses"] == 1 and s.lost is None
+    finally:
+        itc.uninstall()
+
+
+def test_a_late_answer_with_host_made_outputs_is_released(tmp_path):
+    m, x = Nonzero().eval(), torch.randn(4, 8)
+    with torch.no_grad():
+        ref = m(x)
+    itc = loopback(tmp_path, channel=Stallable, deadline_ms=50)
+    ch, s = itc.session.channel, itc.session
+    try:
+        with torch.no_grad():
+            for _ in range(3):
+                assert torch.equal(m(x).cpu(), ref)
+            base = ch.executor.stats()["tensors"]
+            ch.stalled = True
+            assert torch.equal(m(x), ref)  # the size-following call waited past the deadline
+            assert s.counters["deadline_misses"] == 1
+            ch.resume()
+            for _ in range(3):
+                assert torch.equal(m(x).cpu(), ref)
+        assert ch.executor.stats()["tensors"] == base
+    finally:
+        itc.uninstall()

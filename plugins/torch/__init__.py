@@ -21,14 +21,14 @@ if TYPE_CHECKING:
 
 
 def make_interceptor(channel: Channel, mode: str = "stream", fallback: str = "local",
-                     replay: bool = True) -> TorchInterceptor:
+                     replay: bool = True, deadline_ms: float | None = None) -> TorchInterceptor:
     """``InterceptionBackend.factory`` (``rrtod.hookspecs.InterceptorFactory``): the shim calls
     it once torch is imported."""
     from .client import RemoteSession
     from .interceptor import TorchInterceptor
 
     interceptor = TorchInterceptor(RemoteSession(channel, mode=mode, fallback=fallback,
-                                                 replay=replay))
+                                                 replay=replay, deadline_ms=deadline_ms))
     interceptor.install()
     return interceptor
 

@@ -30,10 +30,10 @@ import torch
 
 from rrto.v1 import ops_pb2
 from rrtod.shim.channel import Channel
-from rrtod.wire import BIND_OP, content_hash, release_of
+from rrtod.wire import BIND_OP, HOST_ID_BASE, content_hash, release_of
 
 from . import codec, downloads
-from .errors import HostLost, OffloadError, RemoteOpError
+from .errors import DeadlineMissed, HostLost, OffloadError, RemoteOpError
 from .fallback import run_local, run_lost, writes_local
 from .journal import Journal, Unrecoverable
 from .metadata import MetaCache, OpInfo, app_device, arg_at, materialize, restride
@@ -65,6 +65,24 @@ class _Dead:
         raise OSError("a forked child does not offload")
 
 
+def _names(args: tuple, kwargs: dict, ids: set[int]) -> bool:
+    """Whether a proxy among the arguments has its id in ``ids``."""
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, RemoteTensor):
+            if a._rrto_handle.id in ids:
+                return True
+        elif isinstance(a, (list, tuple)) and _names(tuple(a), {}, ids):
+            return True
+    return False
+
+
+def _host_ids(result: ops_pb2.OpResult) -> list[int]:
+    """The ids the host gave the outputs of a ``want_meta`` call (to release a late one's)."""
+    ids: list[int] = []
+    codec.decode_value(result.value, lambda ref: ids.append(ref.id), torch.device)
+    return [i for i in ids if i >= HOST_ID_BASE]
+
+
 class _Waiter:
     __slots__ = ("event", "value", "error")
 
@@ -73,7 +91,13 @@ class _Waiter:
         self.value: Any = None
         self.error: BaseException | None = None
 
-    def wait(self) -> Any:
+    def wait(self, at: int | None = None, give_up: Any = None) -> Any:
+        """The reply; with ``at`` (CLOCK_MONOTONIC ns), ``DeadlineMissed`` if none came by
+        then and ``give_up()`` says the app goes on without it."""
+        if at is not None:
+            left = (at - time.monotonic_ns()) / 1e9
+            if not self.event.wait(max(left, 0.0)) and give_up():
+                raise DeadlineMissed
         self.event.wait()
         if self.error is not None:
             raise self.error
@@ -101,7 +125,7 @@ class RemoteSession:
     Implements ``session_api.Session``."""
 
     def __init__(self, channel: Channel, mode: str = "stream", fallback: str = "local",
-                 replay: bool = True):
+                 replay: bool = True, deadline_ms: float | None = None):
         self.channel = channel
         self.mode = mode
         self.fallback = fallback
@@ -120,6 +144,14 @@ class RemoteSession:
         self._persistent: weakref.WeakSet[Handle] = weakref.WeakSet()
         self._replay_on = replay
         self._reconnect = Reconnect(self)
+        # Deadlines: a thread whose inference passed it computes the rest here (``_late``);
+        # proxies written here since are newer than the host's copy (``diverged``: sent as
+        # their value, read from here); want_meta replies that come too late name host ids
+        # to release.
+        self.deadline_ns = int(deadline_ms * 1e6) if deadline_ms and fallback == "local" else 0
+        self._late: set[int] = set()
+        self.diverged: set[int] = set()
+        self._late_replies: set[int] = set()
         self.released: list[int] = []
         self._lock = threading.Lock()
         self._seq = 0
@@ -194,6 +226,9 @@ class RemoteSession:
             if w is not None:
                 w.value = msg
                 w.event.set()
+            elif kind == "result" and msg.seq in self._late_replies:
+                self._late_replies.discard(msg.seq)
+                self.released.extend(_host_ids(msg))
         elif kind == "query":
             if self._query_waiters:
                 w = self._query_waiters.popleft()
@@ -258,6 +293,9 @@ class RemoteSession:
     def inference_started(self) -> None:
         """A thread's outermost module call (the interceptor's): the journal's window moves;
         after a loss, rebuilt values the app dropped go, and the way back is tried."""
+        if self.deadline_ns:
+            self._tls.began = time.monotonic_ns()
+            self._late.discard(self._thread())
         if self.lost is None and not self.recovered:
             self.journal.begin(self._thread())
             return
@@ -274,8 +312,52 @@ class RemoteSession:
             self._reconnect.poll()
 
     def persistent_handles(self) -> list[Handle]:
-        """The live persistent tensors' handles (what a new host must have)."""
-        return list(self._persistent)
+        """The live persistent tensors' handles a new host must have (not those written
+        here since the loss: their content no longer has their hash; they are sent as values)."""
+        return [h for h in list(self._persistent) if h.id not in self.diverged]
+
+    # -- deadlines ---------------------------------------------------------------------------
+    def deadline_at(self) -> int | None:
+        """When this thread's inference stops waiting for the host (CLOCK_MONOTONIC ns)."""
+        began = getattr(self._tls, "began", None)
+        if not self.deadline_ns or began is None:
+            return None
+        return began + self.deadline_ns
+
+    def wait_slice(self, cap: float) -> float:
+        """Seconds a wait may block before it looks at the deadline again."""
+        at = self.deadline_at()
+        return cap if at is None else min(cap, max(0.0, (at - time.monotonic_ns()) / 1e9))
+
+    def is_late(self) -> bool:
+        return bool(self._late) and self._thread() in self._late
+
+    def past_deadline(self) -> bool:
+        """Whether this thread's inference goes on here: its deadline passed and its values
+        could be rebuilt (then its replay is abandoned); False to keep waiting."""
+        at = self.deadline_at()
+        if at is None or time.monotonic_ns() < at or self.lost is not None:
+            return False
+        t = self._thread()
+        if t in self._late:
+            return True
+        written = set(self._written.keys())
+        try:  # this inference's calls; those of the one before if it reads their values
+            values = self.journal.rebuild(written, self.recovered, thread=t)
+        except Unrecoverable:
+            try:
+                values = self.journal.rebuild(written, self.recovered)
+            except Unrecoverable as exc:
+                self._tls.began = None  # no deadline for the rest of this inference
+                self.warn_once("deadline", "an inference passed intercept.deadline_ms but "
+                               f"cannot be finished here ({exc}): it waits for the host")
+                return False
+        self.recovered.update(values)
+        self._late.add(t)
+        self.counters["deadline_misses"] += 1
+        if self.replay is not None:
+            self.replay.abandon()
+        return True
 
     def swap(self, channel: Channel) -> None:
         """Offload again, through ``channel`` (connected, its blobs offered; ``Reconnect``):
@@ -311,6 +393,7 @@ class RemoteSession:
                query: bool = False) -> Any:
         """Send ``up`` (after any pending releases); wait for its reply when asked."""
         w = _Waiter() if (wait or query) else None
+        seq = 0
         with self._lock:
             if self.lost is not None:
                 raise HostLost(self.lost)
@@ -320,7 +403,8 @@ class RemoteSession:
                 frames.append(ops_pb2.SessionUp(release=release_of(ids)))
             if numbered:  # a call or fetch: number it in send order
                 self._seq += 1
-                getattr(up, up.WhichOneof("msg")).seq = self._seq
+                seq = self._seq
+                getattr(up, up.WhichOneof("msg")).seq = seq
                 if w is not None:
                     self._waiters[self._seq] = w
             if query:
@@ -335,7 +419,16 @@ class RemoteSession:
         if w is None:
             return None
         self.counters["round_trips"] += 1  # the app waits for this reply
-        return w.wait()
+        if not numbered or not self.deadline_ns:
+            return w.wait()
+        try:
+            return w.wait(self.deadline_at(), self.past_deadline)
+        except DeadlineMissed:
+            with self._lock:
+                if self._waiters.pop(seq, None) is not None and up.WhichOneof("msg") == "call" \
+                        and up.call.want_meta:
+                    self._late_replies.add(seq)  # the host names its outputs: release them
+            raise
 
     def send_frames(self, frames: list[ops_pb2.SessionUp]) -> None:
         """Stream ``frames`` in order without waiting (after any pending releases)."""
@@ -440,17 +533,35 @@ class RemoteSession:
                              src.dtype, src.device)
         if info.writes and self.lost is None:
             self._note_writes(args, kwargs, info)
-        if self.lost is not None:
-            return run_lost(self, func, args, kwargs)
+        if self.lost is not None or (self._late and self._thread() in self._late):
+            return self._run_here(func, args, kwargs, info)
         if info.local or (info.writes and writes_local(args, kwargs, info)):
             return run_local(self, func, args, kwargs, info)
         try:
-            result = self._remote(func, args, kwargs, info)
+            if self.diverged and _names(args, kwargs, self.diverged):
+                # the host's copy of an argument is older: forwarded, with its value
+                result = self._forward(func, args, kwargs, info,
+                                       None if info.value_op else
+                                       self._metadata.output_template(func, args, kwargs))
+            else:
+                result = self._remote(func, args, kwargs, info)
         except HostLost:
             if self.fallback != "local":
                 raise
-            return run_lost(self, func, args, kwargs)  # on the values the journal rebuilds
+            return self._run_here(func, args, kwargs, info)  # on the journal's values
+        except DeadlineMissed:
+            return self._run_here(func, args, kwargs, info)
         self.journal.add(func, args, kwargs, result)
+        return result
+
+    def _run_here(self, func: Any, args: tuple, kwargs: dict, info: OpInfo) -> Any:
+        """The call on local values (the host is lost, or the inference passed its
+        deadline): a proxy it writes is newer here than on any host."""
+        result = run_lost(self, func, args, kwargs)
+        for i, n in info.writes:
+            t = arg_at(args, kwargs, i, n)
+            if isinstance(t, RemoteTensor):
+                self.diverged.add(t._rrto_handle.id)
         return result
 
     def _remote(self, func: Any, args: tuple, kwargs: dict, info: OpInfo) -> Any:
@@ -472,6 +583,8 @@ class RemoteSession:
                 if plan:
                     self.counters["replay_plan_ns"] += plan
                 return result
+            if self._late and self._thread() in self._late:
+                raise DeadlineMissed  # an answer waited for past the deadline
         if info.value_op:
             return self._forward(func, args, kwargs, info, None)
         return self._forward(func, args, kwargs, info,
@@ -497,7 +610,8 @@ class RemoteSession:
             h = t._rrto_handle
             if h.session is not self:
                 raise OffloadError("WRONG_SESSION", "a tensor of another rrto session was used")
-            if h.epoch != self.epoch:  # made on a host lost since: send its rebuilt value
+            if h.epoch != self.epoch or (self.diverged and h.id in self.diverged):
+                # made on a host lost since, or written here since: send the value here
                 local = self.value_after_loss(h)
                 if local is None:
                     raise HostLost(f"{self.lost or 'the GPU host was lost'}; the value of a "

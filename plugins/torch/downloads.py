@@ -15,7 +15,7 @@ import torch
 from rrto.v1 import ops_pb2
 
 from . import codec
-from .errors import HostLost
+from .errors import DeadlineMissed, HostLost
 from .proxy import RemoteTensor
 from .session_api import Session
 
@@ -25,7 +25,8 @@ def read_value(session: Session, proxy: RemoteTensor) -> torch.Tensor:
     h = proxy._rrto_handle
     if not h.bound and h.local is not None:  # persistent, never used remotely: exact copy
         return shape_like(h.local, proxy)
-    if session.lost is not None or h.epoch != session.epoch:
+    if session.lost is not None or h.epoch != session.epoch or h.id in session.diverged \
+            or session.is_late():
         return _after_loss(session, proxy)
     replay = session.replay
     try:
@@ -35,7 +36,7 @@ def read_value(session: Session, proxy: RemoteTensor) -> torch.Tensor:
             if data is not None:
                 session.counters["bytes_down"] += len(data.data)
                 return shape_like(codec.from_tensor_data(data), proxy)
-            if session.lost is not None:
+            if session.lost is not None or session.is_late():
                 return _after_loss(session, proxy)
         fetch = ops_pb2.Fetch(id=h.id)
         reply = session.submit(ops_pb2.SessionUp(fetch=fetch), numbered=True, wait=True)
@@ -43,13 +44,16 @@ def read_value(session: Session, proxy: RemoteTensor) -> torch.Tensor:
         if session.fallback != "local":
             raise
         return _after_loss(session, proxy)
+    except DeadlineMissed:
+        return _after_loss(session, proxy)
     session.raise_async_errors()
     session.counters["bytes_down"] += len(reply.tensor.data)
     return shape_like(codec.from_tensor_data(reply.tensor), proxy)
 
 
 def _after_loss(session: Session, proxy: RemoteTensor) -> torch.Tensor:
-    """The host that made ``proxy`` is gone: its value as the journal rebuilt it here."""
+    """The host that made ``proxy`` is gone (or late, or older): its value as the journal
+    rebuilt it here, or as the app computed it here since."""
     t = session.value_after_loss(proxy._rrto_handle) if session.fallback == "local" else None
     if t is None:
         raise HostLost(f"{session.lost or 'the GPU host was lost'}; the value of this tensor "

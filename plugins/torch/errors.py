@@ -21,3 +21,8 @@ class HostLost(OffloadError):
 
     def __init__(self, message: str):
         super().__init__("HOST_LOST", message)
+
+
+class DeadlineMissed(Exception):
+    """Internal: an inference's deadline passed while it waited for the host, and its values
+    were rebuilt here (``intercept.deadline_ms``). Never reaches the app."""

@@ -125,14 +125,18 @@ class Journal:
             self._starts.clear()
             self.full = False
 
-    def rebuild(self, written: set[int],
-                earlier: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+    def rebuild(self, written: set[int], earlier: dict[int, torch.Tensor],
+                thread: int | None = None) -> dict[int, torch.Tensor]:
         """Run every kept call here, in order, on the app's copies: the value of each proxy
         id they made. ``written``: persistent tensors changed on the host (their local copy
         is older); ``earlier``: values rebuilt after an earlier loss (proxies the app kept
-        from a host lost before). Raises ``Unrecoverable`` naming what is missing."""
+        from a host lost before); ``thread``: only the calls since that thread's current
+        inference began. Raises ``Unrecoverable`` naming what is missing."""
         with self._lock:
-            calls = list(self._calls)
+            since = 0
+            if thread is not None and thread in self._starts:
+                since = max(0, self._starts[thread][1] - self._dropped)
+            calls = self._calls[since:]
             full = self.full
         if full:
             raise Unrecoverable(f"more than {MAX_CALLS} calls since the inference began")

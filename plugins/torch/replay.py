@@ -468,6 +468,19 @@ class ReplayClient:
         self._mismatch(act)
         return True
 
+    def abandon(self) -> None:
+        """This thread's inference goes on without the host (its deadline passed): the host
+        stops replaying it (``ReplayAbort``, as at a mismatch), and its late pushes are never
+        taken; the sequence is not blamed for it (no mismatch is counted)."""
+        act = self.active
+        if act is None:
+            return
+        self.session.send_frames([ops_pb2.SessionUp(abort=ops_pb2.ReplayAbort(
+            position=act.position))])
+        self._aborted[act.base] = act.position
+        self._tls.active = None
+        self.counters["abandoned"] += 1
+
     def wake(self) -> None:
         """The host is gone: every download or answer waiting for it stops waiting now (it
         finds nothing, and is served from the journal: ``RemoteSession.value_after_loss``)."""
@@ -784,8 +797,9 @@ class ReplayClient:
             waited = True
             self.counters["answer_waits"] += 1
             self.session.release_now(RELEASE_EARLY_AT)
-            while not event.wait(0.5):
-                if self.session.lost is not None or act.seq.failed or act.base in self._broken:
+            while not event.wait(self.session.wait_slice(0.5)):
+                if (self.session.lost is not None or act.seq.failed or act.base in self._broken
+                        or self.session.past_deadline()):
                     break
             with self._lock:
                 self._waiting.pop(key, None)
@@ -1024,8 +1038,8 @@ class ReplayClient:
                 return None  # (a loss set ``lost`` before waking the waits: ``wake``)
             event = self._waiting.setdefault(oid, threading.Event())
         self.session.release_now(RELEASE_EARLY_AT)  # the host is still computing: help it
-        while not event.wait(0.5):
-            if self.session.lost is not None:
+        while not event.wait(self.session.wait_slice(0.5)):
+            if self.session.lost is not None or self.session.past_deadline():
                 return None
         with self._lock:
             data = self._pushed.pop(oid, None)

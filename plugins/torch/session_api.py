@@ -37,6 +37,7 @@ class Session(Protocol):
     lost: str | None  # why the connection to the host is gone; None while it is up
     epoch: int  # the connection's number: a new host after a loss is a new epoch
     stale_released: list[int]  # like ``released``, for the ids of earlier epochs
+    diverged: set[int]  # proxies written here after a loss or a deadline: the host's is older
     fallback: str  # "local": run here what the host cannot; "error": raise instead
     replay: PushedOutputs | None
 
@@ -64,6 +65,15 @@ class Session(Protocol):
     # -- operators and values -----------------------------------------------------------------
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """Run one aten operator on proxies (``RemoteTensor.__torch_dispatch__``)."""
+
+    def is_late(self) -> bool:
+        """Whether this thread's inference passed its deadline and goes on here."""
+
+    def past_deadline(self) -> bool:
+        """Whether this thread's inference now goes on here (its deadline passed)."""
+
+    def wait_slice(self, cap: float) -> float:
+        """Seconds a wait for the host may block before it looks at the deadline again."""
 
     def value_after_loss(self, handle: Any) -> torch.Tensor | None:
         """A proxy's value once its host is lost (the app's copy, or rebuilt by the journal);

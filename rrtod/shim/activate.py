@@ -29,11 +29,13 @@ class ShimSettings:
     fallback: str
     replay: bool
     config_note: str = ""  # why the config file was not used, if it was not
+    deadline_ms: float | None = None
 
 
 def settings() -> ShimSettings:
     backend, mode, fallback, sock, note = "torch", "stream", "local", DEFAULT_SOCKET, ""
     replay = True
+    deadline: float | None = None
     try:
         from rrtod.config import load
 
@@ -41,12 +43,19 @@ def settings() -> ShimSettings:
         backend, mode, fallback, sock = (cfg.intercept.backend, cfg.intercept.mode,
                                          cfg.intercept.fallback, cfg.socket)
         replay = cfg.intercept.replay
+        deadline = cfg.intercept.deadline_ms
     except Exception as exc:  # unreadable or absent config: defaults, and say so if it matters
         note = str(exc)
     try:
         replay = flag("RRTO_REPLAY", replay)
     except SwitchError as exc:
         note = f"{note}; {exc}: ignored" if note else f"{exc}: ignored"
+    raw = os.environ.get("RRTO_DEADLINE_MS")
+    if raw is not None:
+        try:
+            deadline = float(raw) if float(raw) > 0 else None
+        except ValueError:
+            note = f"{note}; RRTO_DEADLINE_MS={raw!r} is not a number: ignored".lstrip("; ")
     mode = os.environ.get("RRTO_MODE", mode)
     fallback = os.environ.get("RRTO_FALLBACK", fallback)
     if mode not in ("stream", "sync"):
@@ -54,7 +63,7 @@ def settings() -> ShimSettings:
     if fallback not in ("local", "error"):
         fallback = "local"
     return ShimSettings(os.environ.get("RRTO_SOCKET") or sock, backend, mode, fallback, replay,
-                        note)
+                        note, deadline)
 
 
 def _warn(message: str) -> None:
@@ -122,5 +131,5 @@ def activate() -> Any:
         _warn(f"offloading disabled, running locally: {reason}")
         return None
     _state["interceptor"] = record.factory(channel, mode=s.mode, fallback=s.fallback,
-                                           replay=s.replay)
+                                           replay=s.replay, deadline_ms=s.deadline_ms)
     return _state["interceptor"]
