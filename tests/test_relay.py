@@ -148,3 +148,73 @@ def test_a_drop_goes_to_host_and_app_a_definition_to_the_host_only() -> None:
         assert dropped.session.sequence.id == 8 and not dropped.session.sequence.calls
 
     asyncio.run(main())
+
+
+def test_a_link_gone_down_ends_a_waiting_relay_as_host_lost() -> None:
+    """The host's stream stays silent (a stalled host): ``lose_host`` ends the relay at once,
+    its stream cancelled, the app told why."""
+    async def main() -> None:
+        relay, call, app = await connect()
+        task = asyncio.get_running_loop().create_task(
+            relay.serve(ops_pb2.SessionOpen(app="app.py")))
+        app.sendall(encode(fetch(1)))  # its answer never comes
+        while len(call.written) < 2:  # open, then the fetch
+            await asyncio.sleep(0.01)
+        relay.lose_host("no answer to 2 pings in 2.0 s")
+        relay.lose_host("again")  # once only
+        await asyncio.wait_for(task, 10)
+        welcome, lost = await replies(app, 2)
+        assert welcome.WhichOneof("msg") == "welcome"
+        assert lost.error.code == "HOST_LOST"
+        assert lost.error.message == "GPU host h1 (unix:h1) lost: no answer to 2 pings in 2.0 s"
+        assert relay.session.state == "host-lost" and relay.phase is Phase.CLOSED
+        assert call.cancelled
+
+    asyncio.run(main())
+
+
+def test_a_link_gone_down_ends_a_relay_waiting_for_ready() -> None:
+    async def main() -> None:
+        relay, call, app = await connect()
+        call.down.get_nowait()  # the host never answers the open
+        task = asyncio.get_running_loop().create_task(
+            relay.serve(ops_pb2.SessionOpen(app="app.py")))
+        await asyncio.sleep(0.05)
+        assert relay.phase is Phase.OPENING
+        relay.lose_host("no answer to 2 pings in 2.0 s")
+        await asyncio.wait_for(task, 10)
+        (lost,) = await replies(app, 1)
+        assert lost.error.code == "HOST_LOST" and "no answer to 2 pings" in lost.error.message
+        assert call.cancelled
+
+    asyncio.run(main())
+
+
+def test_a_link_gone_down_after_the_app_closed_changes_nothing() -> None:
+    async def main() -> None:
+        relay, call, app = await connect()
+        app.shutdown(socket.SHUT_WR)
+        await asyncio.wait_for(relay.serve(ops_pb2.SessionOpen(app="app.py")), 10)
+        relay.lose_host("no answer to 2 pings in 2.0 s")
+        assert relay.lost is None and relay.session.state == "active"
+        (welcome,) = await replies(app, 1)
+        assert welcome.WhichOneof("msg") == "welcome"
+
+    asyncio.run(main())
+
+
+def test_the_daemon_stopping_while_a_link_goes_down_still_stops() -> None:
+    """A cancel from the daemon's stop is not swallowed by a lost host's report."""
+    async def main() -> None:
+        relay, call, app = await connect()
+        task = asyncio.get_running_loop().create_task(
+            relay.serve(ops_pb2.SessionOpen(app="app.py")))
+        await asyncio.sleep(0.05)
+        assert relay.phase is Phase.RELAYING
+        relay.lose_host("no answer to 2 pings in 2.0 s")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+        assert relay.phase is Phase.CLOSED and call.cancelled
+
+    asyncio.run(main())

@@ -1,9 +1,22 @@
 """A robot daemon's link to one GPU daemon: channel, liveness, measured RTT, session streams.
 
-A ping loop measures the round trip every ``health.interval`` seconds. ``down_after`` lost pings
-in a row mark the host down; the first successful ping marks it up again. The channel reconnects
-by itself (backoff capped at 2 s, see grpc_options), so a GPU daemon that restarts is back in
-``rrtoctl status`` within a few seconds with no restart of the robot daemon.
+A ping loop measures the round trip every ``health.interval`` seconds: a ping starts
+``interval`` after the previous one started, or as soon as it ends if it took longer (a ping
+without an answer takes ``health.timeout``). ``down_after`` lost pings in a row mark the host
+down; the first successful ping marks it up again. The channel reconnects by itself (backoff
+capped at 2 s, see grpc_options), so a GPU daemon that restarts is back in ``rrtoctl status``
+within a few seconds with no restart of the robot daemon.
+
+Going from up to down calls each of ``on_down`` (the robot role fails the link's app sessions
+there with ``HOST_LOST``). That is how a host that stops answering without closing its
+connection (a stopped process, a network that drops packets without a reset) ends the sessions
+on it: their gRPC streams would wait for TCP or keepalive to give up (41-62 s measured, issue
+14). The bound: a host is down at most ``(down_after - 1) * max(interval, timeout) + timeout``
+(<= ``down_after * max(interval, timeout)``) after the first ping it leaves unanswered was sent,
+and at most one ``interval`` more after it stalled (``detection_bound``): with the defaults
+(interval 1 s, timeout 1 s, down_after 2), 2 s after the first lost ping, 3 s after the stall.
+A refused connection (the daemon exited) fails a ping at once instead of after ``timeout``; its
+sessions' streams end by themselves then.
 """
 
 from __future__ import annotations
@@ -12,6 +25,7 @@ import asyncio
 import statistics
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -22,6 +36,19 @@ from rrtod import __version__
 from rrtod.config import HealthConfig, HostConfig, TLSConfig
 
 log = structlog.get_logger("rrtod.host")
+
+# Called when a link goes from up to down, with the link and why ("no answer to 2 pings in
+# 2.0 s (DEADLINE_EXCEEDED: Deadline Exceeded)"), from the ping loop: must not block.
+OnDown = Callable[["HostLink", str], None]
+
+
+def detection_bound(health: HealthConfig) -> float:
+    """Seconds at most from a host's stall (it stops answering, its connection stays open) to
+    its link going down: up to one ``interval`` until the next ping, then ``down_after`` lost
+    pings, each started ``max(interval, timeout)`` after the one before, the last one lost
+    ``timeout`` after it started. Event-loop delays come on top."""
+    step = max(health.interval, health.timeout)
+    return health.interval + (health.down_after - 1) * step + health.timeout
 
 
 class HostLink:
@@ -42,7 +69,9 @@ class HostLink:
         self.device: str | None = None
         self.executors: list[str] = []
         self.remote_version: str | None = None
-        self._lost = 0
+        self.on_down: list[OnDown] = []  # called on each up -> down transition
+        self._lost = 0  # lost pings in a row
+        self._lost_since = 0.0  # when the first of them was sent (time.monotonic)
         self._task: asyncio.Task[None] | None = None
 
     # The attributes host balancers read (see plugins/balancers).
@@ -63,13 +92,22 @@ class HostLink:
             await asyncio.gather(self._task, return_exceptions=True)
         await self.channel.close(grace=None)
 
-    def _set_state(self, state: str, error: str | None = None) -> None:
-        if state != self.state:
+    def _set_state(self, state: str, error: str | None = None, why: str | None = None) -> None:
+        """``why``: the reason handed to ``on_down`` when the host goes from up to down."""
+        previous = self.state
+        if state != previous:
             self.since = time.time()
             event = log.info if state == "up" else log.warning
-            event("host state", host=self.name, address=self.address, state=state, error=error)
+            event("host state", host=self.name, address=self.address, state=state, error=error,
+                  why=why)
         self.state = state
         self.last_error = error
+        if previous == "up" and state == "down":
+            for callback in list(self.on_down):
+                try:
+                    callback(self, why or error or "down")
+                except Exception:  # one subscriber's bug must not stop the ping loop
+                    log.exception("host down callback failed", host=self.name)
 
     async def _hello(self) -> None:
         reply = await self.stub.Hello(
@@ -85,7 +123,13 @@ class HostLink:
         return (time.monotonic_ns() - sent) / 1e9
 
     async def _monitor(self) -> None:
+        """Ping every ``interval``: the next ping starts ``interval`` after this one started, at
+        once if this one took longer. (Sleeping a full ``interval`` after a ping that hung for
+        ``timeout`` made each lost ping cost ``interval + timeout``: with the defaults a stalled
+        host was down 3 s after its first lost ping instead of 2, 4 s after it stalled instead
+        of 3.)"""
         while True:
+            started = time.monotonic()
             try:
                 if self.state != "up":
                     await self._hello()
@@ -93,12 +137,18 @@ class HostLink:
                 self._lost = 0
                 self._set_state("up")
             except grpc.aio.AioRpcError as exc:
+                if self._lost == 0:
+                    self._lost_since = started
                 self._lost += 1
+                error = f"{exc.code().name}: {exc.details()}"
                 if self.state == "up" and self._lost < self.health.down_after:
                     pass  # one lost ping is noise, not an outage
                 else:
-                    self._set_state("down", f"{exc.code().name}: {exc.details()}")
-            await asyncio.sleep(self.health.interval)
+                    n = self._lost
+                    why = (f"no answer to {n} ping{'s' if n > 1 else ''} in "
+                           f"{time.monotonic() - self._lost_since:.1f} s ({error})")
+                    self._set_state("down", error, why)
+            await asyncio.sleep(max(0.0, started + self.health.interval - time.monotonic()))
 
     def open_session(self) -> grpc.aio.StreamStreamCall:
         return self.stub.Session()

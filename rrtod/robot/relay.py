@@ -8,11 +8,13 @@ relays the host's messages (host -> app, one socket write per message) and turns
 answers to sequence definitions into definitions for the shim. ``close`` ends the host stream
 and the recorder. A lost host ends the session with a ``HOST_LOST`` error frame, a malformed
 app frame with that frame's error code: the app raises or falls back to local execution, it
-never gets a wrong answer.
+never gets a wrong answer. A host is lost when its stream breaks or ends, or when its link's ping
+loop declares it down (``lose_host``, called by the robot role): a host that stalls with its
+connection open leaves the stream waiting, so the ping loop's bound is what the app waits.
 
 ``run`` awaits the app's frames directly, not a wait on both directions per burst; the host
-stream's end interrupts it (a cancel). ``phase`` names who ended first, so that cancel is told
-apart from the daemon stopping.
+stream's end interrupts it (a cancel), and so does ``lose_host``. ``phase`` names who ended
+first, so that cancel is told apart from the daemon stopping.
 """
 
 from __future__ import annotations
@@ -72,9 +74,10 @@ class AppSession:
 
 class Phase(enum.Enum):
     """Where a relay is: ``OPENING`` until ``run``; ``RELAYING`` while frames flow both ways;
-    then ``HOST_ENDED`` if the host stream ended first (``run`` is being interrupted), or
-    ``UP_ENDED`` if ``run`` ended first (app closed, bad frame, daemon stopping: ``down`` is
-    cancelled by the relay, its end is not the host's); ``CLOSED`` after ``close``."""
+    then ``HOST_ENDED`` if the host stream ended first or the host's link went down (``run`` is
+    being interrupted), or ``UP_ENDED`` if ``run`` ended first (app closed, bad frame, daemon
+    stopping: ``down`` is cancelled by the relay, its end is not the host's); ``CLOSED`` after
+    ``close``."""
 
     OPENING = "opening"
     RELAYING = "relaying"
@@ -100,27 +103,53 @@ class AppRelay:
         self.energy = energy  # the EnergyAccountant, or None
         self.write_lock = asyncio.Lock()  # frames and sequence pushes share the host stream
         self.phase = Phase.OPENING
+        self.lost: str | None = None  # why the host's link went down (``lose_host``)
+        self._task: asyncio.Task[Any] | None = None  # the one running ``serve``
         self.log = log.bind(session=session.id, app=session.app, pid=session.pid,
                             host=session.host.name)
 
     async def serve(self, request: ops_pb2.SessionOpen) -> None:
         """The whole session: open, relay until either side ends, close. A lost host or a
         malformed app frame is answered to the app with an error frame, not raised."""
+        task = self._task = asyncio.current_task()
+        assert task is not None
         try:
             await self.open(request)
             await self.run()
         except grpc.aio.AioRpcError as exc:
             self.log.warning("host lost", code=exc.code().name, details=exc.details())
-            self.session.state = "host-lost"
-            host = self.session.host
-            await self.fail("HOST_LOST", f"GPU host {host.name} ({host.address}) lost: "
-                                         f"{exc.code().name} {exc.details()}")
+            await self._host_lost(f"{exc.code().name} {exc.details()}")
+        except asyncio.CancelledError:
+            if self.lost is None or task.uncancel() > 0:
+                raise  # the daemon is stopping
+            self.log.warning("host lost", reason=self.lost)
+            await self._host_lost(self.lost)
         except FrameError as exc:
             self.log.warning("bad frame from app", uid=self.session.uid, code=exc.code,
                              error=str(exc))
             await self.fail(exc.code, str(exc))
         finally:
             self.close()
+
+    async def _host_lost(self, why: str) -> None:
+        self.session.state = "host-lost"
+        host = self.session.host
+        await self.fail("HOST_LOST", f"GPU host {host.name} ({host.address}) lost: {why}")
+
+    def lose_host(self, why: str) -> None:
+        """The host's link went down (its ping loop gave up): end the session now, as
+        ``HOST_LOST`` with ``why``, its stream cancelled, whatever the relay waits for (the
+        host's ``ready``, an app frame, room on the host stream). Nothing to do once the host
+        stream or the app has ended the relay, or before ``serve``."""
+        if (self.lost is not None or self._task is None or self._task.done()
+                or self.phase not in (Phase.OPENING, Phase.RELAYING)
+                or self.session.state == "host-lost"):  # already telling the app
+            return
+        self.lost = why
+        if self.phase is Phase.RELAYING:
+            self.phase = Phase.HOST_ENDED  # the down task's end is not a second interruption
+        self.call.cancel()
+        self._task.cancel()
 
     async def open(self, request: ops_pb2.SessionOpen) -> None:
         """Open the host's session and welcome the app."""
@@ -162,8 +191,8 @@ class AppRelay:
                 if framing.TRACING:
                     framing.hop("robot.up.relayed")
         except asyncio.CancelledError:
-            if self.phase is not Phase.HOST_ENDED:
-                raise  # the daemon is stopping
+            if self.phase is not Phase.HOST_ENDED or self.lost is not None:
+                raise  # the daemon is stopping, or the link went down (``serve`` says so)
             relay.uncancel()
             down.result()  # raises if the host stream broke
             raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None,

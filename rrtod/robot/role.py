@@ -4,6 +4,8 @@ The role keeps the connections to GPU hosts (``HostLink``, one per configured ho
 for liveness) and the app sessions. An app's connection becomes a session after ``AppHello``:
 the host balancer picks an up host, and an ``AppRelay`` (``rrtod/robot/relay.py``) moves the
 session's frames both ways in order until either side ends; its ``Recorder`` sees every frame.
+When a host's link goes down (its ping loop's ``on_down``), the sessions on it are failed at
+once with ``HOST_LOST`` (``AppRelay.lose_host``): a stalled host never closes their streams.
 """
 
 from __future__ import annotations
@@ -57,8 +59,19 @@ class RobotRole:
                 continue
             open_channel = self.registry.get("transport", host.transport).factory
             link = HostLink(host, config.tls, config.health, open_channel, config.node)
+            link.on_down.append(self._host_down)
             self.hosts[host.name] = link
             link.start()
+
+    def _host_down(self, link: HostLink, why: str) -> None:
+        """``link`` went from up to down: fail its sessions now (each relay's own task tells its
+        app and cleans up, as for a broken stream)."""
+        relays = [r for r in self.relays.values() if r.session.host is link]
+        if relays:
+            log.warning("failing the sessions of a host that is down", host=link.name,
+                        address=link.address, sessions=[r.session.id for r in relays], why=why)
+        for relay in relays:
+            relay.lose_host(why)
 
     async def reload(self, config: Config) -> None:
         """New hosts are connected, removed ones closed once idle; changed ones reconnect."""

@@ -1,0 +1,191 @@
+"""A GPU host that stalls without a TCP reset (SIGSTOP, a dead network): its link is declared down
+by the ping loop within its bound (``rrtod.robot.host_link``), and the app sessions on it are
+failed with ``HOST_LOST`` at that moment, not when TCP or gRPC keepalive gives up (41-62 s)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import signal
+import time
+import types
+
+import grpc
+import pytest
+
+from rrto.v1 import ops_pb2
+from rrtod.config import HealthConfig, HostConfig, TLSConfig
+from rrtod.robot.host_link import HostLink, detection_bound
+from rrtod.shim.channel import SocketChannel
+from testkit.daemons import ECHO, free_port
+
+HEALTH = {"interval": 0.2, "timeout": 0.2, "down_after": 2}
+
+
+def sync_call(seq: int) -> ops_pb2.SessionUp:
+    return ops_pb2.SessionUp(call=ops_pb2.OpCall(seq=seq, op="aten::add.Tensor", sync=True))
+
+
+def test_a_stalled_host_fails_its_sessions_within_the_health_bound(rrtod_daemon):
+    port = free_port()
+    gpu = rrtod_daemon("gpu1", roles=["gpu"], listen=f"127.0.0.1:{port}", **ECHO)
+    robot = rrtod_daemon("robot1", roles=["robot"], health=HEALTH,
+                         hosts=[{"name": "edge", "address": f"127.0.0.1:{port}"}], **ECHO)
+    robot.wait_for(lambda s: s["hosts"][0]["state"] == "up", what="host up")
+    app = SocketChannel(robot.socket, "stall-app", os.getpid(), ["stall-app"], executor="echo")
+    down: queue.Queue[ops_pb2.SessionDown] = queue.Queue()
+    lost: queue.Queue[tuple[float, str]] = queue.Queue()
+    app.start(down.put, lambda reason: lost.put((time.monotonic(), reason)))
+    try:
+        app.send([sync_call(1)])
+        assert down.get(timeout=10).result.seq == 1  # the session works
+        os.kill(gpu.proc.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        app.send([sync_call(2)])  # in flight: its answer never comes
+        health = HealthConfig(**HEALTH)
+        # The ping loop's bound from the stall (the next ping, then down_after lost ones), plus
+        # 1 s for a loaded machine's scheduling; the old behaviour took 41-62 s.
+        limit = detection_bound(health) + 1.0
+        when, reason = lost.get(timeout=limit + 10)
+        took = when - stopped
+        print(f"\nstalled host: app told after {took:.3f} s "
+              f"(bound {detection_bound(health):.3f} s + 1 s slack): {reason}")
+        assert reason.startswith("HOST_LOST: ") and "edge" in reason and f":{port}" in reason
+        assert "no answer to 2 pings" in reason
+        assert took < limit
+        assert down.empty()  # no answer to the call in flight, and nothing else
+        status = robot.wait_for(lambda s: not s["sessions"], timeout=5, what="session cleaned up")
+        assert status["hosts"][0]["state"] == "down"
+        assert status["finished"]["sessions"] == 1
+    finally:
+        os.kill(gpu.proc.pid, signal.SIGCONT)
+        app.close()
+    # The host answers again: the cancelled stream's session is gone from it, the host is back
+    # up, and a new session works on it.
+    gpu.wait_for(lambda s: not s["gpu"]["sessions"], timeout=10, what="host session freed")
+    robot.wait_for(lambda s: s["hosts"][0]["state"] == "up", timeout=15, what="host back up")
+    app = SocketChannel(robot.socket, "stall-app", os.getpid(), ["stall-app"], executor="echo")
+    app.start(down.put, lambda reason: lost.put((time.monotonic(), reason)))
+    try:
+        app.send([sync_call(1)])
+        assert down.get(timeout=10).result.seq == 1
+    finally:
+        app.close()
+    assert robot.proc.poll() is None
+
+
+class Stub:
+    """A PeerStub whose Hello and Ping answer at once, or hang (``stalled``) until their
+    deadline as a stopped host's do."""
+
+    def __init__(self) -> None:
+        self.stalled = False
+        self.pings: list[float] = []  # when each Ping started
+        self.lost = 0  # calls left unanswered
+
+    async def Hello(self, request: object, timeout: float) -> object:  # noqa: N802
+        await self._answer(timeout)
+        return types.SimpleNamespace(device="cpu", executors=["echo"], version="test")
+
+    async def Ping(self, request: object, timeout: float) -> object:  # noqa: N802
+        self.pings.append(time.monotonic())
+        await self._answer(timeout)
+        return object()
+
+    async def _answer(self, timeout: float) -> None:
+        if self.stalled:
+            self.lost += 1
+            await asyncio.sleep(timeout)
+            raise grpc.aio.AioRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, None, None,
+                                       "Deadline Exceeded")
+
+
+def link_with(health: HealthConfig) -> tuple[HostLink, Stub]:
+    """A link whose stub is a ``Stub`` (its channel, never used, leads nowhere)."""
+    link = HostLink(HostConfig(name="edge", address="10.0.0.9:7730"), TLSConfig(mode="insecure"),
+                    health, lambda address, tls: grpc.aio.insecure_channel("unix:/nonexistent"),
+                    "robot")
+    stub = Stub()
+    link.stub = stub  # type: ignore[assignment]
+    return link, stub
+
+
+async def until(predicate: object, limit: float) -> None:
+    deadline = time.monotonic() + limit
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+@pytest.mark.parametrize("interval,timeout,down_after", [
+    (0.2, 0.2, 2), (0.1, 0.3, 3), (0.3, 0.1, 3), (0.1, 0.1, 1),
+])
+def test_a_down_transition_calls_back_once_within_the_bound(interval, timeout, down_after):
+    """Lost pings follow each other ``max(interval, timeout)`` apart, not ``interval +
+    timeout`` (the old loop slept a full interval after a ping that hung): the link is down
+    ``(down_after - 1) * max(interval, timeout) + timeout`` after the first lost ping started.
+    The old loop took ``(down_after - 1) * min(interval, timeout)`` longer: 0.2 s here with
+    down_after > 1, twice the slack allowed for scheduling. Only up -> down calls back."""
+    health = HealthConfig(interval=interval, timeout=timeout, down_after=down_after)
+    step = max(interval, timeout)
+
+    async def main() -> None:
+        link, stub = link_with(health)
+        calls: list[tuple[float, HostLink, str]] = []
+        link.on_down.append(lambda lk, why: calls.append((time.monotonic(), lk, why)))
+        link.start()
+        try:
+            await until(lambda: link.state == "up", 5)
+            await asyncio.sleep(interval * 2.5)
+            assert not calls and link.state == "up"  # answered pings call nothing back
+            stub.stalled = True
+            stalled = time.monotonic()
+            await until(lambda: calls, detection_bound(health) + 1.0)
+            when, called, why = calls[0]
+            assert called is link and link.state == "down"
+            first_lost = next(t for t in stub.pings if t >= stalled)
+            since_stall, since_first = when - stalled, when - first_lost
+            print(f"\n{health}: down {since_stall:.3f} s after the stall "
+                  f"(bound {detection_bound(health):.3f} s), {since_first:.3f} s after the first "
+                  f"lost ping ({(down_after - 1) * step + timeout:.3f} s): {why}")
+            assert since_first <= (down_after - 1) * step + timeout + 0.1
+            assert since_stall <= detection_bound(health) + 0.1
+            assert why.startswith(f"no answer to {down_after} ping")
+            assert "DEADLINE_EXCEEDED" in why
+            # more calls lost while down (down -> down): no second call back
+            await until(lambda: stub.lost >= down_after + 3, 10)
+            assert len(calls) == 1
+            # back up, then down again: called a second time
+            stub.stalled = False
+            await until(lambda: link.state == "up", 5)
+            stub.stalled = True
+            await until(lambda: len(calls) == 2, detection_bound(health) + 1.0)
+        finally:
+            await link.close()
+
+    asyncio.run(main())
+
+
+def test_a_failing_callback_does_not_stop_the_others_or_the_ping_loop():
+    health = HealthConfig(interval=0.05, timeout=0.05, down_after=1)
+
+    async def main() -> None:
+        link, stub = link_with(health)
+        seen: list[str] = []
+
+        def broken(lk: HostLink, why: str) -> None:
+            raise RuntimeError("bug in a subscriber")
+
+        link.on_down += [broken, lambda lk, why: seen.append(why)]
+        link.start()
+        try:
+            await until(lambda: link.state == "up", 5)
+            stub.stalled = True
+            await until(lambda: seen, 5)
+            stub.stalled = False
+            await until(lambda: link.state == "up", 5)  # the loop still runs
+        finally:
+            await link.close()
+
+    asyncio.run(main())
