@@ -37,6 +37,9 @@ from testkit.apps import APPS, DAEMON_ENV, app_env, shim_stats
 from testkit.daemons import BIN, TEST_DEFAULTS, Launcher, free_port
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# The robot daemon's health checks: a stalled host is down within 1.5 s (host_link.py).
+HEALTH = {"interval": 0.5, "timeout": 0.5, "down_after": 2}
+DAEMON = {**TEST_DEFAULTS, "health": HEALTH}
 
 
 def _status(robot: Any) -> dict[str, Any]:
@@ -61,7 +64,7 @@ class Chaos:
 
     def _gpu(self, k: int) -> Any:
         return self.launcher.start(f"gpu{k}", roles=["gpu"],
-                                   listen=f"127.0.0.1:{self.ports[k]}", **TEST_DEFAULTS)
+                                   listen=f"127.0.0.1:{self.ports[k]}", **DAEMON)
 
     def run(self) -> dict[str, Any]:
         a = self.args
@@ -72,7 +75,7 @@ class Chaos:
             robot = self.launcher.start(
                 "robot", roles=["robot"], balancer="first-up",
                 hosts=[{"name": f"gpu{k}", "address": f"127.0.0.1:{p}"}
-                       for k, p in enumerate(self.ports)], **TEST_DEFAULTS)
+                       for k, p in enumerate(self.ports)], **DAEMON)
             env = app_env(OMP_WAIT_POLICY="PASSIVE", RRTO_STATS="1", RRTO_FALLBACK="local")
             if a.deadline_ms:
                 env["RRTO_DEADLINE_MS"] = str(a.deadline_ms)
@@ -183,7 +186,7 @@ class Chaos:
                                           if t0 + d >= f["at"]), None) for f in self.faults],
             "worst_extra_ms": max(hit) if hit else None,
             "machine": f"{platform.node()} ({platform.processor() or platform.machine()})",
-            "health": TEST_DEFAULTS["health"],
+            "health": HEALTH,
         }
 
 

@@ -313,7 +313,7 @@ class Specs:
             ...         self.channel.close()
             ...     def stats(self):
             ...         return {}
-            >>> def make_interceptor(channel, *, mode, fallback, replay):
+            >>> def make_interceptor(channel, *, mode, fallback, replay, deadline_ms):
             ...     return CountingInterceptor(channel)
             >>> class CountingExecutor:
             ...     replay = None        # no ReplayExtension: sequences replay through handle

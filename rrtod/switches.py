@@ -26,6 +26,8 @@ SWITCHES: dict[str, str] = {
     "RRTO_MODE": "`stream` or `sync`: overrides `intercept.mode` for this app",
     "RRTO_FALLBACK": "`local` or `error`: overrides `intercept.fallback` for this app",
     "RRTO_REPLAY": "0/false/no/off: forwarding only for this app (overrides `intercept.replay`)",
+    "RRTO_DEADLINE_MS": "milliseconds after which an inference stops waiting for the host and "
+                        "is finished in the app; 0: none (overrides `intercept.deadline_ms`)",
     "RRTO_DISABLE_PLUGINS": "comma-separated plugin names that neither the daemon nor the shim "
                             "loads",
     "RRTO_HOST_FACTORIES": "0/false/no/off: tensors a model creates inside its forward "
@@ -55,6 +57,22 @@ def flag(name: str, default: bool, env: Mapping[str, str] | None = None) -> bool
     if value in _FALSE:
         return False
     raise SwitchError(f"{name}={raw!r}: expected one of 1, true, yes, on, 0, false, no, off")
+
+
+def milliseconds(name: str, default: float | None,
+                 env: Mapping[str, str] | None = None) -> float | None:
+    """A duration switch in ms; ``default`` when unset, None for 0 (none). Anything but a
+    number is an error naming the switch."""
+    raw = (os.environ if env is None else env).get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SwitchError(f"{name}={raw!r}: expected a number of milliseconds") from None
+    if value != value or value < 0:  # NaN, negative
+        raise SwitchError(f"{name}={raw!r}: expected a number of milliseconds")
+    return value or None
 
 
 def names(name: str, env: Mapping[str, str] | None = None) -> frozenset[str]:

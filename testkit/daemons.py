@@ -26,9 +26,11 @@ ECHO_PLUGIN = Path(__file__).resolve().parent / "echo_plugin"
 # Config of a daemon whose apps and sessions use that ``echo`` backend.
 ECHO = {"intercept": {"backend": "echo"}, "executor": {"backend": "echo"}}
 
-# The test suite's daemons: fast health checks, debug logs, a short drain.
+# The test suite's daemons: fast health checks, debug logs, a short drain. A host is down after
+# two pings unanswered for 2 s each: a killed one fails at once (connection refused), and a
+# loaded CI machine answering slowly does not end sessions (a down host fails its sessions).
 TEST_DEFAULTS: dict[str, Any] = {
-    "health": {"interval": 0.2, "timeout": 0.5, "down_after": 2},
+    "health": {"interval": 0.2, "timeout": 2.0, "down_after": 2},
     "log": {"format": "json", "level": "debug"},
     "drain_timeout": 3,
 }

@@ -300,6 +300,8 @@ def _error(tmp_path: Path, main: str, **drop_ins: str) -> ConfigError:
         ("listen: 7730\n", "listen", "valid string"),
         ("health: {interval: soon}\n", "health.interval", "valid number"),
         ("health: {interval: 0}\n", "health.interval", "greater than 0"),
+        ("intercept: {deadline_ms: 0}\n", "intercept.deadline_ms", "greater than 0"),
+        ("intercept: {deadline_ms: soon}\n", "intercept.deadline_ms", "valid number"),
         ("roles: robot\n", "roles", "expected a list"),
         ("roles: [robot, gpus]\n", "roles[1]", "'gpus'"),
         ("roles: []\n", "roles", "at least one role"),

@@ -321,3 +321,22 @@ def test_a_late_answer_with_host_made_outputs_is_released(tmp_path):
         assert ch.executor.stats()["tensors"] == base
     finally:
         itc.uninstall()
+
+
+def test_the_deadline_comes_from_the_config_or_rrto_deadline_ms(tmp_path, monkeypatch):
+    from rrtod.shim.activate import settings
+
+    cfg = tmp_path / "rrtod.yaml"
+    cfg.write_text("intercept: {deadline_ms: 250}\n")
+    monkeypatch.setenv("RRTO_CONFIG", str(cfg))
+    monkeypatch.delenv("RRTO_DEADLINE_MS", raising=False)
+    assert settings().deadline_ms == 250
+    monkeypatch.setenv("RRTO_DEADLINE_MS", "40")
+    assert settings().deadline_ms == 40
+    monkeypatch.setenv("RRTO_DEADLINE_MS", "0")  # none, whatever the config says
+    assert settings().deadline_ms is None
+    monkeypatch.setenv("RRTO_DEADLINE_MS", "soon")
+    s = settings()
+    assert s.deadline_ms == 250 and "RRTO_DEADLINE_MS='soon'" in s.config_note
+    monkeypatch.setenv("RRTO_DEADLINE_MS", "-5")
+    assert settings().deadline_ms == 250

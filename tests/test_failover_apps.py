@@ -100,12 +100,15 @@ def test_a_killed_host_fails_the_app_over_to_another_host():
             **TEST_DEFAULTS)
         robot.wait_for(lambda s: all(h["state"] == "up" for h in s["hosts"]), what="hosts up")
         app = start_app(robot)
-        offloading(robot, "gpu0", 10, app)
-        kill(gpus[0])
+        first = robot.wait_for(lambda s: bool(s["sessions"]), timeout=120,
+                               what="a session")["sessions"]
+        k = int(first[0]["host"].removeprefix("gpu"))  # the one first-up gave (gpu0 mostly)
+        offloading(robot, f"gpu{k}", 10, app)
+        kill(gpus[k])
         lost_at = time.monotonic()
-        offloading(robot, "gpu1", 1, app)
+        offloading(robot, f"gpu{1 - k}", 1, app)
         took = time.monotonic() - lost_at
-        offloading(robot, "gpu1", 10, app)
+        offloading(robot, f"gpu{1 - k}", 10, app)
         _, stats = finish(app)
         assert stats["hosts_lost"] == 1 and stats.get("reconnects") == 1, stats
         print(f"offloading on the other host {took:.2f} s after the kill, the shim offline "
@@ -123,10 +126,10 @@ def test_a_stalled_host_costs_an_inference_no_more_than_its_deadline():
         robot = launcher.start("robot", roles=["robot"],
                                hosts=[{"name": "gpu", "address": f"127.0.0.1:{port}"}],
                                **TEST_DEFAULTS)
-        app = start_app(robot, RRTO_DEADLINE_MS="150")
+        app = start_app(robot, RRTO_DEADLINE_MS="1000")
         offloading(robot, "gpu", 10, app)
         gpu.proc.send_signal(signal.SIGSTOP)
-        time.sleep(2.0)
+        time.sleep(3.0)
         gpu.proc.send_signal(signal.SIGCONT)
         robot.wait_for(lambda s: s["hosts"][0]["state"] == "up", timeout=30, what="host up")
         deadline = time.monotonic() + 60  # offloading again: a session with new inferences
@@ -141,3 +144,5 @@ def test_a_stalled_host_costs_an_inference_no_more_than_its_deadline():
             raise AssertionError(f"not offloading again: {before} -> {now}")
         _, stats = finish(app)
         assert stats.get("deadline_misses", 0) + stats.get("hosts_lost", 0) >= 1, stats
+        print(f"deadline misses {stats.get('deadline_misses', 0)}, hosts lost "
+              f"{stats.get('hosts_lost', 0)}")

@@ -179,8 +179,8 @@ def test_problems_names_missing_members_and_wrong_signatures() -> None:
     assert "no follows_state" in found and "no read_ns" in found and "no set_state" in found
     assert any(p.startswith("read cannot be called as ()") for p in found), found
     assert problems(lambda channel: None, hookspecs.InterceptorFactory) == [
-        "__call__ cannot be called as (channel, mode=, fallback=, replay=): got an unexpected "
-        "keyword argument 'mode'"]
+        "__call__ cannot be called as (channel, mode=, fallback=, replay=, deadline_ms=): got an "
+        "unexpected keyword argument 'mode'"]
 
 
 def test_a_meter_that_declares_nothing_is_refused_with_what_it_lacks() -> None:

@@ -407,7 +407,7 @@ class ReplayClient:
         self.planning_ns = 0
         self.counters = {"replays": 0, "mismatches": 0, "replayed_ops": 0, "dropped": 0,
                          "failed": 0, "failed_ahead": 0, "answer_waits": 0, "joined": 0,
-                         "switches": 0}
+                         "switches": 0, "abandoned": 0}
 
     # ----- from the reader thread -----
     def define(self, d: ops_pb2.SequenceDef) -> None:

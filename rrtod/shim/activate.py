@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rrtod.switches import SwitchError, disabled_plugins, flag
+from rrtod.switches import SwitchError, disabled_plugins, flag, milliseconds
 
 DEFAULT_SOCKET = "/run/rrto/rrtod.sock"
 
@@ -50,12 +50,10 @@ def settings() -> ShimSettings:
         replay = flag("RRTO_REPLAY", replay)
     except SwitchError as exc:
         note = f"{note}; {exc}: ignored" if note else f"{exc}: ignored"
-    raw = os.environ.get("RRTO_DEADLINE_MS")
-    if raw is not None:
-        try:
-            deadline = float(raw) if float(raw) > 0 else None
-        except ValueError:
-            note = f"{note}; RRTO_DEADLINE_MS={raw!r} is not a number: ignored".lstrip("; ")
+    try:
+        deadline = milliseconds("RRTO_DEADLINE_MS", deadline)
+    except SwitchError as exc:
+        note = f"{note}; {exc}: ignored" if note else f"{exc}: ignored"
     mode = os.environ.get("RRTO_MODE", mode)
     fallback = os.environ.get("RRTO_FALLBACK", fallback)
     if mode not in ("stream", "sync"):
