@@ -340,3 +340,22 @@ def test_the_deadline_comes_from_the_config_or_rrto_deadline_ms(tmp_path, monkey
     assert s.deadline_ms == 250 and "RRTO_DEADLINE_MS='soon'" in s.config_note
     monkeypatch.setenv("RRTO_DEADLINE_MS", "-5")
     assert settings().deadline_ms == 250
+
+
+def test_inputs_made_under_inference_mode_are_kept_as_copies(tmp_path):
+    """An inference tensor has no version counter: the journal keeps a copy of it, so a frame
+    buffer reused under ``inference_mode`` is still rebuilt from what was sent."""
+    m = mlp()
+    with torch.inference_mode():
+        frame = torch.randn(2, 8)
+        ref = m(frame)
+    itc = loopback(tmp_path)
+    try:
+        with torch.inference_mode():
+            y = m(frame)
+            sent = frame.clone()
+            frame.add_(1.0)  # the next frame, in the same buffer
+        itc.session.channel.lose("GPU host vanished")
+        assert torch.equal(y.cpu(), ref) and not torch.equal(frame, sent)
+    finally:
+        itc.uninstall()

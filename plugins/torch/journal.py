@@ -31,7 +31,8 @@ STALE_AFTER = 64  # begins of other threads after which a thread's window is let
 # An argument as kept: a proxy is ``(_ID, id)`` (an earlier call's output) or ``(_PERSISTENT,
 # handle)`` (a weight: its ``local`` copy is the app's own), a local tensor ``(_LOCAL, tensor,
 # version)``: an app that writes into it after sending it (a reused frame buffer) leaves no
-# trustworthy copy of what was sent. Tuples, not objects: this runs for every operator.
+# trustworthy copy of what was sent. An inference tensor (made under ``inference_mode``) has no
+# version counter: a copy is kept (``(_LOCAL, copy, None)``). Tuples, not objects: this runs for every operator.
 _ID, _PERSISTENT, _LOCAL = object(), object(), object()
 
 
@@ -47,7 +48,10 @@ def _token(x: Any) -> Any:
         h = x._rrto_handle
         return (_ID, h.id) if h.hash is None else (_PERSISTENT, h)
     if isinstance(x, torch.Tensor):
-        return (_LOCAL, x, x._version)
+        try:
+            return (_LOCAL, x, x._version)
+        except RuntimeError:  # an inference tensor keeps no version: keep a copy instead
+            return (_LOCAL, x.clone(), None)
     if t is list or t is tuple:
         return t([_token(v) for v in x])
     return x
@@ -156,7 +160,7 @@ class Journal:
                     raise Unrecoverable("a weight was changed on the GPU host")
                 return values.get(h.id, h.local)
             if type(x) is tuple and x and x[0] is _LOCAL:
-                if x[1]._version != x[2]:
+                if x[2] is not None and x[1]._version != x[2]:
                     raise Unrecoverable("a local tensor changed since it was sent")
                 return x[1]
             if type(x) in (list, tuple):
