@@ -59,17 +59,35 @@ def _check_address(value: str) -> str:
     return value
 
 
+# gRPC's name syntax (dns:[//authority/]host:port) with an empty authority: the system resolver.
+DNS_PREFIX = "dns:///"
+
+
 def _check_peer_address(value: str) -> str:
-    """A peer-link address: ``HOST:PORT`` (TCP) or ``unix:/absolute/path`` (a local socket)."""
+    """A peer-link address: ``HOST:PORT`` (TCP), ``unix:/absolute/path`` (a local socket) or
+    ``dns:///NAME:PORT`` (every address NAME resolves to, each a host: ``rrtod.robot.host_source``)."""
     if value.startswith("unix:"):
         if not value.removeprefix("unix:").startswith("/"):
             raise ValueError(f"expected unix:/absolute/path, got {value!r}")
+        return value
+    if value.startswith("dns:"):
+        if not value.startswith(DNS_PREFIX):
+            raise ValueError(f"expected {DNS_PREFIX}NAME:PORT (no DNS server can be named: the "
+                             f"system resolver answers), got {value!r}")
+        try:
+            _check_address(value.removeprefix(DNS_PREFIX))
+        except ValueError:
+            raise ValueError(f"expected {DNS_PREFIX}NAME:PORT, got {value!r}") from None
         return value
     return _check_address(value)
 
 
 def is_unix(address: str) -> bool:
     return address.startswith("unix:")
+
+
+def is_dns(address: str) -> bool:
+    return address.startswith(DNS_PREFIX)
 
 
 def parse_size(value: int | str) -> int:
@@ -98,16 +116,31 @@ def parse_size(value: int | str) -> int:
 
 
 class HostConfig(_Section):
-    """A GPU daemon this robot daemon offloads to."""
+    """A GPU daemon this robot daemon offloads to; with a ``dns:///NAME:PORT`` address, every
+    GPU daemon at an address NAME resolves to."""
 
     name: str = Field(min_length=1)
     address: str
     transport: str = "grpc"  # transport plugin that opens the channel
+    refresh: float = Field(default=10.0, gt=0, le=3600)  # dns: seconds between resolutions
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if "/" in v:
+            raise ValueError("must not contain '/' (it joins a dns: host's name and each address)")
+        return v
 
     @field_validator("address")
     @classmethod
     def _address(cls, v: str) -> str:
         return _check_peer_address(v)
+
+    @model_validator(mode="after")
+    def _refresh_for_dns(self) -> HostConfig:
+        if "refresh" in self.model_fields_set and not is_dns(self.address):
+            raise ValueError(f"refresh: only a {DNS_PREFIX}NAME:PORT address is resolved again")
+        return self
 
 
 class TLSConfig(_Section):
@@ -277,6 +310,8 @@ class Config(_Section):
     socket_limits: SocketLimitsConfig = SocketLimitsConfig()
     state_dir: str = "/var/lib/rrto"
     listen: str | None = None  # gpu role: a TCP address too; null: only the unix peer socket
+    # gpu role: a plaintext TCP address serving only the standard gRPC health service (probes)
+    health_listen: str | None = None
     hosts: tuple[HostConfig, ...] = ()
     tls: TLSConfig = TLSConfig()
     access: dict[str, AccessRule] = Field(default_factory=dict)  # gpu role: identity -> rule
@@ -301,7 +336,7 @@ class Config(_Section):
             raise ValueError("roles must not repeat")
         return v
 
-    @field_validator("listen")
+    @field_validator("listen", "health_listen")
     @classmethod
     def _listen(cls, v: str | None) -> str | None:
         return None if v is None else _check_address(v)
@@ -332,6 +367,12 @@ class Config(_Section):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"hosts: duplicate host name(s) {', '.join(dupes)}")
+        return self
+
+    @model_validator(mode="after")
+    def _health_port(self) -> Config:
+        if self.health_listen is not None and self.health_listen == self.listen:
+            raise ValueError("health_listen: must differ from listen (it serves plaintext)")
         return self
 
     @model_validator(mode="after")

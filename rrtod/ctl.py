@@ -85,14 +85,21 @@ def render_status(s: dict[str, Any]) -> str:
         "plugins: " + "; ".join(f"{fam}: {', '.join(names) or '-'}"
                                 for fam, names in s["plugins"].items()),
     ]
-    if s.get("hosts"):
+    resolved = [x for x in s.get("host_sources") or [] if "resolved_at" in x]  # dns: entries
+    if s.get("hosts") or resolved:
         lines += ["", "HOSTS"]
+    if s.get("hosts"):
         rows = [["NAME", "ADDRESS", "STATE", "SINCE", "RTT", "DEVICE", "SESSIONS"]]
         for h in s["hosts"]:
             rtt = "-" if h["rtt_ms"] is None else f"{h['rtt_ms']:.2f} ms"
             rows.append([h["name"], h["address"], h["state"], _ago(h["since"]), rtt,
                          h["device"] or "-", str(h["sessions"])])
         lines.append(_table(rows))
+    for x in resolved:
+        last = f"last {_ago(x['resolved_at'])} ago" if x["resolved_at"] else "never resolved"
+        error = f"  error: {x['error']}" if x["error"] else ""
+        lines.append(f"{x['name']}: {x['address']} resolves to {len(x['hosts'])} host(s), "
+                     f"every {x['refresh']:g}s, {last}{error}")
     if s.get("sessions"):
         lines += ["", "APP SESSIONS"]
         rows = [["ID", "APP", "PID", "HOST", "STATE", "OPS", "INFERENCES", "UP", "DOWN",

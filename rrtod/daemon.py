@@ -38,7 +38,7 @@ log = structlog.get_logger("rrtod")
 EX_CONFIG = 78
 # Keys that bind sockets or identity: changing them needs a restart, a reload keeps the old value.
 RESTART_KEYS = ("roles", "node", "socket", "socket_mode", "socket_limits", "state_dir", "listen",
-                "tls")
+                "health_listen", "tls")
 
 
 def check_plugins(loaded: LoadedConfig, registry: Registry) -> None:

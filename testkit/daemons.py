@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,7 +145,9 @@ class Launcher:
         self._dirs: list[Path] = []
 
     def start(self, name: str = "rrtod", extra_env: dict[str, str] | None = None,
-              wait: bool = True, **overrides: Any) -> Daemon:
+              wait: bool = True, prefix: Sequence[str] = (), **overrides: Any) -> Daemon:
+        """``prefix``: a command that runs the daemon (and must exec it, so that signals reach
+        it), e.g. ``unshare`` to give it a private /etc/hosts."""
         import yaml  # here, not at the top: testkit.apps (stdlib only) imports this module
 
         # Unix socket paths are limited to 108 bytes: keep them short, under /tmp.
@@ -163,8 +165,8 @@ class Launcher:
         env.pop("WATCHDOG_PID", None)
         log_path = base / "rrtod.log"
         with open(log_path, "wb") as log_file:
-            proc = subprocess.Popen([sys.executable, "-m", "rrtod", "--config", str(path)], env=env,
-                                    stdout=log_file, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen([*prefix, sys.executable, "-m", "rrtod", "--config", str(path)],
+                                    env=env, stdout=log_file, stderr=subprocess.STDOUT)
         daemon = Daemon(proc, base, path, config, log_path, notify)
         self.daemons.append(daemon)
         if wait:

@@ -23,8 +23,9 @@ def rrtod_daemon() -> Iterator[Any]:
     launcher = Launcher(extra_env={"PYTHONPATH": path})
 
     def start(name: str = "rrtod", extra_env: dict[str, str] | None = None, wait: bool = True,
-              **overrides: Any) -> Any:
-        return launcher.start(name, extra_env=extra_env, wait=wait, **{**TEST_DEFAULTS, **overrides})
+              prefix: tuple[str, ...] = (), **overrides: Any) -> Any:
+        return launcher.start(name, extra_env=extra_env, wait=wait, prefix=prefix,
+                              **{**TEST_DEFAULTS, **overrides})
 
     yield start
     launcher.close()

@@ -144,6 +144,17 @@ def test_tcp_needs_certificates_unless_insecure_is_written() -> None:
     assert unix.tls.mode == "mtls" and unix.peer_hosts()[0].address == "unix:/r/p.sock"
 
 
+def test_dns_hosts_entry() -> None:
+    """A pool behind one name: TCP (so certificates are required), refreshed every 10 s."""
+    entry = {"name": "gpu-pool", "address": "dns:///rrto-gpu.rrto.svc.cluster.local:7730"}
+    with pytest.raises(ConfigError) as err:
+        from_mapping({"roles": ["robot"], "hosts": [entry]})
+    assert err.value.key == "tls.ca"
+    c = from_mapping({"roles": ["robot"], "hosts": [entry], "tls": {"mode": "insecure"}})
+    assert c.hosts[0].refresh == 10.0 and cfg.is_dns(c.hosts[0].address)
+    assert ("hosts[0].transport", "transport", "grpc") in c.plugin_choices()
+
+
 def test_access_rules_validate() -> None:
     c = from_mapping({"access": {"spiffe://fleet/robot-1": {"max_sessions": 2,
                                                            "memory_quota": "1GiB"},
@@ -337,6 +348,18 @@ def _error(tmp_path: Path, main: str, **drop_ins: str) -> ConfigError:
         ("log: {level: verbose}\n", "log.level", "'verbose'"),
         ("power: {model: {inference: hot}}\n", "power.model.inference", "valid number"),
         ("drain_timeout: -1\n", "drain_timeout", "greater than or equal to 0"),
+        ("hosts: [{name: p, address: 'dns://10.0.0.2/pool:7730'}]\n", "hosts[0].address",
+         "no DNS server can be named"),
+        ("hosts: [{name: p, address: 'dns:///pool'}]\n", "hosts[0].address",
+         "dns:///NAME:PORT"),
+        ("hosts: [{name: p, address: 'pool:7730', refresh: 5}]\n", "hosts[0].refresh",
+         "only a dns:///NAME:PORT address"),
+        ("hosts: [{name: p, address: 'dns:///pool:7730', refresh: 0}]\n", "hosts[0].refresh",
+         "greater than 0"),
+        ("hosts: [{name: a/b, address: 'pool:7730'}]\n", "hosts[0].name", "must not contain '/'"),
+        ("roles: [gpu]\nlisten: '0.0.0.0:1'\nhealth_listen: '0.0.0.0:1'\n"
+         "tls: {mode: insecure}\n", "health_listen", "must differ from listen"),
+        ("health_listen: 7731\n", "health_listen", "valid string"),
     ],
 )
 def test_errors_name_file_key_and_reason(tmp_path: Path, text: str, key: str, reason: str) -> None:

@@ -10,6 +10,8 @@ file mode) and, only when ``listen`` names one, on a TCP port secured by ``tls``
 method except the standard health service (left open for load balancers and probes: it tells
 only whether the daemon serves) first establishes who calls (``rrtod.tls.peer_identity``) and
 whether the access rules admit them (``rrtod.gpu.access``), and refuses the call otherwise.
+Probes that cannot present a certificate (Kubernetes' grpc probe) get ``health_listen``: a
+plaintext port of a second server that has the health service alone.
 """
 
 from __future__ import annotations
@@ -324,6 +326,7 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
         self.draining = False
         self._ids = itertools.count(1)
         self.server: grpc.aio.Server | None = None
+        self.health_server: grpc.aio.Server | None = None  # health_listen's: health alone
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else None
         self.blobs: Any = None
         self.port: int | None = None
@@ -360,10 +363,22 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
                             "(tls.mode: insecure): anyone who reaches it may run operators here",
                             listen=listen, port=self.port)
         await self.server.start()
+        if self.config.health_listen is not None:
+            await self._serve_health(self.config.health_listen)
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         log.info("gpu role serving", peer_socket=self.config.peer_socket, listen=listen,
                  tls=self.config.tls.mode if listen else None, access=sorted(self.config.access))
+
+    async def _serve_health(self, listen: str) -> None:
+        """A plaintext port that answers the health service and nothing else (the same
+        servicer as the peer port, so draining shows on both): what it tells is only whether
+        this daemon serves, the same as the health service on ``listen``."""
+        self.health_server = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
+        if not self.health_server.add_insecure_port(listen):
+            raise OSError(f"cannot listen on {listen} (health_listen)")
+        await self.health_server.start()
 
     def _bind_unix(self) -> None:
         """The unix peer socket, created with the app socket's mode (never wider, not even
@@ -393,6 +408,8 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
         if self.server is not None:
             await self.server.stop(grace)
             Path(self.config.peer_socket).unlink(missing_ok=True)
+        if self.health_server is not None:
+            await self.health_server.stop(None)
         for session in list(self.sessions.values()):
             await session.close()
         self.sessions.clear()
@@ -571,6 +588,7 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
         """Host state, for ``rrtoctl status`` (the local socket only)."""
         return {
             "listen": self.config.listen,
+            "health_listen": self.config.health_listen,
             "peer_socket": self.config.peer_socket,
             "port": self.port,
             "tls": self.config.tls.mode if self.config.listen else None,

@@ -1,7 +1,9 @@
 """The ``robot`` role: app sessions from the unix socket, relayed to GPU daemons.
 
-The role keeps the connections to GPU hosts (``HostLink``, one per configured host, watched
-for liveness) and the app sessions. An app's connection becomes a session after ``AppHello``:
+The role keeps the connections to GPU hosts (``HostLink``, one per host its ``hosts`` entries
+name: an address, or every address a ``dns:///`` name resolves to (``host_source``); watched for
+liveness) and the app sessions. A host that is no longer named gets no new sessions and its
+link is closed once its last session ends. An app's connection becomes a session after ``AppHello``:
 the host balancer picks an up host, and an ``AppRelay`` (``rrtod/robot/relay.py``) moves the
 session's frames both ways in order until either side ends; its ``Recorder`` sees every frame.
 When a host's link goes down (its ping loop's ``on_down``), the sessions on it are failed at
@@ -23,6 +25,7 @@ from rrtod.config import Config
 from rrtod.framing import ByteBudget, FrameReader, encode
 from rrtod.plugins import Registry
 from rrtod.robot.host_link import HostLink
+from rrtod.robot.host_source import HostSource, Resolver, source_for, system_resolver
 from rrtod.robot.recorder import Recorder
 from rrtod.robot.relay import AppRelay, AppSession, error_reply
 
@@ -30,11 +33,16 @@ log = structlog.get_logger("rrtod.robot")
 
 
 class RobotRole:
-    def __init__(self, config: Config, registry: Registry, energy: Any = None):
+    def __init__(self, config: Config, registry: Registry, energy: Any = None,
+                 resolve: Resolver = system_resolver):
         self.config = config
         self.registry = registry
         self.energy = energy
-        self.hosts: dict[str, HostLink] = {}
+        self.resolve = resolve
+        self.sources: dict[str, HostSource] = {}  # by hosts entry, in config order
+        self.hosts: dict[str, HostLink] = {}  # the hosts they name, in the same order
+        self.retiring: set[HostLink] = set()  # no longer named: closed once idle
+        self._closing: set[asyncio.Task[None]] = set()
         self.relays: dict[str, AppRelay] = {}  # the live app sessions', by session id
         self.balancer = registry.get("balancer", config.balancer).factory()
         self.search_factory = registry.get("search", config.search).factory
@@ -51,17 +59,7 @@ class RobotRole:
         return {sid: relay.session for sid, relay in self.relays.items()}
 
     async def start(self) -> None:
-        self._connect(self.config)
-
-    def _connect(self, config: Config) -> None:
-        for host in config.peer_hosts():
-            if host.name in self.hosts:
-                continue
-            open_channel = self.registry.get("transport", host.transport).factory
-            link = HostLink(host, config.tls, config.health, open_channel, config.node)
-            link.on_down.append(self._host_down)
-            self.hosts[host.name] = link
-            link.start()
+        await self._set_sources(self.config)
 
     def _host_down(self, link: HostLink, why: str) -> None:
         """``link`` went from up to down: fail its sessions now (each relay's own task tells its
@@ -74,21 +72,61 @@ class RobotRole:
             relay.lose_host(why)
 
     async def reload(self, config: Config) -> None:
-        """New hosts are connected, removed ones closed once idle; changed ones reconnect."""
-        wanted = {h.name: h for h in config.peer_hosts()}
-        for name, link in list(self.hosts.items()):
-            if name not in wanted or wanted[name] != link.config or config.tls != self.config.tls:
-                del self.hosts[name]
-                await link.close()
+        """New hosts are connected, removed ones closed once idle; changed ones reconnect (the
+        old link too is closed once idle)."""
+        reconnect = config.tls != self.config.tls
         self.config = config
         self.balancer = self.registry.get("balancer", config.balancer).factory()
         self.search_factory = self.registry.get("search", config.search).factory
-        self._connect(config)
+        await self._set_sources(config, reconnect)
+
+    async def _set_sources(self, config: Config, reconnect: bool = False) -> None:
+        """One source per hosts entry: unchanged ones kept, others (re)started."""
+        wanted = {h.name: h for h in config.peer_hosts()}
+        for name, source in list(self.sources.items()):
+            if wanted.get(name) != source.entry:
+                del self.sources[name]
+                await source.close()
+        new = [source_for(h, self.resolve) for name, h in wanted.items() if name not in self.sources]
+        self.sources.update((s.entry.name, s) for s in new)
+        self.sources = {name: self.sources[name] for name in wanted}
+        await asyncio.gather(*(s.start(self._sync) for s in new))
+        self._sync(reconnect)
+
+    def _sync(self, reconnect: bool = False) -> None:
+        """One link per host the sources name: new ones connected, gone or changed ones retired.
+        Called by the sources whenever their hosts change; no await, so never interleaved."""
+        wanted = {h.name: (h, s) for s in self.sources.values() for h in s.hosts}
+        for name, link in list(self.hosts.items()):
+            if reconnect or name not in wanted or wanted[name][0] != link.config:
+                del self.hosts[name]
+                self.retiring.add(link)
+                self._close_if_idle(link)
+        for name, (host, source) in wanted.items():
+            if name not in self.hosts:
+                open_channel = self.registry.get("transport", host.transport).factory
+                link = HostLink(host, source.tls(self.config.tls), self.config.health,
+                                open_channel, self.config.node)
+                link.on_down.append(self._host_down)
+                self.hosts[name] = link
+                link.start()
+        self.hosts = {name: self.hosts[name] for name in wanted}
+
+    def _close_if_idle(self, link: HostLink) -> None:
+        if link in self.retiring and link.sessions == 0:
+            self.retiring.discard(link)
+            task = asyncio.get_running_loop().create_task(link.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     async def stop(self) -> None:
-        for link in self.hosts.values():
+        for source in self.sources.values():
+            await source.close()
+        for link in [*self.hosts.values(), *self.retiring]:
             await link.close()
+        await asyncio.gather(*self._closing, return_exceptions=True)
         self.hosts.clear()
+        self.retiring.clear()
 
     # ----- one app connection -----
     async def serve_app(self, hello: local_pb2.AppHello, cred: tuple[int, int, int],
@@ -102,7 +140,9 @@ class RobotRole:
             return
         link = await self._choose_host()
         if link is None:
-            states = ", ".join(f"{h.name}={h.state}" for h in self.hosts.values()) or "none configured"
+            states = ", ".join([*(f"{h.name}={h.state}" for h in self.hosts.values()),
+                                *(f"{s.entry.name}: {s.error}" for s in self.sources.values()
+                                  if s.error)]) or "none configured"
             await _refuse(writer, "NO_HOST", f"no GPU host is up ({states})")
             return
         sid = f"s{next(self._ids)}"
@@ -121,6 +161,7 @@ class RobotRole:
                 versions=hello.versions))
         finally:
             link.sessions -= 1
+            self._close_if_idle(link)
             self.relays.pop(sid, None)
             done = session.describe()
             self.finished["sessions"] += 1
@@ -154,6 +195,7 @@ class RobotRole:
     def describe(self) -> dict[str, Any]:
         return {
             "hosts": [h.describe() for h in self.hosts.values()],
+            "host_sources": [s.describe() for s in self.sources.values()],
             "sessions": [s.describe() for s in self.sessions.values()],
             "finished": dict(self.finished),
         }
