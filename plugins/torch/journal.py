@@ -32,7 +32,8 @@ STALE_AFTER = 64  # begins of other threads after which a thread's window is let
 # handle)`` (a weight: its ``local`` copy is the app's own), a local tensor ``(_LOCAL, tensor,
 # version)``: an app that writes into it after sending it (a reused frame buffer) leaves no
 # trustworthy copy of what was sent. An inference tensor (made under ``inference_mode``) has no
-# version counter: a copy is kept (``(_LOCAL, copy, None)``). Tuples, not objects: this runs for every operator.
+# version counter: a copy is kept (``(_LOCAL, copy, None)``). Tuples, not objects: this runs
+# for every operator.
 _ID, _PERSISTENT, _LOCAL = object(), object(), object()
 
 
