@@ -14,7 +14,8 @@ hit. Reported: faults, errors the app saw (must be 0), frames that differ from l
 0), losses and reconnects the shim counted, p50/p99 latency, and per fault the extra latency of
 the inference in flight (its time less the median), worst case included.
 
-Writes bench/results/chaos-<fault>.json and .md (``--out`` for another directory).
+Writes bench/results/chaos-<fault>[-deadline<ms>].json and .md (``--out`` for another
+directory).
 """
 
 from __future__ import annotations
@@ -227,8 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     r = Chaos(a).run()
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / f"chaos-{a.fault}.json").write_text(json.dumps(r, indent=1) + "\n")
-    (a.out / f"chaos-{a.fault}.md").write_text(render(r))
+    name = f"chaos-{a.fault}" + (f"-deadline{a.deadline_ms:g}" if a.deadline_ms else "")
+    (a.out / f"{name}.json").write_text(json.dumps(r, indent=1) + "\n")
+    (a.out / f"{name}.md").write_text(render(r))
     print(render(r))
     ok = r["app_errors"] == 0 and r["frames_differing_from_local"] == 0
     return 0 if ok else 1
