@@ -5,7 +5,10 @@ be rebuilt raises ``HostLost`` as before. Every result is compared with local ex
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -19,6 +22,20 @@ from rrto_plugins.torch.testing import loopback
 def mlp() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4)).eval()
+
+
+@contextlib.contextmanager
+def offloaded(tmp_path, **kw: Any) -> Iterator[Any]:
+    """An installed loopback interceptor (``plugins/torch/testing.py``), uninstalled after."""
+    itc = loopback(tmp_path, **kw)
+    try:
+        yield itc
+    finally:
+        itc.uninstall()
+
+
+def lose(itc: Any, why: str = "GPU host vanished") -> None:
+    itc.session.channel.lose(why)
 
 
 class LoseMidway(nn.Module):
@@ -43,13 +60,12 @@ def test_the_open_inference_is_rebuilt_here_when_the_host_is_lost(tmp_path):
     m, x = mlp(), torch.randn(2, 8)
     with torch.no_grad():
         ref = m(x)
-    itc = loopback(tmp_path)
-    try:
+    with offloaded(tmp_path) as itc:
         with torch.no_grad():
             y = m(x)
             z = y.softmax(-1)  # computed on the host after the module returned
         assert isinstance(z, RemoteTensor)
-        itc.session.channel.lose("GPU host vanished")
+        lose(itc)
         assert torch.equal(y.cpu(), ref)
         assert torch.equal(z.cpu(), ref.softmax(-1))
         with torch.no_grad():  # later inferences run here, on the app's copies of the weights
@@ -57,79 +73,62 @@ def test_the_open_inference_is_rebuilt_here_when_the_host_is_lost(tmp_path):
         assert type(again) is torch.Tensor and torch.equal(again, ref)
         c = itc.session.counters
         assert c["hosts_lost"] == 1 and c["recoveries"] == 1 and c["rebuilt_reads"] == 2
-    finally:
-        itc.uninstall()
 
 
 def test_a_host_lost_in_the_middle_of_a_forward_is_no_error(tmp_path):
     x = torch.randn(3, 8)
     with torch.no_grad():
         ref = LoseMidway(None)(x)
-    itc = loopback(tmp_path)
-    try:
-        m = LoseMidway(lambda: itc.session.channel.lose("GPU host vanished"))
+    with offloaded(tmp_path) as itc:
+        m = LoseMidway(lambda: lose(itc))
         with torch.no_grad():
             y = m(x)
         assert type(y) is torch.Tensor and torch.equal(y, ref)
-    finally:
-        itc.uninstall()
 
 
 def test_a_value_from_before_the_kept_window_raises_never_a_wrong_value(tmp_path):
     m, x = mlp(), torch.randn(2, 8)
-    itc = loopback(tmp_path)
-    try:
+    with offloaded(tmp_path) as itc:
         with torch.no_grad():
             old = m(x) * 2
             for _ in range(3):  # the journal keeps this inference and the one before
                 m(x).cpu()
-        itc.session.channel.lose("GPU host vanished")
+        lose(itc)
         with pytest.raises(HostLost, match="lived on the GPU host"):
             old.cpu()
-    finally:
-        itc.uninstall()
 
 
 def test_a_value_kept_from_the_previous_inference_is_rebuilt(tmp_path):
     m, x0, x1 = mlp(), torch.randn(2, 8), torch.randn(2, 8)
     with torch.no_grad():
         ref0, ref1 = m(x0), m(x1)
-    itc = loopback(tmp_path)
-    try:
+    with offloaded(tmp_path) as itc:
         with torch.no_grad():
             last = m(x0)  # a tracker's previous result, read after the next inference
             now = m(x1)
-        itc.session.channel.lose("GPU host vanished")
+        lose(itc)
         assert torch.equal(now.cpu(), ref1) and torch.equal(last.cpu(), ref0)
-    finally:
-        itc.uninstall()
 
 
 def test_an_input_changed_in_place_since_it_was_sent_is_not_trusted(tmp_path):
     m, frame = mlp(), torch.randn(2, 8)
-    itc = loopback(tmp_path)
-    try:
+    with offloaded(tmp_path) as itc:
         with torch.no_grad():
             y = m(frame)
             frame.add_(1.0)  # a reused frame buffer, already holding the next frame
-        itc.session.channel.lose("GPU host vanished")
+        lose(itc)
         with pytest.raises(HostLost):
             y.cpu()
-    finally:
-        itc.uninstall()
 
 
 def test_fallback_error_raises_host_lost(tmp_path):
     m, x = mlp(), torch.randn(2, 8)
-    itc = loopback(tmp_path, fallback="error")
-    try:
+    with offloaded(tmp_path, fallback="error") as itc:
         with torch.no_grad():
             y = m(x)
-        itc.session.channel.lose("GPU host vanished")
+        lose(itc)
         with pytest.raises(HostLost, match="GPU host vanished"):
             y.cpu()
-    finally:
-        itc.uninstall()
 
 
 def _until_offloading(itc, m: nn.Module, x: torch.Tensor, ref: torch.Tensor) -> int:
@@ -153,12 +152,11 @@ def test_the_session_goes_back_to_offloading_on_a_new_host(tmp_path):
     m, x = mlp(), torch.randn(2, 8)
     with torch.no_grad():
         ref = m(x)
-    itc = loopback(tmp_path, takeover=True)
-    try:
+    with offloaded(tmp_path, takeover=True) as itc:
         with torch.no_grad():
             kept = m(x)
         first = itc.session.channel.executor
-        itc.session.channel.lose("GPU host vanished")
+        lose(itc)
         _until_offloading(itc, m, x, ref)
         s = itc.session
         assert s.channel.executor is not first and s.lost is None and s.epoch == 1
@@ -174,41 +172,35 @@ def test_the_session_goes_back_to_offloading_on_a_new_host(tmp_path):
         assert torch.equal(y.cpu(), ref)
         _until_offloading(itc, m, x, ref)
         assert s.epoch == 2
-    finally:
-        itc.uninstall()
 
 
 def test_a_weight_only_the_lost_host_had_keeps_the_session_local(tmp_path):
     """A weight written on the host (``fill_``) has no value here after the loss: using it
     raises, and the session never offers the new host a stale copy."""
     m, x = mlp(), torch.randn(2, 8)
-    itc = loopback(tmp_path, takeover=True)
-    try:
+    with offloaded(tmp_path, takeover=True) as itc:
         with torch.no_grad():
             m(x).cpu()
             m[2].bias.fill_(0.25)
             for _ in range(3):
                 m(x).cpu()
-            itc.session.channel.lose("GPU host vanished")
+            lose(itc)
             for _ in range(3):
                 with pytest.raises(HostLost, match="lived on the GPU host"):
                     m(x)
                 time.sleep(0.05)
         assert itc.session.counters["reconnects"] == 0
         assert "only value" in (itc.session._reconnect.last_error or "")
-    finally:
-        itc.uninstall()
 
 
 def test_the_new_host_frees_what_the_app_drops_while_old_values_are_kept(tmp_path):
     """With rebuilt values of the lost host still held, the new host is still told of every
     proxy the app drops: its tensors do not pile up from one inference to the next."""
     m, x = mlp(), torch.randn(2, 8)
-    itc = loopback(tmp_path, takeover=True)
-    try:
+    with offloaded(tmp_path, takeover=True) as itc:
         with torch.no_grad():
             kept = m(x)
-        itc.session.channel.lose("GPU host vanished")
+        lose(itc)
         assert torch.equal(kept.cpu(), m(x))  # rebuilt: kept stays in ``recovered``
         _until_offloading(itc, m, x, m(x))
         live = []
@@ -218,8 +210,6 @@ def test_the_new_host_frees_what_the_app_drops_while_old_values_are_kept(tmp_pat
             live.append(itc.session.channel.executor.stats()["tensors"])
         assert live[-1] == live[2], live
         assert itc.session.recovered  # and the old value is still there
-    finally:
-        itc.uninstall()
 
 
 class Stallable:
@@ -277,9 +267,8 @@ def test_an_inference_past_its_deadline_is_finished_here_and_the_next_is_offload
     m, x = mlp(), torch.randn(2, 8)
     with torch.no_grad():
         ref = m(x)
-    itc = loopback(tmp_path, channel=Stallable, deadline_ms=50)
-    ch, s = itc.session.channel, itc.session
-    try:
+    with offloaded(tmp_path, channel=Stallable, deadline_ms=50) as itc:
+        ch, s = itc.session.channel, itc.session
         with torch.no_grad():
             for _ in range(2):
                 assert torch.equal(m(x).cpu(), ref)
@@ -297,17 +286,14 @@ def test_an_inference_past_its_deadline_is_finished_here_and_the_next_is_offload
             assert isinstance(z, RemoteTensor) and s.counters["calls"] > calls
             assert torch.equal(z.cpu(), ref) and torch.equal(both.cpu(), ref + ref + 1)
             assert s.counters["deadline_misses"] == 1 and s.lost is None
-    finally:
-        itc.uninstall()
 
 
 def test_a_late_answer_with_host_made_outputs_is_released(tmp_path):
     m, x = Nonzero().eval(), torch.randn(4, 8)
     with torch.no_grad():
         ref = m(x)
-    itc = loopback(tmp_path, channel=Stallable, deadline_ms=50)
-    ch, s = itc.session.channel, itc.session
-    try:
+    with offloaded(tmp_path, channel=Stallable, deadline_ms=50) as itc:
+        ch, s = itc.session.channel, itc.session
         with torch.no_grad():
             for _ in range(3):
                 assert torch.equal(m(x).cpu(), ref)
@@ -319,8 +305,6 @@ def test_a_late_answer_with_host_made_outputs_is_released(tmp_path):
             for _ in range(3):
                 assert torch.equal(m(x).cpu(), ref)
         assert ch.executor.stats()["tensors"] == base
-    finally:
-        itc.uninstall()
 
 
 def test_the_deadline_comes_from_the_config_or_rrto_deadline_ms(tmp_path, monkeypatch):
@@ -349,13 +333,10 @@ def test_inputs_made_under_inference_mode_are_kept_as_copies(tmp_path):
     with torch.inference_mode():
         frame = torch.randn(2, 8)
         ref = m(frame)
-    itc = loopback(tmp_path)
-    try:
+    with offloaded(tmp_path) as itc:
         with torch.inference_mode():
             y = m(frame)
             sent = frame.clone()
             frame.add_(1.0)  # the next frame, in the same buffer
-        itc.session.channel.lose("GPU host vanished")
+        lose(itc)
         assert torch.equal(y.cpu(), ref) and not torch.equal(frame, sent)
-    finally:
-        itc.uninstall()
