@@ -354,13 +354,21 @@ class _ShimSession:
     def __init__(self) -> None:
         self.counters: Counter[str] = Counter()
         self.released: list[int] = []
+        self.stale_released: list[int] = []
         self.lost: str | None = None
+        self.epoch = 0
 
     def send_frames(self, frames: list[Any]) -> None:
         pass
 
     def release_now(self, at_least: int) -> None:
         pass
+
+    def wait_slice(self, cap: float) -> float:
+        return cap
+
+    def past_deadline(self) -> bool:
+        return False
 
 
 def shim_down(data: bytes) -> None:
