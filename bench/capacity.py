@@ -348,7 +348,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.time()
     doc: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "command": "python -m bench.capacity " + " ".join(args.argv),
+        "command": " ".join(["python -m bench.capacity", *args.argv]),
         "machine": _machine(), "git": _git(),
         "plan": {"sessions": n, "app": args.app, "pace_ms": args.pace_ms,
                  "window_s": args.window_s, "robots": args.robots, "limit": args.limit,
