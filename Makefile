@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo bench bench-quick bench-detection bench-chaos proto proto-check lint clean fuzz compat compat-venv \
+.PHONY: install test demo bench bench-quick bench-detection bench-chaos bench-capacity proto proto-check lint clean fuzz compat compat-venv \
 	compat-ci
 
 install: $(STAMP)
@@ -48,6 +48,12 @@ bench-detection: compat-venv
 	$(CVENV)/bin/python -m bench --models $(DETECTION) --links loopback,wifi6-edge \
 		--systems local,nto,rrto --iters 10 --warmup 5 --out bench/results/detection \
 		$(BENCH_ARGS)
+
+# Capacity (bench/capacity.py): 64 concurrent replaying app processes on one GPU daemon, p50/p99
+# latency, daemon memory, and app 65 refused by executor.max_sessions; results in
+# bench/results/capacity.{md,json}. CAPACITY_ARGS e.g. "--sessions 16 --pace-ms 250".
+bench-capacity: install
+	$(BIN)/python -m bench.capacity $(CAPACITY_ARGS)
 
 # Regenerate the wire contract's modules (committed; tests/test_proto.py checks they are current).
 proto: install

@@ -214,6 +214,10 @@ class ExecutorConfig(_Section):
     memory_quota: int = 2 * 2**30  # bytes per session
     # bytes all sessions together; None: half the device memory (GPU) or RAM (CPU host)
     memory_limit: int | None = None
+    # app sessions this gpu daemon serves at once, all identities together; one more is refused
+    # (RESOURCE_EXHAUSTED) when it opens. None: no limit. An access rule's max_sessions limits
+    # one identity on top of this.
+    max_sessions: int | None = Field(default=None, ge=1)
     # Operators added to the built-in positive allowlist; internal or unsafe ones only when
     # written as "unsafe:ns::op" (rrtod/opnames.py, docs/allowlist.md).
     allow_extra: tuple[str, ...] = ()
@@ -228,6 +232,13 @@ class ExecutorConfig(_Section):
     @classmethod
     def _limit(cls, v: int | str | None) -> int | None:
         return None if v is None else parse_size(v)
+
+    @field_validator("max_sessions", mode="before")
+    @classmethod
+    def _count(cls, v: Any) -> Any:
+        if isinstance(v, bool):  # YAML "yes"/"true" is an int subclass: not a count
+            raise ValueError(f"expected a number of sessions (at least 1) or null, got {v!r}")
+        return v
 
     @field_validator("allow_extra", "deny", mode="before")
     @classmethod

@@ -113,8 +113,13 @@ def render_status(s: dict[str, Any]) -> str:
     gpu = s.get("gpu")
     if gpu:
         tcp = f"listen {gpu['listen']}  tls {gpu['tls']}" if gpu.get("listen") else "no TCP port"
+        limit = gpu.get("max_sessions")
+        refused = sum((gpu.get("refused_sessions") or {}).values())
         lines += ["", f"GPU ROLE  peer unix:{gpu.get('peer_socket')}  {tcp}  "
-                      f"device {gpu['device']}"]
+                      f"device {gpu['device']}",
+                  f"sessions {len(gpu['sessions'])} of "
+                  f"{'no limit' if limit is None else f'max {limit}'}"
+                  + (f"  refused {refused}" if refused else "")]
         if gpu["sessions"]:
             rows = [["ID", "APP", "PID", "IDENTITY", "ROBOT", "OPS", "LIVE", "APP / HOST"]]
             for x in gpu["sessions"]:

@@ -56,6 +56,19 @@ class DaemonCollector:
             for identity, count in sorted(by_identity.items()):
                 hs.add_metric([identity], count)
             yield hs
+            limit = d.gpu.config.executor.max_sessions
+            if limit is not None:
+                g = GaugeMetricFamily("rrto_host_session_limit",
+                                      "sessions this gpu daemon serves at once "
+                                      "(executor.max_sessions)")
+                g.add_metric([], limit)
+                yield g
+            refused = CounterMetricFamily("rrto_host_sessions_refused",
+                                          "sessions refused at open by a session limit, by "
+                                          "the config key that set it", labels=["limit"])
+            for key, count in d.gpu.refused.items():
+                refused.add_metric([key], count)
+            yield refused
         if d.energy is not None:  # an EnergyAccountant, on a robot daemon with a meter
             yield from d.energy.collect()
 

@@ -76,3 +76,33 @@ def test_damaged_files_are_skipped_not_fatal(tmp_path):
     assert store.flush("a.py") == 1  # the nodef file: the others are not an app's sequence
     assert store.flush() == 2
     assert list(tmp_path.iterdir()) == []
+
+
+def test_sessions_of_one_app_save_and_count_one_file_concurrently(tmp_path):
+    """64 sessions of one app find the same sequence and save it from their search threads,
+    and add their counts as they end, while new sessions load it: every write is whole (each
+    writer has its own temporary file), so nothing fails and every read parses."""
+    import threading
+
+    from structlog.testing import capture_logs
+
+    store = SequenceStore(tmp_path)
+    d = definition(1, b"w" * 16)
+    store.save("a.py", summary(1, "a.py"), d)
+    loaded: list[int] = []
+
+    def session() -> None:
+        for _ in range(20):
+            store.save("a.py", summary(1, "a.py"), d)
+            store.add_counts("a.py", [{"id": 1, "replays": 1, "mismatches": 0}])
+            loaded.append(len(store.load("a.py")))
+
+    with capture_logs() as logs:
+        threads = [threading.Thread(target=session) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert [e for e in logs if e["log_level"] == "warning"] == []
+    assert loaded == [1] * 160
+    assert [p.name for p in tmp_path.iterdir()] == [f"a.py-{fingerprint(d)}-t1.json"]

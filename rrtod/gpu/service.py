@@ -335,6 +335,8 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
         self._refusals: dict[tuple[str, str], float] = {}  # (identity, reason) -> last logged
         # executor.memory_limit: what all sessions hold together (rrtod.gpu.memory)
         self.host_memory = HostMemory(config.executor.memory_limit)
+        # Sessions refused at open by a session limit, by the key that set it.
+        self.refused = {"executor.max_sessions": 0, "access.max_sessions": 0}
 
     # ----- lifecycle -----
     async def start(self) -> None:
@@ -415,9 +417,11 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
         self.sessions.clear()
 
     def reload(self, config: Config) -> None:
-        """Hot-reloadable settings (quota, allowlist, access rules) apply to calls and sessions
-        from now on; sessions already open keep the grant they opened with. A new memory limit
-        applies at once (None: the default, the default from the device memory)."""
+        """Hot-reloadable settings (quota, allowlist, access rules, session limit) apply to
+        calls and sessions from now on; sessions already open keep the grant they opened with
+        (a lower ``executor.max_sessions`` closes none: it refuses new ones until enough end). A
+        new memory limit applies at once (None: the default, the default from the device
+        memory)."""
         self.config = config
         self.access = AccessPolicy(config)
         self.host_memory.configure(config.executor.memory_limit)
@@ -475,12 +479,21 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first frame must be 'open'")
         if self.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "gpu daemon is shutting down")
-        # From this check to the session's registration nothing awaits: no race past the limit.
+        # From these checks to the session's registration nothing awaits: no race past a limit.
+        limit = self.config.executor.max_sessions
+        if limit is not None and len(self.sessions) >= limit:
+            n = len(self.sessions)
+            reason = (f"{n} session{'s' if n != 1 else ''} open, limit {limit} "
+                      f"(executor.max_sessions of gpu daemon {self.config.node!r})")
+            self.refused["executor.max_sessions"] += 1
+            self._refused(grant.identity, context.peer(), "Session", reason)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, reason)
         if grant.max_sessions is not None:
             held = sum(s.identity == grant.identity for s in self.sessions.values())
             if held >= grant.max_sessions:
                 reason = (f"identity {grant.identity!r} already holds {held} sessions "
                           f"(max_sessions {grant.max_sessions}, access rule {grant.rule!r})")
+                self.refused["access.max_sessions"] += 1
                 self._refused(grant.identity, context.peer(), "Session", reason)
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, reason)
         try:
@@ -594,5 +607,7 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
             "tls": self.config.tls.mode if self.config.listen else None,
             "device": self.device_name(),
             "draining": self.draining,
+            "max_sessions": self.config.executor.max_sessions,  # null: no limit
+            "refused_sessions": dict(self.refused),
             "sessions": [s.describe() for s in self.sessions.values()],
         }

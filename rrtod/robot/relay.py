@@ -6,11 +6,13 @@ for ``ready`` and welcomes the app. ``run`` then moves frames both ways until ei
 as their size allows) and hands each frame to the session's recorder; ``down`` is a task that
 relays the host's messages (host -> app, one socket write per message) and turns the host's
 answers to sequence definitions into definitions for the shim. ``close`` ends the host stream
-and the recorder. A lost host ends the session with a ``HOST_LOST`` error frame, a malformed
-app frame with that frame's error code: the app raises or falls back to local execution, it
-never gets a wrong answer. A host is lost when its stream breaks or ends, or when its link's ping
-loop declares it down (``lose_host``, called by the robot role): a host that stalls with its
-connection open leaves the stream waiting, so the ping loop's bound is what the app waits.
+and the recorder. A lost host ends the session with a ``HOST_LOST`` error frame, a host that
+refuses the session at open (its session limit, its access rules) with ``HOST_REFUSED`` in place
+of the welcome, a malformed app frame with that frame's error code: the app raises or falls back
+to local execution, it never gets a wrong answer. A host is lost when its stream breaks or ends,
+or when its link's ping loop declares it down (``lose_host``, called by the robot role): a host
+that stalls with its connection open leaves the stream waiting, so the ping loop's bound is what
+the app waits.
 
 ``run`` awaits the app's frames directly, not a wait on both directions per burst; the host
 stream's end interrupts it (a cancel), and so does ``lose_host``. ``phase`` names who ended
@@ -37,6 +39,14 @@ from rrtod.wire import session_prefix
 
 log = structlog.get_logger("rrtod.robot")
 
+# How a GPU host that is up says no to a new session (``rrtod/gpu/service.py``): its session
+# limit (``executor.max_sessions``, an access rule's ``max_sessions``), its access rules, a
+# backend it lacks. The app is told ``HOST_REFUSED`` before any welcome: its shim then runs
+# locally or fails with the reason (``intercept.fallback``), as when no host is up.
+REFUSALS = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.PERMISSION_DENIED,
+                      grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION,
+                      grpc.StatusCode.INVALID_ARGUMENT})
+
 
 class AppSession:
     """Robot-side view of one app process's session: who it is and what it has cost (what
@@ -57,7 +67,8 @@ class AppSession:
         self.frames_up = self.frames_down = 0
         self.bytes_up = self.bytes_down = 0
         self.inferences = 0
-        self.state = "opening"  # then "active"; "host-lost" when the host stream broke
+        self.state = "opening"  # then "active"; "host-lost" when the host stream broke,
+        # "refused" when the host refused to open it
         self.recorder = recorder
 
     def describe(self) -> dict[str, Any]:
@@ -117,6 +128,17 @@ class AppRelay:
             await self.open(request)
             await self.run()
         except grpc.aio.AioRpcError as exc:
+            host = self.session.host
+            if self.phase is Phase.OPENING and exc.code() in REFUSALS:
+                # The host answered, and said no (a session limit, its access rules): the app
+                # gets no session, as when no host is up, and the host serves on.
+                self.log.warning("host refused session", code=exc.code().name,
+                                 details=exc.details())
+                self.session.state = "refused"
+                await self.fail("HOST_REFUSED", f"GPU host {host.name} ({host.address}) "
+                                                f"refused the session: {exc.code().name} "
+                                                f"{exc.details()}")
+                return
             self.log.warning("host lost", code=exc.code().name, details=exc.details())
             await self._host_lost(f"{exc.code().name} {exc.details()}")
         except asyncio.CancelledError:

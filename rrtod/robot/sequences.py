@@ -19,6 +19,7 @@ import base64
 import json
 import os
 import re
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,18 @@ def fingerprint(d: ops_pb2.SequenceDef) -> str:
 
 def _slug(app: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", os.path.basename(app) or "app")[:64]
+
+
+def _write(path: Path, doc: dict[str, Any]) -> None:
+    """Replace ``path`` with ``doc`` at once. Sessions of one app save and count the same
+    file from search threads and at their ends, concurrently (64 sessions of one app did): each
+    writer has its own temporary file, so a reader sees a whole document, old or new."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    try:
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -73,10 +86,7 @@ class SequenceStore:
             self.root.mkdir(parents=True, exist_ok=True)
             doc = {**summary, "fingerprint": fingerprint(d),
                    "definition": base64.b64encode(d.SerializeToString()).decode()}
-            path = self.path(app, d)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(doc))
-            tmp.replace(path)
+            _write(self.path(app, d), doc)
         except OSError as exc:
             log.warning("cannot save sequence", error=str(exc), dir=str(self.root))
 
@@ -111,7 +121,10 @@ class SequenceStore:
             live = by_id[doc["id"]]
             doc.update(replays=doc.get("replays", 0) + live["replays"],
                        mismatches=doc.get("mismatches", 0) + live["mismatches"])
-            path.write_text(json.dumps(doc))
+            try:
+                _write(path, doc)
+            except OSError as exc:  # counts are informational: the session ends regardless
+                log.warning("cannot save sequence counts", error=str(exc), path=str(path))
 
     def _documents(self, app: str, ids: set[int]) -> list[tuple[Path, dict[str, Any]]]:
         """The readable files of ``app`` whose sequence id is one of ``ids``."""
