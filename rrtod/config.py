@@ -333,6 +333,9 @@ class Config(_Section):
     search: str = "dds"
     scheduler: str = "remote-all"
     balancer: str = "least-loaded"
+    # robot role: "inference" places each replayed inference of a stateless sequence on the
+    # host the balancer picks (placement.py); "session" keeps a session's work on one host
+    placement: Literal["inference", "session"] = "inference"
     power: PowerConfig = PowerConfig()
     log: LogConfig = LogConfig()
     metrics: MetricsConfig = MetricsConfig()

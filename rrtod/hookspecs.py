@@ -168,6 +168,13 @@ class HostView(Protocol):
     sessions: int  # app sessions open on it from this robot
 
 
+@dataclass(frozen=True)
+class Job:
+    """One replayed inference to place: ``key`` names what it runs ("<app>/<sequence id>")."""
+
+    key: str
+
+
 @runtime_checkable
 class HostBalancer(Protocol):
     def choose(self, hosts: Sequence[HostView]) -> HostView | None:

@@ -177,6 +177,23 @@ def compile_sequence(d: ops_pb2.SequenceDef,
                     constants_at=constants_at, symbols=symbols, varying=varying)
 
 
+def pinned_by(seq: Compiled) -> str | None:
+    """Why ``seq``'s inferences must all run on this host (``SequenceAck.pinned``), or None:
+    a call that writes a value the inference did not make (a weight or buffer updated in
+    place, state kept for the next inference), so that the next inference reads what this one
+    left on this host; or outputs only this host can name (ids it assigns itself)."""
+    d = seq.definition
+    for k, call in enumerate(d.calls):
+        outside = [r for r in call.out_ids if r not in seq.local]
+        if seq.written is not None:
+            outside += [r for r in seq.written(call) if r not in seq.local]
+        if outside:
+            return f"call {k} ({call.op}) writes a value that outlives the inference"
+        if call.want_meta:
+            return f"call {k} ({call.op}) has outputs whose number only the host knows"
+    return None
+
+
 def _int_at(call: ops_pb2.OpCall, sym: ops_pb2.SymbolicInt) -> ops_pb2.Value:
     """The integer argument a symbol names in ``call``; ValueError if there is none."""
     if sym.kwarg:
@@ -390,7 +407,8 @@ class HostReplayer:
             return
         compiled.prepared = [self._prepare(call) for call in d.calls]
         self.sequences[d.id] = compiled
-        emit(ops_pb2.SessionDown(defined=ops_pb2.SequenceAck(id=d.id, accepted=True)))
+        emit(ops_pb2.SessionDown(defined=ops_pb2.SequenceAck(
+            id=d.id, accepted=True, pinned=pinned_by(compiled) or "")))
 
     def _prepare(self, call: ops_pb2.OpCall) -> Any:
         """The executor's decoded form of ``call`` (its replay extension's ``prepare``): a

@@ -66,6 +66,7 @@ class HostLink:
         self.last_error: str | None = None
         self.rtts: deque[float] = deque(maxlen=20)
         self.sessions = 0
+        self.inflight = 0  # replayed inferences placed on it and not yet back (placement.py)
         self.device: str | None = None
         self.executors: list[str] = []
         self.remote_version: str | None = None

@@ -34,6 +34,7 @@ from rrtod import framing
 from rrtod.framing import JOIN_BYTES, FrameError, FrameReader, encode
 from rrtod.grpc_options import BATCH_BYTES
 from rrtod.robot.host_link import HostLink
+from rrtod.robot.placement import Lane, NeedPull, Placement, Unplaceable
 from rrtod.robot.recorder import Recorder
 from rrtod.wire import session_prefix
 
@@ -70,9 +71,12 @@ class AppSession:
         self.state = "opening"  # then "active"; "host-lost" when the host stream broke,
         # "refused" when the host refused to open it
         self.recorder = recorder
+        self.placement: Placement | None = None  # per-inference placement, when on
 
     def describe(self) -> dict[str, Any]:
+        placement = self.placement.describe() if self.placement is not None else None
         return {
+            "placement": placement, **{
             "id": self.id, "app": self.app, "pid": self.pid, "uid": self.uid,
             "host": self.host.name, "host_session": self.host_session, "state": self.state,
             "opened": self.opened, "ops_forwarded": self.calls, "frames_up": self.frames_up,
@@ -80,7 +84,7 @@ class AppSession:
             "bytes_down": self.bytes_down, "inferences": self.inferences,
             "record": self.recorder.describe() if self.recorder else None,
             "versions": self.versions, "host_versions": self.host_versions,
-        }
+        }}
 
 
 class Phase(enum.Enum):
@@ -97,6 +101,13 @@ class Phase(enum.Enum):
     CLOSED = "closed"
 
 
+async def _write(call: grpc.aio.StreamStreamCall, frames: list[ops_pb2.SessionUp]) -> None:
+    """``frames`` as one gRPC message (a ``SessionUpBatch`` when several)."""
+    if frames:
+        await call.write(frames[0] if len(frames) == 1 else ops_pb2.SessionUp(
+            batch=ops_pb2.SessionUpBatch(frames=frames)))
+
+
 def error_reply(code: str, message: str) -> local_pb2.LocalReply:
     return local_pb2.LocalReply(error=ops_pb2.Error(code=code, message=message))
 
@@ -105,14 +116,21 @@ class AppRelay:
     """Relays one app session between the app's unix socket and its host's Session stream."""
 
     def __init__(self, session: AppSession, call: grpc.aio.StreamStreamCall,
-                 frames: FrameReader, writer: asyncio.StreamWriter, energy: Any = None):
+                 frames: FrameReader, writer: asyncio.StreamWriter, energy: Any = None,
+                 placement: Placement | None = None):
         self.session = session
         self.recorder = session.recorder
         self.call = call
         self.frames = frames  # the app's frames, within the socket's limits
         self.writer = writer
         self.energy = energy  # the EnergyAccountant, or None
-        self.write_lock = asyncio.Lock()  # frames and sequence pushes share the host stream
+        # Per-inference placement (placement.py), or None: then every frame goes to ``call``.
+        self.placement = session.placement = placement
+        self.lane = placement.primary if placement is not None else Lane(session.host, call, True)
+        self.write_lock = self.lane.lock  # frames and sequence pushes share the host stream
+        if placement is not None:
+            placement.to_app = self._to_app
+            placement.resend = self._send_lanes
         self.phase = Phase.OPENING
         self.lost: str | None = None  # why the host's link went down (``lose_host``)
         self._task: asyncio.Task[Any] | None = None  # the one running ``serve``
@@ -150,8 +168,13 @@ class AppRelay:
             self.log.warning("bad frame from app", uid=self.session.uid, code=exc.code,
                              error=str(exc))
             await self.fail(exc.code, str(exc))
+        except Unplaceable as exc:  # a value the app needs was on a replica that is gone
+            self.log.warning("host lost", reason=str(exc))
+            await self._host_lost(str(exc))
         finally:
             self.close()
+            if self.placement is not None:
+                await self.placement.close()
 
     async def _host_lost(self, why: str) -> None:
         self.session.state = "host-lost"
@@ -232,6 +255,9 @@ class AppRelay:
         Energy bookkeeping (~0.1 ms a state change with the model meter) is done once the
         frames are on their way, not before. Frames before a malformed one are relayed, then
         ``FrameError`` is raised."""
+        if self.placement is not None and self.placement.seqs:
+            await self._up_placed(requests)
+            return
         session, rec = self.session, self.recorder
         batch: list[ops_pb2.SessionUp] = []
         size = 0
@@ -271,6 +297,101 @@ class AppRelay:
         if bad is not None:
             raise FrameError(f"unexpected {bad} frame inside an app session")
 
+    async def _up_placed(self, requests: list[local_pb2.LocalRequest]) -> None:
+        """``up`` with per-inference placement: each frame to the host ``Placement.route``
+        says (with what it adds), each host's frames in as few messages as their size allows;
+        values a frame names on another host are copied first (``NeedPull``)."""
+        session, rec, placement = self.session, self.recorder, self.placement
+        assert placement is not None
+        routed: list[tuple[Lane, ops_pb2.SessionUp]] = []
+        seen: list[ops_pb2.SessionUp] = []
+        energy: list[local_pb2.InferenceMark | None] = []
+        bad = None
+
+        async def flush() -> None:
+            nonlocal routed, seen
+            await self._send_lanes(routed)
+            await self._observe_up(seen)
+            routed, seen = [], []
+
+        for request in requests:
+            kind = request.WhichOneof("msg")
+            if kind == "session":
+                frame = request.session
+                session.frames_up += 1
+                session.bytes_up += frame.ByteSize()
+                fkind = frame.WhichOneof("msg")
+                if fkind == "call":
+                    session.calls += 1
+                if not energy or energy[-1] is not None:
+                    energy.append(None)
+                if fkind == "define" and rec is not None:
+                    rec.drop(frame.define.id, forget=True)
+                try:
+                    routed += placement.route(frame)
+                except NeedPull as need:
+                    await flush()  # what came before goes first
+                    values = await placement.pull(need.ids)
+                    routed += placement.route(placement.rewrite(frame, values))
+                seen.append(frame)
+                if fkind == "query":  # restored definitions follow the query on the stream
+                    await flush()
+            elif kind == "mark":
+                session.inferences += 1
+                energy.append(request.mark)
+            else:
+                bad = kind or "empty"
+                break
+        await flush()
+        if self.energy is not None:
+            self._account(energy)
+        if bad is not None:
+            raise FrameError(f"unexpected {bad} frame inside an app session")
+
+    async def _send_lanes(self, routed: list[tuple[Lane, ops_pb2.SessionUp]]) -> None:
+        """Each lane's frames (after those queued for it by a failover), in order, in messages
+        of at most ``BATCH_BYTES`` (a large tensor alone)."""
+        placement = self.placement
+        lanes: dict[int, tuple[Lane, list[ops_pb2.SessionUp]]] = {}
+        for lane, _ in placement.pending if placement is not None else ():
+            lanes.setdefault(id(lane), (lane, []))
+        for lane, frame in routed:
+            lanes.setdefault(id(lane), (lane, []))[1].append(frame)
+        for lane, frames in lanes.values():
+            if not lane.alive:
+                continue
+            async with lane.lock:
+                todo = (placement.take(lane) if placement is not None else []) + frames
+                batch: list[ops_pb2.SessionUp] = []
+                size = 0
+                for f in todo:
+                    n = f.ByteSize()
+                    if batch and size + n > BATCH_BYTES:
+                        await _write(lane.call, batch)
+                        batch, size = [], 0
+                    batch.append(f)
+                    size += n
+                await _write(lane.call, batch)
+
+    async def _to_app(self, frame: ops_pb2.SessionDown) -> None:
+        """A replica's frame for the app (``Placement``): logged as the primary's would be."""
+        rec = self.recorder
+        what = frame.WhichOneof("msg")
+        if rec is not None:
+            if what == "answer":
+                rec.observe_answer(frame.answer)
+            elif what == "fetched" and frame.fetched.seq:
+                rec.observe_fetched(frame.fetched)
+            elif what == "replayed":
+                rec.observe_replayed(frame.replayed)
+                return
+        body = frame.SerializeToString()
+        head = session_prefix(len(body))
+        self.session.frames_down += 1
+        self.session.bytes_down += len(head) + len(body)
+        self.writer.write(head + body)
+        await self.writer.drain()
+
     def _account(self, events: list[local_pb2.InferenceMark | None]) -> None:
         """Energy states and inference marks, in the order the app sent them."""
         sid = self.session.id
@@ -285,12 +406,14 @@ class AppRelay:
         """One gRPC message for ``frames``; then the recorder sees each, in order."""
         if not frames:
             return
-        message = frames[0] if len(frames) == 1 else ops_pb2.SessionUp(
-            batch=ops_pb2.SessionUpBatch(frames=frames))
         async with self.write_lock:
-            await self.call.write(message)
+            await _write(self.call, frames)
         if framing.TRACING:
             framing.hop("robot.up.written")
+        await self._observe_up(frames)
+
+    async def _observe_up(self, frames: list[ops_pb2.SessionUp]) -> None:
+        """The recorder sees each app frame, in order; a query brings back saved sequences."""
         rec = self.recorder
         if rec is None:
             return
@@ -306,6 +429,7 @@ class AppRelay:
         answer to a definition (``defined``) is for this daemon: the recorder turns an
         accepted one into the definition the shim gets."""
         session, rec, writer = self.session, self.recorder, self.writer
+        placement, lane = self.placement, self.lane
         while (message := await self.call.read()) is not grpc.aio.EOF:
             if framing.TRACING:
                 framing.hop("robot.down.read")
@@ -314,6 +438,9 @@ class AppRelay:
             parts: list[bytes] = []
             for frame in frames:
                 what = frame.WhichOneof("msg")
+                if placement is not None and what != "defined" and not placement.from_host(
+                        lane, frame):
+                    continue
                 if rec is not None and what == "result" and frame.result.outs:
                     rec.observe_result(frame.result)
                 elif what == "answer" and rec is not None:
@@ -328,6 +455,8 @@ class AppRelay:
                     d = rec.acknowledged(frame.defined) if rec is not None else None
                     if d is None:
                         continue
+                    if placement is not None:
+                        placement.accepted(d, frame.defined)
                     frame = ops_pb2.SessionDown(sequence=d)
                 body = frame.SerializeToString()
                 head = session_prefix(len(body))
@@ -353,6 +482,8 @@ class AppRelay:
         async with self.write_lock:
             await self.call.write(ops_pb2.SessionUp(define=d))
         if not d.calls:
+            if self.placement is not None:
+                await self._send_lanes(self.placement.dropped(d.id))
             self.writer.write(encode(local_pb2.LocalReply(
                 session=ops_pb2.SessionDown(sequence=d))))
             await self.writer.drain()

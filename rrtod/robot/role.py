@@ -26,6 +26,7 @@ from rrtod.framing import ByteBudget, FrameReader, encode
 from rrtod.plugins import Registry
 from rrtod.robot.host_link import HostLink
 from rrtod.robot.host_source import HostSource, Resolver, source_for, system_resolver
+from rrtod.robot.placement import Lane, Placement
 from rrtod.robot.recorder import Recorder
 from rrtod.robot.relay import AppRelay, AppSession, error_reply
 
@@ -70,6 +71,9 @@ class RobotRole:
                         address=link.address, sessions=[r.session.id for r in relays], why=why)
         for relay in relays:
             relay.lose_host(why)
+        for relay in self.relays.values():  # replicas of other sessions there
+            if relay.placement is not None and relay.session.host is not link:
+                relay.placement.lose(link, why)
 
     async def reload(self, config: Config) -> None:
         """New hosts are connected, removed ones closed once idle; changed ones reconnect (the
@@ -151,14 +155,19 @@ class RobotRole:
         session = AppSession(sid, hello, cred, link, recorder)
         frames = FrameReader(reader, local_pb2.LocalRequest, self.config.socket_limits.max_frame,
                              budget)
-        relay = AppRelay(session, link.open_session(), frames, writer, self.energy)
+        request = ops_pb2.SessionOpen(
+            app=hello.app, pid=cred[0], uid=cred[1], robot=self.config.node,
+            executor=hello.executor or self.config.intercept.backend, versions=hello.versions)
+        call = link.open_session()
+        placement = None
+        if self.config.placement == "inference":
+            placement = Placement(Lane(link, call, primary=True), lambda: list(self.hosts.values()),
+                                  lambda: self.balancer, request)
+        relay = AppRelay(session, call, frames, writer, self.energy, placement)
         link.sessions += 1
         self.relays[sid] = relay
         try:
-            await relay.serve(ops_pb2.SessionOpen(
-                app=hello.app, pid=cred[0], uid=cred[1], robot=self.config.node,
-                executor=hello.executor or self.config.intercept.backend,
-                versions=hello.versions))
+            await relay.serve(request)
         finally:
             link.sessions -= 1
             self._close_if_idle(link)

@@ -314,14 +314,16 @@ class SessionDownBatch(_message.Message):
     def __init__(self, frames: _Optional[_Iterable[_Union[SessionDown, _Mapping]]] = ...) -> None: ...
 
 class SequenceAck(_message.Message):
-    __slots__ = ("id", "accepted", "reason")
+    __slots__ = ("id", "accepted", "reason", "pinned")
     ID_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
     id: int
     accepted: bool
     reason: str
-    def __init__(self, id: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+    pinned: str
+    def __init__(self, id: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., pinned: _Optional[str] = ...) -> None: ...
 
 class SeqSource(_message.Message):
     __slots__ = ("kind", "id", "hash", "meta", "any_shape", "fixed")
