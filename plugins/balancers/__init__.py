@@ -6,15 +6,15 @@ The robot daemon passes hosts as ``HostView``s (``name``, ``up``, ``rtt_ms``, ``
 ``inflight``). ``choose`` gets every host and returns one that is up, or None when none is;
 ``place`` gets the up hosts holding the inference's sequence, primary first, and returns one of
 them. Each balancer is built as ``factory(options, state_dir)`` with its ``balancers.<name>``
-block; ``first-up`` and ``least-loaded`` take no options.
+block; none of these takes options.
 """
 
 from __future__ import annotations
 
-from rrto_plugins.balancers.simple import FirstUp, LeastLoaded
+from rrto_plugins.balancers.simple import FirstUp, LeastConnections, LeastLoaded, RoundRobin
 from rrtod.hookspecs import BalancerFactory, PluginRecord, hookimpl
 
-__all__ = ["FirstUp", "LeastLoaded", "rrto_host_balancers"]
+__all__ = ["FirstUp", "LeastLoaded", "LeastConnections", "RoundRobin", "rrto_host_balancers"]
 
 
 @hookimpl
@@ -23,4 +23,7 @@ def rrto_host_balancers() -> list[PluginRecord[BalancerFactory]]:
         PluginRecord("first-up", FirstUp, "first reachable host in configuration order"),
         PluginRecord("least-loaded", LeastLoaded, "fewest sessions/inferences in flight, then "
                                                   "lowest RTT"),
+        PluginRecord("least-connections", LeastConnections,
+                     "fewest sessions/inferences in flight, then lowest RTT (RILaaS baseline)"),
+        PluginRecord("round-robin", RoundRobin, "rotate over the hosts (inferences: per sequence)"),
     ]
