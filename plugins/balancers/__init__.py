@@ -6,15 +6,17 @@ The robot daemon passes hosts as ``HostView``s (``name``, ``up``, ``rtt_ms``, ``
 ``inflight``). ``choose`` gets every host and returns one that is up, or None when none is;
 ``place`` gets the up hosts holding the inference's sequence, primary first, and returns one of
 them. Each balancer is built as ``factory(options, state_dir)`` with its ``balancers.<name>``
-block; none of these takes options.
+block; ``first-up``, ``least-loaded``, ``least-connections`` and ``round-robin`` take no options.
 """
 
 from __future__ import annotations
 
+from rrto_plugins.balancers.model_time import LeastModelTime
 from rrto_plugins.balancers.simple import FirstUp, LeastConnections, LeastLoaded, RoundRobin
 from rrtod.hookspecs import BalancerFactory, PluginRecord, hookimpl
 
-__all__ = ["FirstUp", "LeastLoaded", "LeastConnections", "RoundRobin", "rrto_host_balancers"]
+__all__ = ["FirstUp", "LeastLoaded", "LeastConnections", "RoundRobin", "LeastModelTime",
+           "rrto_host_balancers"]
 
 
 @hookimpl
@@ -26,4 +28,6 @@ def rrto_host_balancers() -> list[PluginRecord[BalancerFactory]]:
         PluginRecord("least-connections", LeastConnections,
                      "fewest sessions/inferences in flight, then lowest RTT (RILaaS baseline)"),
         PluginRecord("round-robin", RoundRobin, "rotate over the hosts (inferences: per sequence)"),
+        PluginRecord("least-model-time", LeastModelTime,
+                     "lowest running latency estimate per sequence, with exploration"),
     ]
