@@ -12,11 +12,12 @@ block; ``first-up``, ``least-loaded``, ``least-connections`` and ``round-robin``
 from __future__ import annotations
 
 from rrto_plugins.balancers.model_time import LeastModelTime
+from rrto_plugins.balancers.q_learning import QLearning
 from rrto_plugins.balancers.simple import FirstUp, LeastConnections, LeastLoaded, RoundRobin
 from rrtod.hookspecs import BalancerFactory, PluginRecord, hookimpl
 
 __all__ = ["FirstUp", "LeastLoaded", "LeastConnections", "RoundRobin", "LeastModelTime",
-           "rrto_host_balancers"]
+           "QLearning", "rrto_host_balancers"]
 
 
 @hookimpl
@@ -30,4 +31,6 @@ def rrto_host_balancers() -> list[PluginRecord[BalancerFactory]]:
         PluginRecord("round-robin", RoundRobin, "rotate over the hosts (inferences: per sequence)"),
         PluginRecord("least-model-time", LeastModelTime,
                      "lowest running latency estimate per sequence, with exploration"),
+        PluginRecord("q-learning", QLearning,
+                     "RILaaS's adaptive policy: tabular Q-learning of -latency, trained online"),
     ]
