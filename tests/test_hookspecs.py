@@ -84,6 +84,11 @@ def test_builtin_objects_conform(builtins, family: str, tmp_path: Path) -> None:
         assert problems(built, BUILDS[family]) == [], name
 
 
+def test_builtin_balancers_are_the_six_documented(builtins) -> None:
+    assert set(builtins["balancer"]) == {"first-up", "least-loaded", "least-connections",
+                                         "round-robin", "least-model-time", "q-learning"}
+
+
 def test_balancer_base_needs_only_choose(tmp_path: Path) -> None:
     """A third-party balancer that writes only ``choose``: the class is a factory, ``place``
     chooses among the given hosts, ``observe``/``close`` do nothing, and options it does not
