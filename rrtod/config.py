@@ -336,6 +336,9 @@ class Config(_Section):
     # robot role: "inference" places each replayed inference of a stateless sequence on the
     # host the balancer picks (placement.py); "session" keeps a session's work on one host
     placement: Literal["inference", "session"] = "inference"
+    # Per balancer plugin, its options: {name: {option: value}}. The block of the balancer
+    # chosen above goes to its factory, which validates it (rrtod.robot.balancing).
+    balancers: dict[str, dict[str, Any]] = Field(default_factory=dict)
     power: PowerConfig = PowerConfig()
     log: LogConfig = LogConfig()
     metrics: MetricsConfig = MetricsConfig()
@@ -361,6 +364,14 @@ class Config(_Section):
         for name in v:
             if not name.strip():
                 raise ValueError("identity names must not be empty")
+        return v
+
+    @field_validator("balancers")
+    @classmethod
+    def _balancers(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for name in v:
+            if not name.strip():
+                raise ValueError("balancer names must not be empty")
         return v
 
     @field_validator("socket_mode", mode="before")
@@ -433,15 +444,23 @@ class Config(_Section):
 
 
 class LoadedConfig:
-    """A validated Config plus where it came from (for status and reload)."""
+    """A validated Config plus where it came from (for status, reload and errors found after
+    validation, such as a plugin's options: ``file_of``)."""
 
-    def __init__(self, config: Config, files: list[Path]):
+    def __init__(self, config: Config, files: list[Path], origin: dict[str, str] | None = None):
         self.config = config
         self.files = files
+        self.origin = origin or {}  # dotted key -> the file that set it
 
     @property
     def path(self) -> Path | None:
         return self.files[0] if self.files else None
+
+    def file_of(self, key: str) -> str:
+        """The file that set ``key`` (or the nearest key above it), else the main file."""
+        if self.origin:
+            return _origin_of(key, self.origin, self.files)
+        return str(self.path) if self.path else "<defaults>"
 
 
 def resolve_path(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -527,27 +546,34 @@ def _origin_of(key: str, origin: dict[str, str], files: list[Path]) -> str:
     return str(files[-1]) if files else "<defaults>"
 
 
+def explain(exc: ValidationError) -> tuple[str, str]:
+    """(dotted key, reason) of a pydantic error, phrased for an operator. Also used for models
+    validated after the config (a balancer's options: ``rrtod.robot.balancing``)."""
+    err = exc.errors()[0]
+    key = _error_key(err["loc"])
+    reason = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        reason = "unknown key"
+    elif err["type"] in ("tuple_type", "list_type"):
+        reason = f"expected a list, got {type(err.get('input')).__name__}"
+    elif err["type"] in ("model_type", "dict_type"):
+        reason = f"expected a mapping, got {type(err.get('input')).__name__}"
+    elif err["type"] == "literal_error":
+        reason = f"{reason}, got {err.get('input')!r}"
+    # Model-level checks phrase their own key ("ca: required ..."): fold it into the path.
+    head, sep, tail = reason.partition(": ")
+    if sep and head.startswith("[") and head.endswith("]") and head[1:-1].isdigit():
+        key, reason = key + head, tail  # a list item's own check: "[2]: why"
+    elif sep and head.replace("_", "").replace(".", "").isalnum():
+        key, reason = (f"{key}.{head}" if key else head), tail
+    return key, reason
+
+
 def validate(data: dict[str, Any], origin: dict[str, str], files: list[Path]) -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        key = _error_key(err["loc"])
-        reason = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            reason = "unknown key"
-        elif err["type"] in ("tuple_type", "list_type"):
-            reason = f"expected a list, got {type(err.get('input')).__name__}"
-        elif err["type"] in ("model_type", "dict_type"):
-            reason = f"expected a mapping, got {type(err.get('input')).__name__}"
-        elif err["type"] == "literal_error":
-            reason = f"{reason}, got {err.get('input')!r}"
-        # Model-level checks phrase their own key ("ca: required ..."): fold it into the path.
-        head, sep, tail = reason.partition(": ")
-        if sep and head.startswith("[") and head.endswith("]") and head[1:-1].isdigit():
-            key, reason = key + head, tail  # a list item's own check: "[2]: why"
-        elif sep and head.replace("_", "").replace(".", "").isalnum():
-            key, reason = (f"{key}.{head}" if key else head), tail
+        key, reason = explain(exc)
         raise ConfigError(_origin_of(key, origin, files), key, reason) from None
 
 
@@ -559,7 +585,7 @@ def load(path: str | os.PathLike[str] | None = None) -> LoadedConfig:
     origin: dict[str, str] = {}
     for file in files:
         _merge(data, _read_yaml(file), origin, str(file))
-    return LoadedConfig(validate(data, origin, files), files)
+    return LoadedConfig(validate(data, origin, files), files, origin)
 
 
 def find_socket(path: str | os.PathLike[str] | None = None) -> str:

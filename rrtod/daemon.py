@@ -29,6 +29,7 @@ from rrtod.config import Config, ConfigError, LoadedConfig
 from rrtod.grpc_options import prefer_polling_engine
 from rrtod.local_server import Cred, LocalServer
 from rrtod.plugins import PluginError, Registry, discover
+from rrtod.robot.balancing import check_balancer
 from rrtod.robot.energy import EnergyAccountant, select_meter
 from rrtod.robot.sequences import SequenceStore
 from rrtod.sdnotify import Notifier
@@ -42,12 +43,15 @@ RESTART_KEYS = ("roles", "node", "socket", "socket_mode", "socket_limits", "stat
 
 
 def check_plugins(loaded: LoadedConfig, registry: Registry) -> None:
-    """Every plugin the config names must exist; the error names the key that chose it."""
+    """Every plugin the config names must exist, and the balancer must build with its options
+    (``balancers.<name>``); the error names the file and key."""
     for key, family, name in loaded.config.plugin_choices():
         try:
             registry.get(family, name)
         except PluginError as exc:
-            raise ConfigError(str(loaded.path), key, str(exc)) from None
+            raise ConfigError(loaded.file_of(key), key, str(exc)) from None
+    if "robot" in loaded.config.roles:
+        check_balancer(loaded.config, registry, loaded.file_of)
 
 
 class Daemon:
@@ -182,7 +186,7 @@ class Daemon:
         if pinned:
             log.warning("changed keys need a restart; keeping their running values",
                         keys=sorted(pinned))
-            new = LoadedConfig(new.config.model_copy(update=pinned), new.files)
+            new = LoadedConfig(new.config.model_copy(update=pinned), new.files, new.origin)
         log_setup.setup(new.config.log.format, new.config.log.level)
         if self.robot:
             await self.robot.reload(new.config)

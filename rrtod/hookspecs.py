@@ -9,7 +9,8 @@ when the configuration selects the record, and the object it builds does the wor
 Per family, this module declares the factory (a Protocol whose ``__call__`` is the call the
 daemon makes) and the object it builds (a Protocol with its methods). Optional capabilities are
 declared, never probed: a power meter states ``blocking``/``follows_state``/``read_ns`` (derive
-from ``MeterBase`` for the documented defaults); a host executor states ``replay`` and
+from ``MeterBase`` for the documented defaults); a host balancer has ``place``/``observe``/
+``close`` (``BalancerBase`` gives defaults); a host executor states ``replay`` and
 ``reply_memory`` (see ``rrtod.executor``). ``problems(obj, protocol)`` lists what keeps an object
 from conforming, for a plugin's own tests. Every example below runs (``tests/test_hookspecs.py``).
 
@@ -20,11 +21,13 @@ is a third-party one. The guide is ``docs/plugins.md``.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 import pluggy
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from rrtod.executor import (
     BlobStoreLike,
@@ -52,7 +55,8 @@ __all__ = [
     "HostMemoryLike", "HostMemoryExceeded",
     # search, transport, scheduler, balancer, power
     "Candidate", "SequenceSearch", "SearchFactory", "TransportFactory", "Scheduler",
-    "SchedulerFactory", "HostView", "HostBalancer", "BalancerFactory", "POWER_STATES",
+    "SchedulerFactory", "HostView", "Job", "HostBalancer", "BalancerBase", "BalancerOptions",
+    "BalancerFactory", "POWER_STATES",
     "PowerMeter", "MeterBase", "PowerMeterFactory",
 ]
 
@@ -156,35 +160,116 @@ class SchedulerFactory(Protocol):
 
 
 # ================================================================================================
-# host balancer (robot daemon): which GPU daemon a new app session goes to
+# host balancer (robot daemon): which GPU daemon a new app session goes to, and which one each
+# replayed inference is placed on
 
 
 class HostView(Protocol):
-    """A configured host as a balancer sees it."""
+    """A host as a balancer sees it (the robot daemon's ``HostLink``). Read-only for balancers."""
 
-    name: str
+    name: str  # unique among the robot daemon's hosts; stable across reloads and reconnects
     up: bool
     rtt_ms: float | None  # median measured round trip; None before the first ping
     sessions: int  # app sessions open on it from this robot
+    inflight: int  # replayed inferences this robot daemon has in flight on it now
 
 
 @dataclass(frozen=True)
 class Job:
-    """One replayed inference to place: ``key`` names what it runs ("<app>/<sequence id>")."""
+    """One replayed inference to place."""
 
-    key: str
+    key: str  # what it runs: "<app>/<sequence id>"; latency estimates are per key
 
 
 @runtime_checkable
 class HostBalancer(Protocol):
+    """Built by the family's factory at start and when a reload changes ``balancer`` or its
+    ``balancers`` block. Every method runs on the daemon's event loop: it must not block, and
+    should cost O(len(hosts)). Derive from ``BalancerBase`` to get ``place``/``observe``/
+    ``close`` (and options handling) for free."""
+
     def choose(self, hosts: Sequence[HostView]) -> HostView | None:
-        """One of ``hosts`` (configuration order) that is up, or None when none is. Runs on the
-        daemon's event loop for every new session: it must not block."""
+        """The host of a new app session: one of ``hosts`` (every host, configuration order)
+        that is up, or None when none is."""
+        ...
+
+    def place(self, hosts: Sequence[HostView], job: Job) -> HostView | None:
+        """The host of one replayed inference: one of ``hosts`` (the up hosts holding its
+        sequence, primary first; never empty)."""
+        ...
+
+    def observe(self, host: HostView, job: Job, seconds: float | None) -> None:
+        """The outcome of a ``place``: its latency (start sent -> last output back), or None
+        when it failed (error, host lost, deadline missed). May come for a job this object did
+        not place (one placed before a reload): tolerate it."""
+        ...
+
+    def close(self) -> None:
+        """Persist what was learned (under the factory's ``state_dir``); called when a reload
+        replaces the balancer, and at stop. The object may still be called afterwards (late
+        outcomes)."""
         ...
 
 
+class BalancerOptions(BaseModel):
+    """Base of a balancer's options model: unknown options are errors, values are immutable,
+    and a YAML boolean is not taken for a number (``alpha: yes``). The daemon reports a
+    ``ValidationError`` raised from a factory as ``FILE: balancers.NAME.OPTION: reason``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, data: Any) -> Any:
+        """pydantic takes ``True`` for 1 (YAML ``yes``): refused where a number is expected."""
+        if not isinstance(data, Mapping):
+            return data
+        for key, value in data.items():
+            field_info = cls.model_fields.get(key) if isinstance(key, str) else None
+            kind = str(field_info.annotation) if field_info is not None else "bool"
+            if "bool" in kind or not ("int" in kind or "float" in kind):
+                continue
+            values = value if isinstance(value, list | tuple) else [value]
+            if any(isinstance(v, bool) for v in values):
+                raise ValueError(f"{key}: expected a number, got {value!r}")
+        return data
+
+
+class BalancerBase:
+    """The defaults of ``HostBalancer``, so a balancer need only write ``choose``: ``place``
+    chooses among the given hosts, ``observe`` and ``close`` do nothing. The class itself is a
+    ``BalancerFactory``: set ``Options`` to a ``BalancerOptions`` subclass and read
+    ``self.options``; ``self.state_dir`` is where to keep state (create it when first
+    writing)."""
+
+    Options: ClassVar[type[BalancerOptions]] = BalancerOptions  # no options
+
+    def __init__(self, options: Mapping[str, Any] | None = None, state_dir: Path | None = None,
+                 /) -> None:
+        self.options: Any = self.Options.model_validate(dict(options or {}))
+        self.state_dir = state_dir
+
+    def choose(self, hosts: Sequence[HostView]) -> HostView | None:
+        raise NotImplementedError(f"{type(self).__name__}.choose()")
+
+    def place(self, hosts: Sequence[HostView], job: Job) -> HostView | None:
+        return self.choose(hosts)
+
+    def observe(self, host: HostView, job: Job, seconds: float | None) -> None:
+        """Ignored: a balancer that does not learn."""
+
+    def close(self) -> None:
+        """Nothing to persist."""
+
+
 class BalancerFactory(Protocol):
-    def __call__(self) -> HostBalancer: ...
+    """Called with the balancer's block of ``balancers`` (``{}`` when there is none) and
+    ``state_dir/balancers`` (not created: create it when writing), at start, at reload, and
+    to validate the options (``rrtod --check-config``: that object is dropped, never closed).
+    Raise ``pydantic.ValidationError`` (``BalancerOptions.model_validate``) or ``ValueError``
+    for bad options."""
+
+    def __call__(self, options: Mapping[str, Any], state_dir: Path, /) -> HostBalancer: ...
 
 
 # ================================================================================================
@@ -417,26 +502,46 @@ class Specs:
 
     @hookspec
     def rrto_host_balancers(self) -> list[PluginRecord[BalancerFactory]]:
-        """Host choice for a new session, picked by ``balancer``. ``factory()`` ->
-        ``HostBalancer``, built at start and on reload.
+        """Host choice for a new session (``choose``) and placement of each replayed inference
+        (``place``, then ``observe`` of its latency), picked by ``balancer``; its options are
+        ``balancers.<name>``. ``factory(options, state_dir)`` -> ``HostBalancer``, built at start
+        and when a reload changes ``balancer`` or its block (the old one is closed first).
 
-        Example, the nearest host that is up::
+        Example, the nearest host that is up, with one option (``BalancerBase`` gives the class
+        a factory's signature, options validation, and a ``place`` that calls ``choose``)::
 
+            >>> from pathlib import Path
             >>> from types import SimpleNamespace as Host
-            >>> from rrtod.hookspecs import HostBalancer, PluginRecord, hookimpl
-            >>> class Nearest:
+            >>> from rrtod.hookspecs import (BalancerBase, BalancerFactory, BalancerOptions,
+            ...     HostBalancer, Job, PluginRecord, hookimpl, problems)
+            >>> class Nearest(BalancerBase):
+            ...     class Options(BalancerOptions):
+            ...         max_rtt_ms: float = 50.0  # farther hosts only when no other is up
             ...     def choose(self, hosts):
             ...         up = [h for h in hosts if h.up]
-            ...         return min(up, key=lambda h: h.rtt_ms or float("inf"), default=None)
+            ...         near = [h for h in up if (h.rtt_ms or 0.0) <= self.options.max_rtt_ms]
+            ...         return min(near or up, key=lambda h: h.rtt_ms or float("inf"), default=None)
             >>> @hookimpl
             ... def rrto_host_balancers():
             ...     return [PluginRecord("nearest", Nearest, "lowest RTT that is up")]
-            >>> balancer = rrto_host_balancers()[0].factory()
-            >>> hosts = [Host(name="a", up=True, rtt_ms=4.0, sessions=0),
-            ...          Host(name="b", up=True, rtt_ms=1.5, sessions=3),
-            ...          Host(name="c", up=False, rtt_ms=0.5, sessions=0)]
+            >>> (record,) = rrto_host_balancers()
+            >>> problems(record.factory, BalancerFactory)
+            []
+            >>> balancer = record.factory({"max_rtt_ms": 10}, Path("/var/lib/rrto/balancers"))
+            >>> hosts = [Host(name="a", up=True, rtt_ms=4.0, sessions=0, inflight=2),
+            ...          Host(name="b", up=True, rtt_ms=1.5, sessions=3, inflight=0),
+            ...          Host(name="c", up=False, rtt_ms=0.5, sessions=0, inflight=0)]
             >>> isinstance(balancer, HostBalancer), balancer.choose(hosts).name
             (True, 'b')
+            >>> job = Job("camera/s1")
+            >>> balancer.place(hosts[:2], job).name, balancer.observe(hosts[1], job, 0.004)
+            ('b', None)
+            >>> from pydantic import ValidationError
+            >>> try:
+            ...     record.factory({"max_rtt": 10}, Path("."))
+            ... except ValidationError as exc:  # rrtod: "balancers.nearest.max_rtt: unknown key"
+            ...     print(exc.errors()[0]["type"], exc.errors()[0]["loc"])
+            extra_forbidden ('max_rtt',)
         """
 
     @hookspec

@@ -76,11 +76,43 @@ def test_builtin_records_and_factories_conform(builtins, family: str) -> None:
 
 
 @pytest.mark.parametrize("family", ["search", "scheduler", "balancer"])
-def test_builtin_objects_conform(builtins, family: str) -> None:
+def test_builtin_objects_conform(builtins, family: str, tmp_path: Path) -> None:
     for name, record in builtins[family].items():
-        built = record.factory()
+        # A balancer is built with its options block and its state directory.
+        built = record.factory({}, tmp_path) if family == "balancer" else record.factory()
         assert isinstance(built, BUILDS[family]), name
         assert problems(built, BUILDS[family]) == [], name
+
+
+def test_builtin_balancers_are_the_six_documented(builtins) -> None:
+    assert set(builtins["balancer"]) == {"first-up", "least-loaded", "least-connections",
+                                         "round-robin", "least-model-time", "q-learning"}
+
+
+def test_balancer_base_needs_only_choose(tmp_path: Path) -> None:
+    """A third-party balancer that writes only ``choose``: the class is a factory, ``place``
+    chooses among the given hosts, ``observe``/``close`` do nothing, and options it does not
+    declare are refused."""
+    from pydantic import ValidationError
+
+    class Last(hookspecs.BalancerBase):
+        def choose(self, hosts):
+            up = [h for h in hosts if h.up]
+            return up[-1] if up else None
+
+    assert problems(Last, FACTORIES["balancer"]) == []
+    balancer = Last({}, tmp_path)
+    assert isinstance(balancer, hookspecs.HostBalancer)
+    assert problems(balancer, hookspecs.HostBalancer) == []
+    hosts = [SimpleNamespace(name=n, up=True, rtt_ms=None, sessions=0, inflight=0) for n in "ab"]
+    job = hookspecs.Job("app/s1")
+    assert balancer.place(hosts, job) is hosts[1]
+    assert balancer.observe(hosts[1], job, 0.01) is None and balancer.close() is None
+    assert list(tmp_path.iterdir()) == []  # nothing written
+    with pytest.raises(ValidationError):
+        Last({"unknown": 1}, tmp_path)
+    with pytest.raises(NotImplementedError):
+        hookspecs.BalancerBase({}, tmp_path).choose(hosts)
 
 
 def test_builtin_transport_builds_a_channel(builtins, tmp_path: Path) -> None:
@@ -158,7 +190,7 @@ def test_example_plugin_conforms(example: Any) -> None:
     meters = {r.name: r for r in example.rrto_power_meters()}
     _conforms(balancers, "balancer")
     _conforms(meters, "power")
-    balancer = balancers["round-robin"].factory()
+    balancer = balancers["weighted"].factory({"weights": {"a": 2}}, ROOT / "unused")
     assert isinstance(balancer, hookspecs.HostBalancer)
     assert problems(balancer, hookspecs.HostBalancer) == []
     meter = meters["constant"].factory(PowerConfig())

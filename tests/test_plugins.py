@@ -118,7 +118,7 @@ def broken_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_example_is_listed_with_its_distribution(example_site: Path) -> None:
     desc = _discover_in_subprocess([example_site])
-    balancer = _by_name(desc, "balancer")["round-robin"]
+    balancer = _by_name(desc, "balancer")["weighted"]
     assert (balancer["distribution"], balancer["version"], balancer["entry_point"]) == (
         "rrto-example-plugin", "0.1.0", "example")
     power = _by_name(desc, "power")["constant"]
@@ -135,14 +135,15 @@ def test_example_balancer_works_through_the_registry(example_site: Path) -> None
         from types import SimpleNamespace as H
         hosts = [H(name=n, up=u, rtt_ms=None, sessions=0)
                  for n, u in (("a", True), ("b", False), ("c", True))]
-        bal = reg.get("balancer", "round-robin").factory()
-        out["picks"] = [bal.choose(hosts).name for _ in range(4)]
+        from pathlib import Path
+        bal = reg.get("balancer", "weighted").factory({"weights": {"c": 2}}, Path("unused"))
+        out["picks"] = [bal.choose(hosts).name for _ in range(6)]
         out["none_up"] = bal.choose([H(name="a", up=False, rtt_ms=1.0, sessions=0)])
         meter = reg.get("power", "constant").factory(None)
         out["probe"] = reg.get("power", "constant").probe()
         out["joules_ok"] = meter.read() >= 0
         """)
-    assert desc["picks"] == ["a", "c", "a", "c"]
+    assert desc["picks"] == ["c", "a", "c", "c", "a", "c"]
     assert desc["none_up"] is None
     assert desc["probe"] is None and desc["joules_ok"] is True
 
@@ -159,30 +160,41 @@ def _hosts(*spec: tuple[str, bool]) -> list[SimpleNamespace]:
     return [SimpleNamespace(name=n, up=u, rtt_ms=None, sessions=0) for n, u in spec]
 
 
-def test_round_robin_rotates_over_up_hosts(example_module: Any) -> None:
-    rr = example_module.RoundRobin()
-    hosts = _hosts(("a", True), ("b", True), ("c", True))
-    assert [rr.choose(hosts).name for _ in range(5)] == ["a", "b", "c", "a", "b"]
-    assert rr.choose([]) is None
+def test_weighted_spreads_sessions_by_weight(example_module: Any) -> None:
+    w = example_module.Weighted({"weights": {"a": 3}}, None)
+    hosts = _hosts(("a", True), ("b", True))
+    picks = [w.choose(hosts).name for _ in range(8)]
+    assert picks == ["a", "a", "b", "a", "a", "a", "b", "a"]  # 3:1, interleaved
+    assert w.choose([]) is None
 
 
-def test_round_robin_follows_hosts_going_down_and_up(example_module: Any) -> None:
-    rr = example_module.RoundRobin()
+def test_weighted_follows_hosts_going_down_and_up(example_module: Any) -> None:
+    w = example_module.Weighted({}, None)
     hosts = _hosts(("a", True), ("b", True), ("c", True))
-    assert rr.choose(hosts).name == "a"
+    assert w.choose(hosts).name == "a"
     hosts[1].up = False
-    assert rr.choose(hosts).name == "c"  # b skipped, not a twice
+    picks = [w.choose(hosts).name for _ in range(20)]
+    assert "b" not in picks and abs(picks.count("a") - picks.count("c")) <= 2
     hosts[1].up = True
-    assert rr.choose(hosts).name == "a"
-    assert rr.choose(hosts).name == "b"
+    picks = [w.choose(hosts).name for _ in range(30)]
+    assert "b" in picks[:3] and all(picks.count(n) == 10 for n in "abc")
     for h in hosts:
         h.up = False
-    assert rr.choose(hosts) is None
+    assert w.choose(hosts) is None
 
 
-def test_round_robin_returns_the_objects_it_was_given(example_module: Any) -> None:
+def test_weighted_returns_the_objects_it_was_given(example_module: Any) -> None:
     hosts = _hosts(("a", True))
-    assert example_module.RoundRobin().choose(hosts) is hosts[0]
+    assert example_module.Weighted({}, None).choose(hosts) is hosts[0]
+
+
+def test_weighted_options_are_validated(example_module: Any) -> None:
+    from pydantic import ValidationError
+
+    for bad in ({"weights": {"a": 0}}, {"weights": {"a": True}}, {"default_weight": -1},
+                {"weight": {"a": 1}}):
+        with pytest.raises(ValidationError):
+            example_module.Weighted(bad, None)
 
 
 def test_constant_meter_integrates_fixed_watts(example_module: Any) -> None:
@@ -199,7 +211,7 @@ def test_constant_meter_integrates_fixed_watts(example_module: Any) -> None:
 def test_example_records_have_the_right_types(example_module: Any) -> None:
     (bal,) = example_module.rrto_host_balancers()
     (meter,) = example_module.rrto_power_meters()
-    assert type(bal) is PluginRecord and bal.name == "round-robin"
+    assert type(bal) is PluginRecord and bal.name == "weighted"
     assert isinstance(meter, PowerMeterRecord) and meter.name == "constant"
     assert meter.probe() is None and meter.priority < 0
     assert meter.factory(None).read() >= 0
@@ -220,14 +232,14 @@ def test_duplicate_names_across_distributions_name_both(
 
             @hookimpl
             def rrto_host_balancers():
-                return [PluginRecord("round-robin", object, "a different round robin")]
+                return [PluginRecord("weighted", object, "a different weighted balancer")]
             """,
     })
     site = _pip_install(src, tmp_path / "site")
     desc = _discover_in_subprocess([example_site, site])
     assert "error" in desc, desc
     message = desc["error"]
-    assert "round-robin" in message and "balancer" in message
+    assert "weighted" in message and "balancer" in message
     assert "rrto-example-plugin" in message and "rrto-dup-plugin" in message
 
 
@@ -247,7 +259,7 @@ def test_same_entry_point_name_in_two_distributions_both_load(
     desc = _discover_in_subprocess([example_site, site])
     balancers = _by_name(desc, "balancer")
     assert balancers["other"]["distribution"] == "rrto-other-plugin"
-    assert balancers["round-robin"]["distribution"] == "rrto-example-plugin"
+    assert balancers["weighted"]["distribution"] == "rrto-example-plugin"
     assert desc["failed"] == []
 
 
@@ -258,12 +270,12 @@ def test_disabling_one_side_settles_a_duplicate(tmp_path: Path, example_site: Pa
 
             @hookimpl
             def rrto_host_balancers():
-                return [PluginRecord("round-robin", object, "dup")]
+                return [PluginRecord("weighted", object, "dup")]
             """,
     })
     site = _pip_install(src, tmp_path / "site")
     desc = _discover_in_subprocess([example_site, site], disable="dup")
-    assert _by_name(desc, "balancer")["round-robin"]["distribution"] == "rrto-example-plugin"
+    assert _by_name(desc, "balancer")["weighted"]["distribution"] == "rrto-example-plugin"
     assert desc["blocked"] == ["dup"]
 
 
@@ -277,12 +289,12 @@ def test_plugin_failing_on_import_is_skipped_and_listed(
     assert "RuntimeError" in failed["broken"]["error"] and "libvendor" in failed["broken"]["error"]
     assert "SystemExit" in failed["exits"]["error"]
     # Everything else still loads.
-    assert "round-robin" in _by_name(desc, "balancer")
+    assert "weighted" in _by_name(desc, "balancer")
 
 
 def test_disable_by_entry_point_name_prevents_the_import(example_site: Path) -> None:
     desc = _discover_in_subprocess([example_site], disable="example")
-    assert "round-robin" not in _by_name(desc, "balancer")
+    assert "weighted" not in _by_name(desc, "balancer")
     assert "constant" not in _by_name(desc, "power")
     assert desc["imported_example"] is False
     assert desc["blocked"] == ["example"]
@@ -291,7 +303,7 @@ def test_disable_by_entry_point_name_prevents_the_import(example_site: Path) -> 
 def test_disable_by_record_name_keeps_the_rest_of_the_plugin(example_site: Path) -> None:
     desc = _discover_in_subprocess([example_site], disable=" constant , nonexistent")
     assert "constant" not in _by_name(desc, "power")
-    assert "round-robin" in _by_name(desc, "balancer")
+    assert "weighted" in _by_name(desc, "balancer")
     assert desc["blocked"] == ["constant", "nonexistent"]
 
 

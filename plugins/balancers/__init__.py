@@ -1,37 +1,36 @@
-"""Host balancers (``rrtod.hookspecs.HostBalancer``): which GPU daemon a new app session goes to.
+"""Host balancers (``rrtod.hookspecs.HostBalancer``): which GPU daemon a new app session goes to
+(``choose``), and which host each replayed inference is placed on (``place``, then ``observe``
+of its latency).
 
-The daemon passes the hosts as ``HostView``s (``name``, ``up``, ``rtt_ms``, ``sessions``);
-``choose`` returns one that is up, or None when none is.
+The robot daemon passes hosts as ``HostView``s (``name``, ``up``, ``rtt_ms``, ``sessions``,
+``inflight``). ``choose`` gets every host and returns one that is up, or None when none is;
+``place`` gets the up hosts holding the inference's sequence, primary first, and returns one of
+them. Each balancer is built as ``factory(options, state_dir)`` with its ``balancers.<name>``
+block; ``first-up``, ``least-loaded``, ``least-connections`` and ``round-robin`` take no options.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from rrto_plugins.balancers.model_time import LeastModelTime
+from rrto_plugins.balancers.q_learning import QLearning
+from rrto_plugins.balancers.simple import FirstUp, LeastConnections, LeastLoaded, RoundRobin
+from rrtod.hookspecs import BalancerFactory, PluginRecord, hookimpl
 
-from rrtod.hookspecs import BalancerFactory, HostView, PluginRecord, hookimpl
-
-
-class FirstUp:
-    """The first host in configuration order that is up: a primary with ordered fallbacks."""
-
-    def choose(self, hosts: Sequence[HostView]) -> HostView | None:
-        return next((h for h in hosts if h.up), None)
-
-
-class LeastLoaded:
-    """The up host with the fewest sessions; ties go to the lower measured RTT, so several
-    robots spread over equal hosts and prefer the nearer one."""
-
-    def choose(self, hosts: Sequence[HostView]) -> HostView | None:
-        up = [h for h in hosts if h.up]
-        if not up:
-            return None
-        return min(up, key=lambda h: (h.sessions, h.rtt_ms if h.rtt_ms is not None else float("inf")))
+__all__ = ["FirstUp", "LeastLoaded", "LeastConnections", "RoundRobin", "LeastModelTime",
+           "QLearning", "rrto_host_balancers"]
 
 
 @hookimpl
 def rrto_host_balancers() -> list[PluginRecord[BalancerFactory]]:
     return [
         PluginRecord("first-up", FirstUp, "first reachable host in configuration order"),
-        PluginRecord("least-loaded", LeastLoaded, "fewest sessions, then lowest RTT"),
+        PluginRecord("least-loaded", LeastLoaded, "fewest sessions/inferences in flight, then "
+                                                  "lowest RTT"),
+        PluginRecord("least-connections", LeastConnections,
+                     "fewest sessions/inferences in flight, then lowest RTT (RILaaS baseline)"),
+        PluginRecord("round-robin", RoundRobin, "rotate over the hosts (inferences: per sequence)"),
+        PluginRecord("least-model-time", LeastModelTime,
+                     "lowest running latency estimate per sequence, with exploration"),
+        PluginRecord("q-learning", QLearning,
+                     "RILaaS's adaptive policy: tabular Q-learning of -latency, trained online"),
     ]

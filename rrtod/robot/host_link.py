@@ -66,7 +66,9 @@ class HostLink:
         self.last_error: str | None = None
         self.rtts: deque[float] = deque(maxlen=20)
         self.sessions = 0
-        self.inflight = 0  # replayed inferences placed on it and not yet back (placement.py)
+        # Replayed inferences this robot daemon has in flight on the host (placed by the
+        # balancer, not yet answered): kept by whoever sends them, read by balancers.
+        self.inflight = 0
         self.device: str | None = None
         self.executors: list[str] = []
         self.remote_version: str | None = None
@@ -165,5 +167,6 @@ class HostLink:
             "device": self.device,
             "version": self.remote_version,
             "sessions": self.sessions,
+            "inflight": self.inflight,
             "last_error": self.last_error,
         }

@@ -23,7 +23,10 @@ import structlog
 from rrto.v1 import local_pb2, ops_pb2
 from rrtod.config import Config
 from rrtod.framing import ByteBudget, FrameReader, encode
+from rrtod.hookspecs import HostBalancer
 from rrtod.plugins import Registry
+from rrtod.robot import balancing
+from rrtod.robot.balancing import build_balancer, close_balancer
 from rrtod.robot.host_link import HostLink
 from rrtod.robot.host_source import HostSource, Resolver, source_for, system_resolver
 from rrtod.robot.placement import Lane, Placement
@@ -45,7 +48,10 @@ class RobotRole:
         self.retiring: set[HostLink] = set()  # no longer named: closed once idle
         self._closing: set[asyncio.Task[None]] = set()
         self.relays: dict[str, AppRelay] = {}  # the live app sessions', by session id
-        self.balancer = registry.get("balancer", config.balancer).factory()
+        # Built at start and when a reload changes `balancer` or its `balancers` block (the old
+        # one closed first, so the new one loads what it persisted); closed at stop.
+        self.balancer: HostBalancer = build_balancer(registry, config)
+        self._balancer_selection = balancing.selection(config)
         self.search_factory = registry.get("search", config.search).factory
         self.draining = False
         self._ids = itertools.count(1)
@@ -80,7 +86,10 @@ class RobotRole:
         old link too is closed once idle)."""
         reconnect = config.tls != self.config.tls
         self.config = config
-        self.balancer = self.registry.get("balancer", config.balancer).factory()
+        if balancing.selection(config) != self._balancer_selection:
+            close_balancer(self.balancer)
+            self.balancer = build_balancer(self.registry, config)
+            self._balancer_selection = balancing.selection(config)
         self.search_factory = self.registry.get("search", config.search).factory
         await self._set_sources(config, reconnect)
 
@@ -124,6 +133,7 @@ class RobotRole:
             task.add_done_callback(self._closing.discard)
 
     async def stop(self) -> None:
+        close_balancer(self.balancer)
         for source in self.sources.values():
             await source.close()
         for link in [*self.hosts.values(), *self.retiring]:

@@ -6,21 +6,24 @@ it will use, so heavy imports (torch, vendor SDKs) belong inside factories, not 
 
 from __future__ import annotations
 
-from rrto_example_plugin.balancer import RoundRobin
+from rrto_example_plugin.balancer import Weighted
 from rrto_example_plugin.power import ConstantMeter
 from rrtod.hookspecs import BalancerFactory, PluginRecord, PowerMeterRecord, hookimpl
 
-__all__ = ["RoundRobin", "ConstantMeter", "rrto_host_balancers", "rrto_power_meters"]
+__all__ = ["Weighted", "ConstantMeter", "rrto_host_balancers", "rrto_power_meters"]
 
 
 @hookimpl
 def rrto_host_balancers() -> list[PluginRecord[BalancerFactory]]:
-    """Selected with ``balancer: round-robin`` in rrtod.yaml."""
+    """Selected with ``balancer: weighted`` in rrtod.yaml; its options are the
+    ``balancers: {weighted: {...}}`` block. The class is the factory: ``BalancerBase`` gives it
+    the ``(options, state_dir)`` signature the daemon calls."""
     return [
         PluginRecord(
-            name="round-robin",
-            factory=RoundRobin,
-            description="rotate new sessions over the hosts that are up (example plugin)",
+            name="weighted",
+            factory=Weighted,
+            description="spread new sessions over the up hosts by configured weights "
+                        "(example plugin)",
         )
     ]
 
