@@ -108,7 +108,7 @@ def test_refused_torch_app_runs_locally_or_fails_with_the_reason():
     """Real apps: with a limit of 1 a second app is refused; under ``fallback: local`` it runs
     locally and prints what a local run prints, under ``error`` it fails naming the limit.
     The first app's session is untouched, and once it ends the next app is offloaded."""
-    from tests.test_torch_apps import App, app_env, host_session, run_local
+    from testkit.held import App, app_env, host_session, run_local
 
     # Daemons and apps import the rrtod this test runs (a PYTHONPATH of the caller's stays).
     path = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}

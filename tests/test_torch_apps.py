@@ -9,64 +9,15 @@ import json
 import signal
 import socket
 import struct
-import subprocess
-import sys
-from typing import Any
 
 import pytest
 import torch
 
 import rrtod
 from rrtod.ctl import render_status
-from testkit.apps import APPS, DAEMON_ENV, HOST, MODELS, assert_same_as_local, shim_stats
-from testkit.apps import app_env as clean_env
-from testkit.daemons import BIN, TEST_DEFAULTS, Launcher, free_port
-
-
-def app_env(daemon: Any, **extra: str) -> dict[str, str]:
-    """The environment of an app process. This suite checks forwarding: record/replay (which
-    builds on it and has its own tests) is off, so every call here is forwarded."""
-    return clean_env(**{**(daemon.env if daemon else {}), "RRTO_REPLAY": "0", **extra})
-
-
-class App:
-    """An app process started with ``--hold``: outputs, then the session stays open."""
-
-    def __init__(self, name: str, env: dict[str, str], *flags: str, offload: bool = True,
-                 mode: str = "stream"):
-        cmd = [sys.executable, str(APPS / f"{name}.py"), *flags]
-        if offload:
-            cmd = [str(BIN / "rrto-run"), f"--{mode}", "--", *cmd]
-        self.proc = subprocess.Popen(cmd, env=env, cwd=APPS, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-    def until_hold(self) -> str:
-        out = []
-        for line in self.proc.stdout:
-            if line.strip() == "HOLD":
-                return "".join(out)
-            out.append(line)
-        self.proc.wait(60)
-        raise AssertionError(f"app exited {self.proc.returncode} before HOLD:\n"
-                             f"{''.join(out)}\n{self.proc.stderr.read()}")
-
-    def finish(self) -> tuple[int, str, str]:
-        out, err = self.proc.communicate("\n", timeout=120)
-        return self.proc.returncode, out, err
-
-
-def run_local(name: str, *flags: str) -> str:
-    out = subprocess.run([sys.executable, str(APPS / f"{name}.py"), *flags], env=app_env(None),
-                         cwd=APPS, capture_output=True, text=True, timeout=120, check=True)
-    return out.stdout
-
-
-def host_session(daemon: Any, pid: int) -> dict[str, Any]:
-    status = daemon.ctl("status")
-    for s in status["gpu"]["sessions"]:
-        if s["pid"] == pid:
-            return s
-    raise AssertionError(f"no host session for pid {pid}: {status['gpu']['sessions']}")
+from testkit.apps import DAEMON_ENV, HOST, MODELS, assert_same_as_local, shim_stats
+from testkit.daemons import TEST_DEFAULTS, Launcher, free_port
+from testkit.held import App, app_env, host_session, run_local
 
 
 @pytest.fixture(scope="module")
