@@ -152,7 +152,15 @@ def render_sequences(p: dict[str, Any]) -> str:
         return "no sequences recorded"
     keys = ["id", "app", "session", "operators", "inputs", "outputs", "replays", "mismatches",
             "found_at"]
-    return _table([[k.upper() for k in keys]] + [[str(s.get(k, "-")) for k in keys] for s in seqs])
+    rows = [[*(k.upper() for k in keys), "HOSTS"]]
+    pinned = []
+    for s in seqs:
+        hosts = ",".join(s["hosts"]) if s.get("hosts") else "-"
+        if s.get("pinned"):
+            hosts += " (pinned)"
+            pinned.append(f"{s['id']}: pinned to {s['hosts'][0]}: {s['pinned']}")
+        rows.append([*(str(s.get(k, "-")) for k in keys), hosts])
+    return "\n".join([_table(rows), *pinned])
 
 
 def operator_listing(config_path: str | None) -> dict[str, Any]:

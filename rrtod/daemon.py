@@ -206,8 +206,12 @@ class Daemon:
             for session in self.robot.sessions.values():
                 if session.recorder is None:
                     continue
+                placement = session.placement
                 for live in session.recorder.sequences.values():
                     saved = by_id.get(live["id"], {})
+                    where = placement.sequence_placement(live["id"]) if placement else None
+                    if where is not None:  # which hosts serve it; why it is pinned, if it is
+                        live = {**live, **where}
                     by_id[live["id"]] = {**saved, **live,
                                          "replays": saved.get("replays", 0) + live["replays"],
                                          "mismatches": saved.get("mismatches", 0)

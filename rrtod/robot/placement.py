@@ -192,6 +192,7 @@ class Placement:
         self.weights: dict[int, bytes] = {}  # weight id -> content hash (from the shim's binds)
         self.data: dict[tuple[int, int], tuple[int, ops_pb2.TensorRef]] = {}  # latest per slot
         self._versions = itertools.count(1)
+        self._spread_at = 0.0  # when the hosts were last offered the sequence in use
         self._seq = itertools.count(OWN_SEQ)
         self._ids = itertools.count(OWN_IDS)
         self._bases = itertools.count(OWN_IDS + SPAN, SPAN)
@@ -454,6 +455,10 @@ class Placement:
         if info.pinned is None and self.enabled and not start.position and not start.joined:
             lanes = [primary, *(r for r in self.replicas.values() if r.alive and r.warm
                                 and start.sequence in r.defined and r.link.up)]
+            now = time.monotonic()
+            if now - self._spread_at >= REOPEN_S:  # a host back up, or new: offer it the sequence
+                self._spread_at = now
+                self._spread(info)
             if len(lanes) > 1:
                 job = Job(f"{self.app}/{start.sequence}")
                 balancer = self.balancer()
@@ -461,8 +466,6 @@ class Placement:
                 links = [x.link for x in lanes]
                 pick = place(links, job) if place is not None else balancer.choose(links)
                 lane = next((x for x in lanes if x.link is pick), primary)
-            elif self.replicas or len(self.hosts()) > 1:
-                self._spread(info)  # a host came back, or a replica is not ready yet
         inf = Inference(start.base_id, start.sequence, lane, Job(f"{self.app}/{start.sequence}"),
                         {start.base_id + i for i in info.outputs}, time.monotonic())
         inf.frames.append(frame)

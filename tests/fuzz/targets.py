@@ -27,6 +27,10 @@ robot_replayed     the robot's recorder for an aborted replay: the host's  none 
                    answers, ReplayedPrefix and fetch replies (values the   cannot be rebuilt is
                    app read: wire.scalar_of) into its op log, entries      not logged)
                    then built (recorder.replayed_calls, OpLog.insert)
+robot_placement    the robot's per-inference placement (robot/placement)   NeedPull (then its
+                   of app frames (SessionUp) over a primary and a          ``rewrite``), none
+                   replica, and of what hosts send back (SessionDown),     else; in-flight
+                   with replicas lost and hosts' definitions refused       counts stay >= 0
 =================  =====================================================  ====================
 """
 
@@ -58,6 +62,7 @@ from rrtod.gpu.blobstore import BlobStore
 from rrtod.gpu.replay import HostReplayer, compile_sequence
 from rrtod.gpu.service import REPLAY_FRAMES
 from rrtod.local_server import STREAM_LIMIT, Connection, LocalServer
+from rrtod.robot.placement import Lane, NeedPull, Placement
 from rrtod.robot.recorder import Recorder
 from rrtod.robot.relay import AppRelay, AppSession
 from rrtod.wire import HEADER, iter_tensor_refs
@@ -433,6 +438,90 @@ def robot_replayed(data: bytes) -> None:
     rec.log.entries(d.thread)
 
 
+class _Link:
+    """A host link as placement reads it."""
+
+    def __init__(self, name: str):
+        self.name, self.up, self.inflight, self.sessions, self.rtt_ms = name, True, 0, 0, 1.0
+
+    def open_session(self) -> Any:
+        return _Stream()
+
+
+class _Stream:
+    async def write(self, message: Any) -> None:
+        pass
+
+    async def read(self) -> Any:
+        await asyncio.sleep(3600)
+
+    def cancel(self) -> None:
+        pass
+
+
+class _FirstOrLast:
+    def __init__(self, fdp: atheris.FuzzedDataProvider):
+        self.fdp = fdp
+
+    def choose(self, hosts: Any) -> Any:
+        return hosts[0]
+
+    def place(self, hosts: Any, job: Any) -> Any:
+        return hosts[-1] if self.fdp.ConsumeBool() else hosts[0]
+
+    def observe(self, host: Any, job: Any, seconds: float | None) -> None:
+        pass
+
+
+def robot_placement(data: bytes) -> None:
+    """App frames routed over a primary and a replica holding a (fuzzed) sequence, host frames
+    from either, a replica lost or a definition refused in between: ``route`` raises nothing
+    but ``NeedPull``, whose ``rewrite`` routes; ``from_host`` never raises; no host's count of
+    inferences in flight goes below 0."""
+    fdp = atheris.FuzzedDataProvider(data)
+    builder = Builder(fdp, budget=200)
+    d = _definition(builder)
+
+    async def main() -> None:
+        links = [_Link("p"), _Link("a")]
+        primary = Lane(links[0], _Stream(), primary=True)
+        placement = Placement(primary, lambda: links, lambda: _FirstOrLast(fdp),
+                              ops_pb2.SessionOpen(app="fuzz.py"))
+        placement.enabled = False
+        placement.accepted(d, ops_pb2.SequenceAck(id=d.id, accepted=True))
+        placement.enabled = True
+        replica = Lane(links[1], _Stream(), primary=False, warm=True, ready=True)
+        replica.defined.add(d.id)
+        placement.replicas["a"] = replica
+        lanes = [primary, replica]
+        for _ in range(fdp.ConsumeIntInRange(1, 12)):
+            what = fdp.ConsumeIntInRange(0, 9)
+            if what <= 5:
+                up = builder.build(ops_pb2.SessionUp)
+                if up.WhichOneof("msg") == "start" and fdp.ConsumeBool():
+                    up.start.sequence = d.id
+                up = ops_pb2.SessionUp.FromString(up.SerializeToString())
+                try:
+                    placement.route(up)
+                except NeedPull as need:
+                    values = {i: ops_pb2.TensorData() for i in need.ids}
+                    placement.route(placement.rewrite(up, values))
+            elif what <= 8:
+                down = ops_pb2.SessionDown.FromString(
+                    builder.build(ops_pb2.SessionDown).SerializeToString())
+                placement.from_host(lanes[fdp.ConsumeIntInRange(0, 1)], down)
+            elif fdp.ConsumeBool():
+                links[1].up = False
+                placement.lose(links[1], "fuzz")
+            else:
+                placement._refused(replica, ops_pb2.Error(code="X", sequence=d.id))
+            assert all(link.inflight >= 0 for link in links), [x.inflight for x in links]
+        placement.take(primary)
+        await placement.close()
+
+    LOOP.run_until_complete(main())
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "frames": frames,
     "local_socket": local_socket,
@@ -441,5 +530,6 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "replay_defs": replay_defs,
     "shim_down": shim_down,
     "robot_replayed": robot_replayed,
+    "robot_placement": robot_placement,
 }
 assert tuple(TARGETS) == TARGET_NAMES
