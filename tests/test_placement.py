@@ -245,3 +245,26 @@ def test_a_lost_replica_hands_its_inference_in_flight_to_the_primary():
 def test_ids_of_replayed_inferences_map_to_their_base():
     assert base_of(BASE + 17) == BASE
     assert base_of(5) is None
+
+
+def test_an_inference_late_on_its_replica_is_run_by_the_primary_too():
+    async def main() -> None:
+        placement, pick, primary, replica = setup()
+        placement.resend = _no_resend
+        placement.seqs[SEQ].times.extend([0.001] * 8)  # typical: 1 ms; late after 50 ms
+        placement.route(start())
+        placement.route(upload())
+        await asyncio.sleep(0.2)
+        assert placement.counters["late"] == 1 and replica.late
+        assert [f.WhichOneof("msg") for f in placement.take(primary)] == ["start", "arg"]
+        assert [f.WhichOneof("msg") for f in placement.take(replica)] == ["abort"]
+        # a late replica gets no new inference until it answers one
+        assert kinds(placement.route(start(BASE + SPAN)), primary) == ["start"]
+        assert not placement.from_host(replica, push(BASE + 2))  # the late answer is dropped
+        assert not replica.late
+
+    asyncio.run(main())
+
+
+async def _no_resend(routed: Any) -> None:
+    pass

@@ -96,3 +96,35 @@ def test_a_replica_killed_under_the_app_costs_it_nothing():
         assert stats.get("hosts_lost", 0) == 0, stats  # the app's session never broke
         assert stats["replays"] >= 20, stats
         assert end["finished"]["sessions"] == 1
+
+
+def test_a_stalled_replica_costs_the_app_at_most_a_late_inference():
+    """A replica stopped (``SIGSTOP``) under the app: its inference in flight is late and runs
+    on the primary; no more go to it until it answers again (``SIGCONT``)."""
+    with Launcher(extra_env=DAEMON_ENV) as launcher:
+        gpus, robot = fleet(launcher, 2, balancer="round-robin")
+        app = start_app(robot, "--runs", "60", "--pace", "5", "--until-stdin")
+
+        def placed(s: dict) -> dict:
+            return next(((x.get("placement") or {}) for x in s["sessions"]), {})
+
+        robot.wait_for(lambda s: app.poll() is not None or len(
+            placed(s).get("placements", {})) == 2 and min(
+            placed(s)["placements"].values()) >= 10, timeout=120, what="both hosts in use")
+        primary = request(robot.socket, "status", timeout=10)["sessions"][0]["host"]
+        replica = next(g for g in gpus if g.config["node"] != primary)
+        replica.proc.send_signal(signal.SIGSTOP)
+        try:
+            before = placed(request(robot.socket, "status", timeout=10))["placements"][primary]
+            robot.wait_for(lambda s: app.poll() is not None
+                           or placed(s)["placements"][primary] >= before + 20,
+                           timeout=120, what="inferences on the primary during the stall")
+            during = placed(request(robot.socket, "status", timeout=10))
+        finally:
+            replica.proc.send_signal(signal.SIGCONT)
+        # the inference in flight there was late (or the replica was found down first)
+        assert during["late"] + during["failovers"] >= 1, during
+        stats = finish(app, "stop\n")
+        assert stats.get("hosts_lost", 0) == 0, stats
+        end = request(robot.socket, "status", timeout=10)
+        assert end["finished"]["sessions"] == 1

@@ -68,6 +68,14 @@ SRC = ops_pb2.SeqSource
 OWN_SEQ = 1 << 62
 OWN_IDS = REPLAY_BASE + (1 << 41) * SPAN
 WARM_WAIT_S = 10.0  # for the app's first inputs of a sequence, to warm a new replica with
+# A placed inference not back from its replica after LATE_FACTOR times its sequence's median
+# time (of the last LATE_WINDOW, at least LATE_MIN_S; not before LATE_SAMPLES of them) is sent
+# to the primary as well: a stalled or overloaded replica costs that, not the seconds its link
+# takes to be declared down.
+LATE_FACTOR = 4.0
+LATE_MIN_S = 0.05
+LATE_WINDOW = 32
+LATE_SAMPLES = 8
 LOCATED = 4096  # replica-run inferences whose ids are remembered (the app releases them soon)
 REOPEN_S = 2.0  # between attempts to open a replica on a host
 
@@ -110,6 +118,7 @@ class Lane:
     task: asyncio.Task[None] | None = None
     placed: int = 0  # inferences it ran
     warm: bool = False  # ran an inference: the next one does not pay the host's first-use costs
+    late: bool = False  # an inference there was late (``_late``): no more until one comes back
     warming: asyncio.Lock = field(default_factory=asyncio.Lock)  # one warm-up at a time
     opened: asyncio.Future[None] | None = None
 
@@ -153,6 +162,14 @@ class SeqInfo:
     pinned: str | None  # why its inferences stay on the primary; None: placeable
     persistent: dict[int, tuple[int, bytes]]  # weight slot -> (id, content hash)
     outputs: list[int]  # local indices of the outputs
+    times: collections.deque[float] = field(
+        default_factory=lambda: collections.deque(maxlen=LATE_WINDOW))  # seconds, start -> back
+
+    def late_after(self) -> float | None:
+        """Seconds after which an inference of this sequence is late; None: not known yet."""
+        if len(self.times) < LATE_SAMPLES:
+            return None
+        return max(LATE_MIN_S, LATE_FACTOR * sorted(self.times)[len(self.times) // 2])
 
 
 def placeable_reason(d: ops_pb2.SequenceDef, ack: ops_pb2.SequenceAck) -> str | None:
@@ -216,7 +233,7 @@ class Placement:
         placed.update((name, lane.placed) for name, lane in self.replicas.items())
         return {"placements": placed,
                 "replicas": [name for name, lane in self.replicas.items() if lane.alive],
-                **{k: self.counters[k] for k in ("moved", "failovers", "pulled")}}
+                **{k: self.counters[k] for k in ("moved", "failovers", "late", "pulled")}}
 
     def sequence_placement(self, seq_id: int) -> dict[str, Any] | None:
         info = self.seqs.get(seq_id)
@@ -454,7 +471,7 @@ class Placement:
         lane = primary
         if info.pinned is None and self.enabled and not start.position and not start.joined:
             lanes = [primary, *(r for r in self.replicas.values() if r.alive and r.warm
-                                and start.sequence in r.defined and r.link.up)]
+                                and not r.late and start.sequence in r.defined and r.link.up)]
             now = time.monotonic()
             if now - self._spread_at >= REOPEN_S:  # a host back up, or new: offer it the sequence
                 self._spread_at = now
@@ -482,7 +499,20 @@ class Placement:
             while len(self.located) > LOCATED:
                 self.located.popitem(last=False)
             out += self._arm(lane, info)
+            after = info.late_after()
+            if after is not None:
+                asyncio.get_running_loop().call_later(after, self._late, inf, lane)
         return out
+
+    def _late(self, inf: Inference, lane: Lane) -> None:
+        """``inf`` is not back from replica ``lane`` in time: the primary runs it too (moved,
+        so that the replica's answers, if they come, are dropped)."""
+        if inf.done or inf.lane is not lane or self.inflight.get(inf.base) is not inf:
+            return
+        log.info("placed inference late, moved to the primary", host=lane.name, base=inf.base)
+        self.counters["late"] += 1
+        lane.late = True
+        self._queue(self._move(inf, self.primary))
 
     def _arm(self, lane: Lane, info: SeqInfo) -> list[tuple[Lane, ops_pb2.SessionUp]]:
         """A replica's first inference of ``info``: its weight ids bound, its weight slots named
@@ -658,6 +688,8 @@ class Placement:
     def from_host(self, lane: Lane, down: ops_pb2.SessionDown) -> bool:
         """Whether ``lane``'s frame goes on to the app; bookkeeping of the inferences."""
         kind = down.WhichOneof("msg")
+        if lane.late and kind in ("fetched", "answer"):
+            lane.late = False  # it answers again: it may get inferences again
         if self._warming and not lane.primary and self._warm_frame(kind, down):
             return False
         if self.left_behind and not lane.primary:
@@ -734,6 +766,9 @@ class Placement:
         if not inf.done and inf.outputs <= inf.delivered:
             inf.done = True
             lane.link.inflight -= 1
+            info = self.seqs.get(inf.seq)
+            if info is not None and not inf.moved:
+                info.times.append(time.monotonic() - inf.started)
             observe = getattr(self.balancer(), "observe", None)
             try:
                 if observe is not None:
@@ -817,10 +852,11 @@ class Placement:
         self.pending = [(x, f) for x, f in self.pending if x is not lane]
         return mine
 
-    def lose(self, link: HostLink, why: str) -> None:
-        """``link`` went down (its ping loop gave up): its replica is lost (``_lost``)."""
-        lane = self.replicas.get(link.name)
-        if lane is None or lane.link is not link or not lane.alive:
+    def lose(self, link: HostLink, why: str, lane: Lane | None = None) -> None:
+        """``link`` went down (its ping loop gave up), or its replica ``lane`` stopped taking
+        frames: the replica is lost (``_lost``)."""
+        lane = lane or self.replicas.get(link.name)
+        if lane is None or lane.link is not link or not lane.alive or lane.primary:
             return
         self._lost(lane, why)
         lane.call.cancel()

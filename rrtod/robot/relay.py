@@ -40,6 +40,8 @@ from rrtod.wire import session_prefix
 
 log = structlog.get_logger("rrtod.robot")
 
+REPLICA_WRITE_S = 1.0  # a replica's stream that takes no frames this long: the replica is lost
+
 # How a GPU host that is up says no to a new session (``rrtod/gpu/service.py``): its session
 # limit (``executor.max_sessions``, an access rule's ``max_sessions``), its access rules, a
 # backend it lacks. The app is told ``HOST_REFUSED`` before any welcome: its shim then runs
@@ -357,21 +359,39 @@ class AppRelay:
             lanes.setdefault(id(lane), (lane, []))
         for lane, frame in routed:
             lanes.setdefault(id(lane), (lane, []))[1].append(frame)
-        for lane, frames in lanes.values():
-            if not lane.alive:
-                continue
-            async with lane.lock:
-                todo = (placement.take(lane) if placement is not None else []) + frames
-                batch: list[ops_pb2.SessionUp] = []
-                size = 0
-                for f in todo:
-                    n = f.ByteSize()
-                    if batch and size + n > BATCH_BYTES:
-                        await _write(lane.call, batch)
-                        batch, size = [], 0
-                    batch.append(f)
-                    size += n
-                await _write(lane.call, batch)
+        if len(lanes) > 1:  # a stalled host's stream must not hold up the others
+            await asyncio.gather(*(self._send_lane(lane, frames) for lane, frames in lanes.values()))
+        elif lanes:
+            await self._send_lane(*next(iter(lanes.values())))
+
+    async def _send_lane(self, lane: Lane, frames: list[ops_pb2.SessionUp]) -> None:
+        """A replica that does not take its frames within ``REPLICA_WRITE_S`` (stalled, its
+        stream full) is lost: its inferences go to the primary, the app is not held up."""
+        if not lane.alive:
+            return
+        if lane.primary:
+            await self._write_lane(lane, frames)
+            return
+        try:
+            await asyncio.wait_for(self._write_lane(lane, frames), REPLICA_WRITE_S)
+        except (TimeoutError, grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            if self.placement is not None:
+                self.placement.lose(lane.link, f"frames not taken: {exc!r}", lane)
+
+    async def _write_lane(self, lane: Lane, frames: list[ops_pb2.SessionUp]) -> None:
+        placement = self.placement
+        async with lane.lock:
+            todo = (placement.take(lane) if placement is not None else []) + frames
+            batch: list[ops_pb2.SessionUp] = []
+            size = 0
+            for f in todo:
+                n = f.ByteSize()
+                if batch and size + n > BATCH_BYTES:
+                    await _write(lane.call, batch)
+                    batch, size = [], 0
+                batch.append(f)
+                size += n
+            await _write(lane.call, batch)
 
     async def _to_app(self, frame: ops_pb2.SessionDown) -> None:
         """A replica's frame for the app (``Placement``): logged as the primary's would be."""
