@@ -91,11 +91,14 @@ HOST_LINKS = ("cloud", "wifi6-edge", "edge")
 HEALTH = {"interval": 0.5, "timeout": 2.0, "down_after": 3}
 LOG = {"format": "json", "level": "info"}
 POLL_S = 0.5  # robot daemons' status, during a cell
-# Counters a robot daemon's session may report (per-inference placement): summed per cell.
-ROBOT_COUNTERS = ("failovers", "local_fallbacks", "resends", "deadline_misses")
-# The shim's counters (``rrto-stats``) summed per cell.
+# Counters a robot daemon's session may report (per-inference placement: in its ``placement``
+# block), summed per cell.
+ROBOT_COUNTERS = ("failovers", "local_fallbacks", "moved", "late", "pulled", "resends",
+                  "deadline_misses")
+# The shim's counters (``rrto-stats``) summed per cell. (Not its ``replays``: they restart at
+# each reconnect; the replayed share comes from its per-inference record.)
 SHIM_COUNTERS = ("hosts_lost", "reconnects", "recoveries", "deadline_misses", "local_ops",
-                 "local_fallbacks", "failovers", "replays", "mismatches")
+                 "local_fallbacks", "failovers")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,17 +202,24 @@ def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _flat(session: dict[str, Any]) -> dict[str, Any]:
+    """A session's describe() with its ``placement`` block (per-inference placement:
+    ``placements``, ``failovers``, ...), if any, lifted to the top."""
+    block = session.get("placement")
+    return {**session, **block} if isinstance(block, dict) else session
+
+
 def placements(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]
                ) -> tuple[dict[str, int], dict[str, int]]:
     """Inferences per host between two views of the robot daemons' sessions (by a key unique
     per session; a session that appeared in between starts from nothing), and the sums of the
     sessions' ``ROBOT_COUNTERS`` over the same span (only those some session reports). A session
-    with a ``placements`` dict {host: count} is counted from it, else all its inferences go to
-    its ``host``."""
+    with a ``placements`` dict {host: count} (at its top or in its ``placement`` block) is
+    counted from it, else all its inferences go to its ``host``."""
     hosts: dict[str, int] = {}
     counters: dict[str, int] = {}
     for key, s in after.items():
-        b = before.get(key, {})
+        s, b = _flat(s), _flat(before.get(key, {}))
         if isinstance(s.get("placements"), dict):
             old = b.get("placements") if isinstance(b.get("placements"), dict) else {}
             for h, n in s["placements"].items():

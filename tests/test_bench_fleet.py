@@ -62,6 +62,17 @@ def test_placements_from_sessions_and_from_per_inference_counts() -> None:
     hosts, counters = fleet.placements(before, after)
     assert hosts == {"gpu0": 30, "gpu2": 3, "gpu1": 10}
     assert counters == {"failovers": 2}  # only what some session reports
+    # The robot daemon's shape: a ``placement`` block (None when placement is per session).
+    before = {"r/s1": {"host": "gpu0", "inferences": 8, "placement": {
+        "placements": {"gpu0": 2}, "replicas": [], "moved": 0, "failovers": 0, "late": 0,
+        "pulled": 0}}, "r/s2": {"host": "gpu1", "inferences": 8, "placement": None}}
+    after = {"r/s1": {"host": "gpu0", "inferences": 40, "placement": {
+        "placements": {"gpu0": 12, "gpu1": 10, "gpu2": 10}, "replicas": ["gpu1", "gpu2"],
+        "moved": 1, "failovers": 2, "late": 0, "pulled": 0}},
+        "r/s2": {"host": "gpu1", "inferences": 18, "placement": None}}
+    hosts, counters = fleet.placements(before, after)
+    assert hosts == {"gpu0": 10, "gpu1": 20, "gpu2": 10}
+    assert counters == {"moved": 1, "failovers": 2, "late": 0, "pulled": 0}
 
 
 def test_latency_figures_and_differing() -> None:
