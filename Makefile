@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo bench bench-quick bench-detection bench-chaos bench-capacity proto proto-check lint clean fuzz compat compat-venv \
+.PHONY: install test demo bench bench-quick bench-detection bench-chaos bench-capacity bench-fleet proto proto-check lint clean fuzz compat compat-venv \
 	compat-ci
 
 install: $(STAMP)
@@ -54,6 +54,14 @@ bench-detection: compat-venv
 # bench/results/capacity.{md,json}. CAPACITY_ARGS e.g. "--sessions 16 --pace-ms 250".
 bench-capacity: install
 	$(BIN)/python -m bench.capacity $(CAPACITY_ARGS)
+
+# Fleet (bench/fleet.py): 4 robot daemons with an app each, 3 GPU daemons of different CPU quotas
+# behind different emulated links; each balancer x RILaaS load profile (uniform, step, spike,
+# poisson, sinusoidal): p50/p99, throughput, per-host share, failovers, local fallbacks, errors
+# and wrong results (both must be 0); results in bench/results/fleet.{md,json}. FLEET_ARGS e.g.
+# "--balancers first-up,least-loaded", "--quick", "--chaos", "--robot-config placement=inference".
+bench-fleet: install
+	$(BIN)/python -m bench.fleet $(FLEET_ARGS)
 
 # Regenerate the wire contract's modules (committed; tests/test_proto.py checks they are current).
 proto: install

@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,14 +55,91 @@ def _sessions(robot: Any) -> list[dict[str, Any]]:
         return []
 
 
+class HostFaults:
+    """GPU daemons on fixed addresses, and the faults this benchmark (and ``bench.fleet``)
+    inflicts on them: ``kill`` (``SIGKILL``, then host ``k`` started again by ``start(k)``, on
+    its same address, in the background) and ``stop`` (``SIGSTOP`` for a while, then
+    ``SIGCONT``). ``gpus[k]`` is host k's daemon, None while it is being started again; every
+    fault is recorded in ``faults`` (``at``, ``host``, ``kind``, and ``back`` once it is up)."""
+
+    def __init__(self, start: Callable[[int], Any], count: int):
+        self.start = start
+        self.gpus: list[Any] = [None] * count
+        self.faults: list[dict[str, Any]] = []
+        self._restarts: list[threading.Thread] = []
+
+    def start_all(self) -> None:
+        """Every host, started side by side."""
+        errors: list[BaseException] = []
+
+        def one(k: int) -> None:
+            try:
+                self.gpus[k] = self.start(k)
+            except BaseException as exc:  # noqa: BLE001 - raised below, in the caller
+                errors.append(exc)
+        threads = [threading.Thread(target=one, args=(k,)) for k in range(len(self.gpus))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+
+    def up(self, k: int) -> bool:
+        gpu = self.gpus[k]
+        return gpu is not None and gpu.proc.poll() is None
+
+    def kill(self, k: int, wait: bool = True) -> threading.Thread:
+        """``wait``: return once host k is up again (never fault another host meanwhile, as in a
+        fleet with spare capacity)."""
+        gpu = self.gpus[k]
+        fault: dict[str, Any] = {"at": time.monotonic(), "host": f"gpu{k}", "kind": "kill"}
+        gpu.proc.send_signal(signal.SIGKILL)
+        gpu.proc.wait(10)
+        self.gpus[k] = None
+        self.faults.append(fault)
+
+        def restart() -> None:
+            self.gpus[k] = self.start(k)
+            fault["back"] = time.monotonic()
+        t = threading.Thread(target=restart)
+        t.start()
+        self._restarts.append(t)
+        if wait:
+            t.join(120)
+        return t
+
+    def stop(self, k: int, seconds: float) -> None:
+        gpu = self.gpus[k]
+        fault: dict[str, Any] = {"at": time.monotonic(), "host": f"gpu{k}", "kind": "stop"}
+        gpu.proc.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(seconds)
+        finally:
+            gpu.proc.send_signal(signal.SIGCONT)
+        fault["back"] = time.monotonic()
+        self.faults.append(fault)
+
+    def join(self) -> None:
+        """Until every restart has ended."""
+        for t in self._restarts:
+            t.join(120)
+
+
 class Chaos:
     def __init__(self, args: argparse.Namespace):
         self.args = args
         self.launcher = Launcher(extra_env=DAEMON_ENV)
         self.ports = [free_port(), free_port()]
-        self.gpus: list[Any] = [None, None]
-        self.faults: list[dict[str, Any]] = []
-        self._restarts: list[threading.Thread] = []
+        self.hosts = HostFaults(self._gpu, 2)
+
+    @property
+    def gpus(self) -> list[Any]:
+        return self.hosts.gpus
+
+    @property
+    def faults(self) -> list[dict[str, Any]]:
+        return self.hosts.faults
 
     def _gpu(self, k: int) -> Any:
         return self.launcher.start(f"gpu{k}", roles=["gpu"],
@@ -72,7 +150,7 @@ class Chaos:
         tmp = Path(tempfile.mkdtemp(prefix="rrto-chaos-"))
         times_path = tmp / "times.json"
         with self.launcher:
-            self.gpus = [self._gpu(0), self._gpu(1)]
+            self.hosts.start_all()
             robot = self.launcher.start(
                 "robot", roles=["robot"], balancer="first-up",
                 hosts=[{"name": f"gpu{k}", "address": f"127.0.0.1:{p}"}
@@ -98,8 +176,7 @@ class Chaos:
             finally:
                 if app.poll() is None:
                     app.kill()
-                for t in self._restarts:
-                    t.join(120)
+                self.hosts.join()
         return self._report(app.returncode, out, err, json.loads(times_path.read_text())
                             if times_path.exists() else [])
 
@@ -110,7 +187,7 @@ class Chaos:
             for s in _sessions(robot):
                 if s["inferences"] >= self.args.settle and s["host"] in ("gpu0", "gpu1"):
                     k = int(s["host"].removeprefix("gpu"))
-                    if self.gpus[k] is not None and self.gpus[k].proc.poll() is None:
+                    if self.hosts.up(k):
                         return s["host"]
             time.sleep(0.05)
         return None
@@ -123,28 +200,12 @@ class Chaos:
             time.sleep(0.1)
 
     def _fault(self, k: int) -> None:
-        gpu = self.gpus[k]
-        at = time.monotonic()
         if self.args.fault == "kill":
-            gpu.proc.send_signal(signal.SIGKILL)
-            gpu.proc.wait(10)
-            self.gpus[k] = None
-
-            def restart() -> None:
-                self.gpus[k] = self._gpu(k)
-                self.faults[-1]["back"] = time.monotonic()
-            self.faults.append({"at": at, "host": f"gpu{k}"})
-            t = threading.Thread(target=restart)
-            t.start()
-            self._restarts.append(t)
             # Never fault the other host while this one is still starting: the app must have
             # a host to go back to, as in a fleet with spare capacity.
-            t.join(120)
+            self.hosts.kill(k, wait=True)
         else:
-            gpu.proc.send_signal(signal.SIGSTOP)
-            time.sleep(self.args.stall)
-            gpu.proc.send_signal(signal.SIGCONT)
-            self.faults.append({"at": at, "host": f"gpu{k}", "back": time.monotonic()})
+            self.hosts.stop(k, self.args.stall)
 
     def _report(self, rc: int | None, out: str, err: str,
                 times: list[tuple[float, float]]) -> dict[str, Any]:

@@ -64,15 +64,18 @@ class Group:
     """One emulated machine: a ``cpu`` group with a quota and/or a weight. ``join(pid)`` moves a
     process into it, with its future threads and children."""
 
-    def __init__(self, root: Path, name: str, quota: float | None = None, shares: int | None = None):
+    def __init__(self, root: Path, name: str, quota: float | None = None, shares: int | None = None,
+                 period_us: int = PERIOD_US):
+        """``quota`` in CPUs per ``period_us`` (the kernel accepts 1 ms to 1 s; the quota itself
+        is at least 1 ms): a short period throttles each burst, a long one only sustained load."""
         self.path = root / "cpu" / name
         self.path.mkdir()
         try:
             if shares is not None:
                 (self.path / "cpu.shares").write_text(str(shares))
             if quota is not None:
-                (self.path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-                (self.path / "cpu.cfs_quota_us").write_text(str(max(1000, round(quota * PERIOD_US))))
+                (self.path / "cpu.cfs_period_us").write_text(str(period_us))
+                (self.path / "cpu.cfs_quota_us").write_text(str(max(1000, round(quota * period_us))))
         except BaseException:
             self.close()
             raise

@@ -11,7 +11,11 @@ host there); ``--dump FILE`` writes every output's values as JSON (for the trans
 inference, as a sensor-paced robot loop does; ``--until-stdin`` goes on after those until a line
 arrives on stdin (a camera loop that a test stops once it has seen what it waits for);
 ``--times FILE`` writes, per inference, its start (CLOCK_MONOTONIC, comparable across processes)
-and its seconds from the model call to the last output read, as JSON.
+and its seconds from the model call to the last output read, as JSON; ``--schedule FILE``: after
+the first ``--runs`` inferences (a warm-up) prints their lines and ``SCHEDULE``, waits for a line
+on stdin, then reads FILE, a JSON list of CLOCK_MONOTONIC times, and starts one more inference at
+each (at once when the previous one ended later): requests arriving open-loop at a load
+profile's times, as frames from a sensor do.
 """
 
 from __future__ import annotations
@@ -78,20 +82,37 @@ def main(build: Callable[[], torch.nn.Module], make_input: Callable[[int], Any],
                 lines.clear()
                 print("HOLD", flush=True)
                 sys.stdin.readline()
-            x = make_input(i)
-            began = time.monotonic()
-            with MODES[mode]():
-                out = model(*x) if isinstance(x, tuple) else model(x)
-                if post is not None:
-                    out = post(out)
-            lines.extend(describe(i, out))
-            times.append((began, time.monotonic() - began))
-            if "--pace" in argv:  # a sensor-paced loop: ms between inferences
-                time.sleep(float(argv[argv.index("--pace") + 1]) / 1000)
-            if "--dump" in argv:
-                for k, t in enumerate(flat(out)):
-                    dumped[f"{i}:{k}"] = t.detach().double().flatten().tolist()
+            one(i)
             i += 1
+        if "--schedule" in argv:  # then one inference at each time of the schedule
+            print("\n".join(lines), flush=True)
+            lines.clear()
+            print("SCHEDULE", flush=True)
+            sys.stdin.readline()
+            with open(argv[argv.index("--schedule") + 1]) as f:
+                schedule = [float(t) for t in json.load(f)]
+            for at in schedule:
+                wait = at - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                one(i)
+                i += 1
+
+    def one(i: int) -> None:
+        """One inference: input ("grab a frame", untimed), model, every output read."""
+        x = make_input(i)
+        began = time.monotonic()
+        with MODES[mode]():
+            out = model(*x) if isinstance(x, tuple) else model(x)
+            if post is not None:
+                out = post(out)
+        lines.extend(describe(i, out))
+        times.append((began, time.monotonic() - began))
+        if "--pace" in argv:  # a sensor-paced loop: ms between inferences
+            time.sleep(float(argv[argv.index("--pace") + 1]) / 1000)
+        if "--dump" in argv:
+            for k, t in enumerate(flat(out)):
+                dumped[f"{i}:{k}"] = t.detach().double().flatten().tolist()
 
     if "--thread" in argv:
         t = threading.Thread(target=infer)
