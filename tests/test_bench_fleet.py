@@ -87,7 +87,7 @@ def test_latency_figures_and_differing() -> None:
 
 @pytest.mark.timeout(240)
 def test_quick_fleet_run(tmp_path: Path) -> None:
-    rc = fleet.main(["--quick", "--balancers", "least-loaded,no-such-balancer",
+    rc = fleet.main(["--quick", "--profiles", "uniform", "--balancers", "least-loaded,no-such-balancer",
                      "--robot-config", "health.down_after=4", "--out", str(tmp_path)])
     doc = json.loads((tmp_path / "fleet.json").read_text())
     md = (tmp_path / "fleet.md").read_text()
@@ -101,8 +101,7 @@ def test_quick_fleet_run(tmp_path: Path) -> None:
         assert m["rtt_ms"] > 0 and m["up_mbps"] > 0 and m["down_mbps"] > 0
     for name in ["unthrottled", *hosts]:
         assert doc["model_time"][name]["p50_ms"] > 0
-    assert [(c["balancer"], c["profile"]) for c in doc["cells"]] == [
-        ("least-loaded", "uniform"), ("least-loaded", "spike")]
+    assert [(c["balancer"], c["profile"]) for c in doc["cells"]] == [("least-loaded", "uniform")]
     for c in doc["cells"]:
         assert "failed" not in c
         assert c["app_errors"] == 0 and c["wrong_results"] == 0
@@ -116,5 +115,5 @@ def test_quick_fleet_run(tmp_path: Path) -> None:
         for key in ("failovers", "local_fallbacks"):
             assert isinstance(c[key]["value"], int) and c[key]["source"]
         assert isinstance(c["deadline_misses"], int)
-    assert "| least-loaded | uniform |" in md and "| least-loaded | spike |" in md
+    assert "| least-loaded | uniform |" in md
     assert "## Hosts, measured" in md and "no-such-balancer" in md
