@@ -15,16 +15,10 @@ import pytest
 from rrtod.ctl import request
 from testkit.apps import APPS, DAEMON_ENV, app_env, shim_stats
 from testkit.daemons import BIN, TEST_DEFAULTS, Launcher, free_port
+from testkit.held import run_local
 
 APP = "small_cnn"
 pytestmark = pytest.mark.timeout(300)
-
-
-def run_local(runs: int) -> str:
-    out = subprocess.run([sys.executable, str(APPS / f"{APP}.py"), "--runs", str(runs)],
-                         env=app_env(), cwd=APPS, capture_output=True, text=True, timeout=300,
-                         check=True)
-    return out.stdout
 
 
 def start_app(robot: Any, *loop: str) -> subprocess.Popen[str]:
@@ -45,12 +39,18 @@ def fleet(launcher: Launcher, n: int, **robot: Any) -> tuple[list[Any], Any]:
     return gpus, launcher.start("robot", roles=["robot"], hosts=hosts, **merged)
 
 
+def placed(status: dict) -> dict:
+    """The placement block of the (one) app session in a robot's status."""
+    return next(((x.get("placement") or {}) for x in status["sessions"]), {})
+
+
 def finish(app: subprocess.Popen[str], stdin: str | None = None) -> dict:
     out, err = app.communicate(stdin, timeout=300)
     assert app.returncode == 0, err[-3000:]
     stats = shim_stats(err)
     assert stats, err[-3000:]
-    assert out == run_local(stats["inferences"]), "outputs differ from local execution"
+    want = run_local(APP, "--runs", str(stats["inferences"]))
+    assert out == want, "outputs differ from local execution"
     return stats
 
 
@@ -74,9 +74,6 @@ def test_a_replica_killed_under_the_app_costs_it_nothing():
     with Launcher(extra_env=DAEMON_ENV) as launcher:
         gpus, robot = fleet(launcher, 3, balancer="round-robin")
         app = start_app(robot, "--runs", "80", "--pace", "5", "--until-stdin")
-
-        def placed(s: dict) -> dict:
-            return next(((x.get("placement") or {}) for x in s["sessions"]), {})
 
         robot.wait_for(lambda s: app.poll() is not None or min(
             placed(s).get("placements", {"x": 0}).values()) >= 5 and len(
@@ -104,9 +101,6 @@ def test_a_stalled_replica_costs_the_app_at_most_a_late_inference():
     with Launcher(extra_env=DAEMON_ENV) as launcher:
         gpus, robot = fleet(launcher, 2, balancer="round-robin")
         app = start_app(robot, "--runs", "60", "--pace", "5", "--until-stdin")
-
-        def placed(s: dict) -> dict:
-            return next(((x.get("placement") or {}) for x in s["sessions"]), {})
 
         robot.wait_for(lambda s: app.poll() is not None or len(
             placed(s).get("placements", {})) == 2 and min(

@@ -103,6 +103,52 @@ class Phase(enum.Enum):
     CLOSED = "closed"
 
 
+class _Batched:
+    """An app burst's frames for the session's one host, in messages of at most
+    ``BATCH_BYTES`` (a large tensor alone)."""
+
+    def __init__(self, relay: AppRelay):
+        self.relay = relay
+        self.batch: list[ops_pb2.SessionUp] = []
+        self.size = 0
+
+    async def add(self, frame: ops_pb2.SessionUp, n: int) -> None:
+        if self.batch and self.size + n > BATCH_BYTES:
+            await self.flush()
+        self.batch.append(frame)
+        self.size += n
+
+    async def flush(self) -> None:
+        batch, self.batch, self.size = self.batch, [], 0
+        await self.relay._send_up(batch)
+
+
+class _Routed:
+    """An app burst's frames, each to the host ``Placement.route`` says; values a frame names on
+    another host are copied first (``NeedPull``). The recorder sees the app's frames as sent."""
+
+    def __init__(self, relay: AppRelay):
+        assert relay.placement is not None
+        self.relay = relay
+        self.placement = relay.placement
+        self.routed: list[tuple[Lane, ops_pb2.SessionUp]] = []
+        self.seen: list[ops_pb2.SessionUp] = []
+
+    async def add(self, frame: ops_pb2.SessionUp, n: int) -> None:
+        try:
+            self.routed += self.placement.route(frame)
+        except NeedPull as need:
+            await self.flush()  # what came before goes first
+            values = await self.placement.pull(need.ids)
+            self.routed += self.placement.route(self.placement.rewrite(frame, values))
+        self.seen.append(frame)
+
+    async def flush(self) -> None:
+        routed, seen, self.routed, self.seen = self.routed, self.seen, [], []
+        await self.relay._send_lanes(routed)
+        await self.relay._observe_up(seen)
+
+
 async def _write(call: grpc.aio.StreamStreamCall, frames: list[ops_pb2.SessionUp]) -> None:
     """``frames`` as one gRPC message (a ``SessionUpBatch`` when several)."""
     if frames:
@@ -253,16 +299,14 @@ class AppRelay:
     async def up(self, requests: list[local_pb2.LocalRequest]) -> None:
         """Relay frames the app wrote together. Its session frames go to the host in as few
         gRPC messages as their size allows (a ``SessionUpBatch``): each message on the stream
-        costs handoffs between threads and processes worth far more than a small frame.
-        Energy bookkeeping (~0.1 ms a state change with the model meter) is done once the
-        frames are on their way, not before. Frames before a malformed one are relayed, then
+        costs handoffs between threads and processes worth far more than a small frame; with
+        per-inference placement, to the hosts ``Placement.route`` says (``_Routed``). Energy
+        bookkeeping (~0.1 ms a state change with the model meter) is done once the frames are
+        on their way, not before. Frames before a malformed one are relayed, then
         ``FrameError`` is raised."""
-        if self.placement is not None and self.placement.seqs:
-            await self._up_placed(requests)
-            return
         session, rec = self.session, self.recorder
-        batch: list[ops_pb2.SessionUp] = []
-        size = 0
+        out = (_Routed(self) if self.placement is not None and self.placement.seqs
+               else _Batched(self))
         energy: list[local_pb2.InferenceMark | None] = []  # None: communication starts
         bad = None
         for request in requests:
@@ -279,72 +323,16 @@ class AppRelay:
                     energy.append(None)
                 if fkind == "define" and rec is not None:  # the shim gave one up
                     rec.drop(frame.define.id, forget=True)
-                if batch and size + n > BATCH_BYTES:  # a large tensor goes in its own message
-                    await self._send_up(batch)
-                    batch, size = [], 0
-                batch.append(frame)
-                size += n
+                await out.add(frame, n)
                 if fkind == "query":  # restored definitions follow the query on the stream
-                    await self._send_up(batch)
-                    batch, size = [], 0
+                    await out.flush()
             elif kind == "mark":
                 session.inferences += 1
                 energy.append(request.mark)
             else:
                 bad = kind or "empty"
                 break
-        await self._send_up(batch)  # before a bad frame too
-        if self.energy is not None:
-            self._account(energy)
-        if bad is not None:
-            raise FrameError(f"unexpected {bad} frame inside an app session")
-
-    async def _up_placed(self, requests: list[local_pb2.LocalRequest]) -> None:
-        """``up`` with per-inference placement: each frame to the host ``Placement.route``
-        says (with what it adds), each host's frames in as few messages as their size allows;
-        values a frame names on another host are copied first (``NeedPull``)."""
-        session, rec, placement = self.session, self.recorder, self.placement
-        assert placement is not None
-        routed: list[tuple[Lane, ops_pb2.SessionUp]] = []
-        seen: list[ops_pb2.SessionUp] = []
-        energy: list[local_pb2.InferenceMark | None] = []
-        bad = None
-
-        async def flush() -> None:
-            nonlocal routed, seen
-            await self._send_lanes(routed)
-            await self._observe_up(seen)
-            routed, seen = [], []
-
-        for request in requests:
-            kind = request.WhichOneof("msg")
-            if kind == "session":
-                frame = request.session
-                session.frames_up += 1
-                session.bytes_up += frame.ByteSize()
-                fkind = frame.WhichOneof("msg")
-                if fkind == "call":
-                    session.calls += 1
-                if not energy or energy[-1] is not None:
-                    energy.append(None)
-                if fkind == "define" and rec is not None:
-                    rec.drop(frame.define.id, forget=True)
-                try:
-                    routed += placement.route(frame)
-                except NeedPull as need:
-                    await flush()  # what came before goes first
-                    values = await placement.pull(need.ids)
-                    routed += placement.route(placement.rewrite(frame, values))
-                seen.append(frame)
-                if fkind == "query":  # restored definitions follow the query on the stream
-                    await flush()
-            elif kind == "mark":
-                session.inferences += 1
-                energy.append(request.mark)
-            else:
-                bad = kind or "empty"
-                break
-        await flush()
+        await out.flush()  # before a bad frame too
         if self.energy is not None:
             self._account(energy)
         if bad is not None:
