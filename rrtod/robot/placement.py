@@ -198,6 +198,7 @@ class Placement:
         self.open_request = open_request
         self.app = open_request.app
         self.enabled = True
+        self.closed = False
         # The relay's: frames from replicas to the app, and to its op log.
         self.to_app: Callable[[ops_pb2.SessionDown], Awaitable[None]] | None = None
         self.replicas: dict[str, Lane] = {}
@@ -507,7 +508,8 @@ class Placement:
     def _late(self, inf: Inference, lane: Lane) -> None:
         """``inf`` is not back from replica ``lane`` in time: the primary runs it too (moved,
         so that the replica's answers, if they come, are dropped)."""
-        if inf.done or inf.lane is not lane or self.inflight.get(inf.base) is not inf:
+        if (self.closed or inf.done or inf.lane is not lane
+                or self.inflight.get(inf.base) is not inf):
             return
         log.info("placed inference late, moved to the primary", host=lane.name, base=inf.base)
         self.counters["late"] += 1
@@ -839,7 +841,7 @@ class Placement:
 
     def _queue(self, out: list[tuple[Lane, ops_pb2.SessionUp]]) -> None:
         """Frames to send outside the app's flow: before the next frames of their lanes."""
-        if out:
+        if out and not self.closed:
             self.pending += out
             if self.resend is not None:
                 self._spawn(self.resend([]))
@@ -884,6 +886,7 @@ class Placement:
         self._queue(out)
 
     async def close(self) -> None:
+        self.closed = True
         for task in list(self._tasks):
             task.cancel()
         for lane in self.replicas.values():
