@@ -83,7 +83,7 @@ def setup(pinned: str = "") -> tuple[Placement, Pick, Lane, Lane]:
     placement.enabled = False  # no background replicas: the test adds one by hand
     placement.accepted(definition(), ops_pb2.SequenceAck(id=SEQ, accepted=True, pinned=pinned))
     placement.enabled = True
-    replica = Lane(a_link, Stream(), primary=False, warm=True, ready=True)
+    replica = Lane(a_link, Stream(), primary=False, warm=True)
     replica.defined.add(SEQ)
     placement.replicas["a"] = replica
     return placement, pick, primary, replica

@@ -80,6 +80,20 @@ LOCATED = 4096  # replica-run inferences whose ids are remembered (the app relea
 REOPEN_S = 2.0  # between attempts to open a replica on a host
 
 
+def down_base(kind: str | None, down: ops_pb2.SessionDown) -> int | None:
+    """The inference base a host's frame is about (an answer, a failure, a prefix, a pushed
+    output); None for other frames."""
+    if kind == "answer":
+        return down.answer.base_id
+    if kind == "error":
+        return down.error.base_id
+    if kind == "replayed":
+        return down.replayed.base_id
+    if kind == "fetched" and not down.fetched.seq:
+        return base_of(down.fetched.id)
+    return None
+
+
 def base_of(tid: int) -> int | None:
     """The inference base a replayed value's id belongs to; None for other ids."""
     if REPLAY_BASE <= tid < HOST_ID_BASE:
@@ -108,7 +122,6 @@ class Lane:
     call: Any  # grpc.aio.StreamStreamCall
     primary: bool
     alive: bool = True
-    ready: bool = False
     defined: set[int] = field(default_factory=set)  # sequences it holds
     defining: set[int] = field(default_factory=set)  # sequences on their way there
     armed: set[int] = field(default_factory=set)  # sequences whose weight slots it was told
@@ -695,10 +708,7 @@ class Placement:
         if self._warming and not lane.primary and self._warm_frame(kind, down):
             return False
         if self.left_behind and not lane.primary:
-            base = (down.answer.base_id if kind == "answer" else down.error.base_id
-                    if kind == "error" else down.replayed.base_id if kind == "replayed"
-                    else base_of(down.fetched.id) if kind == "fetched" and not down.fetched.seq
-                    else None)
+            base = down_base(kind, down)
             if base and (base, id(lane)) in self.left_behind:
                 return False
         if kind == "fetched":
@@ -743,10 +753,7 @@ class Placement:
     def _warm_frame(self, kind: str, down: ops_pb2.SessionDown) -> bool:
         """Whether ``down`` is of a warm-up (``_warm``): its outputs and answers are this
         daemon's, its failure ends the warm-up."""
-        base = (down.answer.base_id if kind == "answer" else down.error.base_id
-                if kind == "error" else down.replayed.base_id if kind == "replayed"
-                else base_of(down.fetched.id) if kind == "fetched" and not down.fetched.seq
-                else None)
+        base = down_base(kind, down)
         warming = self._warming.get(base) if base else None
         if warming is None:
             return False
@@ -791,7 +798,6 @@ class Placement:
                 for down in frames:
                     kind = down.WhichOneof("msg")
                     if kind == "ready":
-                        lane.ready = True
                         if lane.opened is not None and not lane.opened.done():
                             lane.opened.set_result(None)
                         continue

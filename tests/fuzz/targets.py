@@ -490,7 +490,7 @@ def robot_placement(data: bytes) -> None:
         placement.enabled = False
         placement.accepted(d, ops_pb2.SequenceAck(id=d.id, accepted=True))
         placement.enabled = True
-        replica = Lane(links[1], _Stream(), primary=False, warm=True, ready=True)
+        replica = Lane(links[1], _Stream(), primary=False, warm=True)
         replica.defined.add(d.id)
         placement.replicas["a"] = replica
         lanes = [primary, replica]
