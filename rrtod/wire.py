@@ -16,8 +16,9 @@ robot daemon -> app (shim)     same socket, ``HEADER`` + ``local.LocalReply``: `
                                ``error`` to the hello, then ``session`` (an ``ops.SessionDown``:
                                results, fetched data and pushed replay outputs, a replayed
                                call's ``answer`` (``ReplayAnswer``: output metadata or a value
-                               the app needs), errors, and ``sequence``: a verified sequence
-                               to replay) and ``error``
+                               the app needs), errors, ``sequence``: a verified sequence
+                               to replay, and ``search``: a search running or over, which
+                               the next inference start waits for) and ``error``
                                (``HOST_LOST`` ends the session); ``ctl`` to ``rrtoctl``.
 robot daemon -> GPU daemon     gRPC ``peer.Peer.Session`` request stream of ``ops.SessionUp``:
                                ``open`` first (the app's versions from its hello), then the

@@ -3,6 +3,8 @@ the host sends it."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -170,3 +172,51 @@ def test_a_call_the_host_failed_ahead_of_the_app_is_forwarded_only_when_the_app_
     client.broken(ops_pb2.Error(code="OP_FAILED", base_id=REPLAY_BASE + SPAN, position=1))
     assert client._check_broken(late) and [e.position for e in session.errors] == [1]
     assert client.counters["failed_ahead"] == 2 and client.counters["mismatches"] == 2
+
+
+def test_an_inference_start_waits_for_a_running_search_and_replays_what_it_found():
+    """The robot said a search is running (``SearchHint``): the thread's first call after a
+    download waits until the search is over, so the sequence found, which arrives first,
+    replays this inference. Later calls, and a start once the search is over, never wait."""
+    session = Session()
+    client = ReplayClient(session)  # type: ignore[arg-type]
+    relu, info = torch.ops.aten.relu.default, OpInfo(torch.ops.aten.relu.default)
+    client.downloaded()  # the app read the outputs of its second inference
+    client.search_hint(ops_pb2.SearchHint(running=True, wait_us=5_000_000))
+
+    def robot() -> None:
+        time.sleep(0.05)
+        client.define(chain())
+        client.search_hint(ops_pb2.SearchHint(running=False))
+
+    t = threading.Thread(target=robot)
+    t.start()
+    t0 = time.monotonic()
+    result = client.dispatch(relu, (torch.ones(4),), {}, info, 0, 0)
+    waited = time.monotonic() - t0
+    t.join()
+    assert result is not MISS and client.active is not None, session.sent
+    assert session.sent[0].start.sequence == 5 and 0.04 <= waited < 5, waited
+    assert client.counters["search_waits"] == 1 and client.counters["search_wait_ns"] > 0
+
+
+def test_an_inference_start_waits_for_a_search_no_longer_than_the_robot_allows():
+    """A search that finds nothing ends the wait at once; one whose end never comes costs at
+    most ``wait_us``; a call that does not start an inference does not wait at all."""
+    session = Session()
+    client = ReplayClient(session)  # type: ignore[arg-type]
+    relu, info = torch.ops.aten.relu.default, OpInfo(torch.ops.aten.relu.default)
+    client.search_hint(ops_pb2.SearchHint(running=True, wait_us=5_000_000))
+    assert client.dispatch(relu, (torch.ones(4),), {}, info, 0, 0) is MISS  # not a start
+    assert client.counters["search_waits"] == 0
+    client.downloaded()
+    threading.Timer(0.05, client.search_hint, (ops_pb2.SearchHint(running=False),)).start()
+    t0 = time.monotonic()
+    assert client.dispatch(relu, (torch.ones(4),), {}, info, 0, 0) is MISS
+    assert 0.04 <= time.monotonic() - t0 < 5
+    client.downloaded()
+    client.search_hint(ops_pb2.SearchHint(running=True, wait_us=50_000))
+    t0 = time.monotonic()
+    assert client.dispatch(relu, (torch.ones(4),), {}, info, 0, 0) is MISS
+    assert 0.04 <= time.monotonic() - t0 < 5
+    assert client.counters["search_waits"] == 2 and session.sent == []

@@ -220,6 +220,9 @@ class RemoteSession:
         elif kind == "sequence":
             if self.replay is not None:
                 self.replay.define(down.sequence)
+        elif kind == "search":
+            if self.replay is not None:
+                self.replay.search_hint(down.search)
         elif kind in ("result", "fetched"):
             msg = getattr(down, kind)
             w = self._waiters.pop(msg.seq, None)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import itertools
 import math
 import threading
+import time
 from dataclasses import dataclass, field
 from time import thread_time_ns
 from typing import Any
@@ -71,6 +72,7 @@ MAX_TAIL_BYTES = 64 << 20  # nor one whose forwarded frames (uploads included) e
 JOIN_TRIES = 4  # places in the kept calls where the inference under way may have begun
 MAX_PER_THREAD = 8  # sequences a thread keeps (variants: other input shapes, models, branches)
 RELEASE_EARLY_AT = 32  # released values worth a frame of their own while waiting for a push
+SEARCH_WAIT_MAX_S = 0.1  # the longest an inference start waits for a search (``SearchHint``)
 
 
 class _Unreplayable(Exception):
@@ -405,9 +407,13 @@ class ReplayClient:
         # CPU time spent working out a step's outputs at its first replay (meta execution):
         # once per step, so not part of the per-operator cost (``replay_shim_ns``).
         self.planning_ns = 0
+        # A sequence search the robot said is running (``SearchHint``): set when none is.
+        self._search_over = threading.Event()
+        self._search_over.set()
+        self._search_until = 0.0  # monotonic time past which an inference start stops waiting
         self.counters = {"replays": 0, "mismatches": 0, "replayed_ops": 0, "dropped": 0,
                          "failed": 0, "failed_ahead": 0, "answer_waits": 0, "joined": 0,
-                         "switches": 0, "abandoned": 0}
+                         "switches": 0, "abandoned": 0, "search_waits": 0, "search_wait_ns": 0}
 
     # ----- from the reader thread -----
     def define(self, d: ops_pb2.SequenceDef) -> None:
@@ -425,6 +431,27 @@ class ReplayClient:
             for old in others[MAX_PER_THREAD - 1:]:  # the least recently found: told to the
                 self._give_up.append(old.id)        # robot, which drops it on the host too
                 self.counters["dropped"] += 1
+
+    def search_hint(self, hint: ops_pb2.SearchHint) -> None:
+        """The robot's sequence search is running (for at most ``wait_us`` more, as far as an
+        inference start cares) or over; a definition it found was passed to ``define`` before."""
+        if hint.running:
+            self._search_until = time.monotonic() + min(hint.wait_us / 1e6, SEARCH_WAIT_MAX_S)
+            self._search_over.clear()
+        else:
+            self._search_over.set()
+
+    def _await_search(self) -> None:
+        """This thread begins an inference (its first call after a download) while the robot
+        searches the inferences before it: wait for that search, within its bound, so that
+        the sequence it finds replays this inference rather than the next one."""
+        left = self._search_until - time.monotonic()
+        if left <= 0:
+            return
+        t0 = time.perf_counter_ns()
+        self._search_over.wait(left)
+        self.counters["search_waits"] += 1
+        self.counters["search_wait_ns"] += time.perf_counter_ns() - t0
 
     def _remove(self, seq_id: int) -> list[Sequence]:
         """Forget a sequence; returns what was removed. Copy-on-write: app threads read
@@ -487,6 +514,7 @@ class ReplayClient:
         with self._lock:
             waiting = list(self._waiting.values())
             self._waiting.clear()
+        self._search_over.set()
         for event in waiting:
             event.set()
 
@@ -539,6 +567,9 @@ class ReplayClient:
         if info.value_op and act is None:
             return MISS  # a value read outside a replay: forwarded (a sequence never starts so)
         if act is None:
+            if not self._search_over.is_set() and getattr(self._tls, "starting", False):
+                self._await_search()
+            self._tls.starting = False
             seqs = self.sequences.get(thread, ())
             for seq in seqs:
                 if seq.steps[0].op != info.name:
@@ -683,6 +714,7 @@ class ReplayClient:
 
     def downloaded(self) -> None:
         """The app read a value: an inference ends here (the robot's search sees it so too)."""
+        self._tls.starting = True
         if getattr(self._tls, "tail_bytes", 0):  # something kept, or over the bound
             self._tls.tail, self._tls.tail_bytes = [], 0
 

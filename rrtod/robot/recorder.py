@@ -38,6 +38,13 @@ Push = Callable[[ops_pb2.SequenceDef], Awaitable[None]]
 STALE_FACTOR, STALE_MARGIN = 2, 8
 # Aborted replays whose calls the robot waits to put into its log (``ReplayedPrefix``).
 MAX_CUTS = 4
+# The app's next inference start waits for a search (``SearchHint``) only while the session has
+# no sequence in use and fewer than this many searches have failed since the log was cleared:
+# the first searches that can succeed, never every download of a model that does not replay.
+HINTED_FAILURES = 3
+# The longest such a wait: a search of the first inferences takes 1-15 ms here, the host's
+# answer to its definition one round trip; a slower one costs this once, not a whole inference.
+SEARCH_WAIT_S = 0.1
 
 
 @dataclass
@@ -406,16 +413,30 @@ class Recorder:
         return ready
 
     # ----- search scheduling (on the event loop) -----
-    def request_search(self, push: Push) -> None:
+    def hint_wait(self) -> float | None:
+        """Seconds the app's next inference start may wait for the search just requested
+        (``SearchHint``); the robot says when it is over, so this bounds only a search or a
+        host answer that is slow. None when it is not worth waiting for: a sequence is in use
+        (a variant search), fewer than two inferences are logged, or the recent searches
+        failed."""
+        if self.active_threads or self.inferences < 2 or self.failed >= HINTED_FAILURES:
+            return None
+        return SEARCH_WAIT_S
+
+    def awaiting_host(self) -> bool:
+        """A definition is on its way to the host, or a search is running."""
+        return bool(self._pending) or self._searching is not None
+
+    def request_search(self, push: Push, ended: Callable[[], Awaitable[None]] | None = None) -> None:
         """A search is due: run one in a worker thread, off the relay's path, and ``push`` what
-        it finds. While one runs, it looks again once it has ended instead (new downloads
-        arrived meanwhile), so there is never more than one per session."""
+        it finds; then await ``ended``. While one runs, it looks again once it has ended instead
+        (new downloads arrived meanwhile), so there is never more than one per session."""
         if self._searching is not None:
             self._rerun = True
             return
-        self._searching = asyncio.get_running_loop().create_task(self._search(push))
+        self._searching = asyncio.get_running_loop().create_task(self._search(push, ended))
 
-    async def _search(self, push: Push) -> None:
+    async def _search(self, push: Push, ended: Callable[[], Awaitable[None]] | None) -> None:
         try:
             while True:
                 self._rerun = False
@@ -428,6 +449,8 @@ class Recorder:
             log.exception("sequence search failed", session=self.session, app=self.app)
         finally:
             self._searching = None
+        if ended is not None:
+            await ended()
 
     async def search_done(self) -> None:
         """Wait for the running search (and its reruns), if any."""

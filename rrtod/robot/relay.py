@@ -156,6 +156,18 @@ async def _write(call: grpc.aio.StreamStreamCall, frames: list[ops_pb2.SessionUp
             batch=ops_pb2.SessionUpBatch(frames=frames)))
 
 
+_SEARCH_OVER = ops_pb2.SessionDown(search=ops_pb2.SearchHint(running=False))
+
+
+def _framed(session: AppSession, frame: ops_pb2.SessionDown) -> tuple[bytes, bytes]:
+    """``frame`` as the app's socket carries it (prefix, body), counted as sent to the app."""
+    body = frame.SerializeToString()
+    head = session_prefix(len(body))
+    session.frames_down += 1
+    session.bytes_down += len(head) + len(body)
+    return head, body
+
+
 def error_reply(code: str, message: str) -> local_pb2.LocalReply:
     return local_pb2.LocalReply(error=ops_pb2.Error(code=code, message=message))
 
@@ -181,6 +193,7 @@ class AppRelay:
             placement.resend = self._send_lanes
         self.phase = Phase.OPENING
         self.lost: str | None = None  # why the host's link went down (``lose_host``)
+        self._hinted = False  # the app was told a search is running (``SearchHint``)
         self._task: asyncio.Task[Any] | None = None  # the one running ``serve``
         self.log = log.bind(session=session.id, app=session.app, pid=session.pid,
                             host=session.host.name)
@@ -393,11 +406,7 @@ class AppRelay:
             elif what == "replayed":
                 rec.observe_replayed(frame.replayed)
                 return
-        body = frame.SerializeToString()
-        head = session_prefix(len(body))
-        self.session.frames_down += 1
-        self.session.bytes_down += len(head) + len(body)
-        self.writer.write(head + body)
+        self.writer.write(b"".join(_framed(self.session, frame)))
         await self.writer.drain()
 
     def _account(self, events: list[local_pb2.InferenceMark | None]) -> None:
@@ -427,7 +436,12 @@ class AppRelay:
             return
         for frame in frames:
             if rec.observe(frame):
-                rec.request_search(self.push_sequence)
+                wait = rec.hint_wait()
+                if wait is not None and not self._hinted:
+                    self._hinted = True
+                    await self._tell_app(ops_pb2.SessionDown(search=ops_pb2.SearchHint(
+                        running=True, wait_us=int(wait * 1e6))))
+                rec.request_search(self.push_sequence, self._search_ended)
             if frame.WhichOneof("msg") == "query":
                 for d in rec.restorable():
                     await self.push_sequence(d)
@@ -462,15 +476,18 @@ class AppRelay:
                 if what == "defined":
                     d = rec.acknowledged(frame.defined) if rec is not None else None
                     if d is None:
+                        if self._hinted and rec is not None and not rec.awaiting_host():
+                            parts += _framed(session, _SEARCH_OVER)  # refused
+                            self._hinted = False
                         continue
                     if placement is not None:
                         placement.accepted(d, frame.defined)
                     frame = ops_pb2.SessionDown(sequence=d)
-                body = frame.SerializeToString()
-                head = session_prefix(len(body))
-                session.frames_down += 1
-                session.bytes_down += len(head) + len(body)
-                parts += (head, body)
+                    if self._hinted and rec is not None and not rec.awaiting_host():
+                        parts += _framed(session, frame) + _framed(session, _SEARCH_OVER)
+                        self._hinted = False
+                        continue
+                parts += _framed(session, frame)
             if parts:  # one write (and wake-up of the app's reader) per message
                 if sum(map(len, parts)) <= JOIN_BYTES:
                     writer.write(b"".join(parts))
@@ -480,6 +497,24 @@ class AppRelay:
                 await writer.drain()
                 if framing.TRACING:
                     framing.hop("robot.down.written")
+
+    async def _search_ended(self) -> None:
+        """The recorder's search is over: if the app was told one was running and nothing is
+        on its way to the host, tell it that it is over (a definition found is followed by
+        this in ``down``, once the host has answered)."""
+        rec = self.recorder
+        if self._hinted and rec is not None and not rec.awaiting_host() \
+                and self.phase is Phase.RELAYING:
+            self._hinted = False
+            await self._tell_app(_SEARCH_OVER)
+
+    async def _tell_app(self, frame: ops_pb2.SessionDown) -> None:
+        """A frame of this daemon's own for the app (not the host's)."""
+        try:
+            self.writer.write(b"".join(_framed(self.session, frame)))
+            await self.writer.drain()
+        except (ConnectionError, OSError):
+            pass  # the app is gone: its session ends on the up side
 
     async def push_sequence(self, d: ops_pb2.SequenceDef) -> None:
         """Host first; the shim gets a definition once the host has accepted it (``defined``,

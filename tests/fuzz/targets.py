@@ -392,6 +392,8 @@ def shim_down(data: bytes) -> None:
             decode_answer(down.answer.result, session, torch.device("cpu"))  # type: ignore[arg-type]
         elif kind == "fetched":
             client.pushed(down.fetched)
+        elif kind == "search":
+            client.search_hint(down.search)
         elif kind == "error" and down.error.base_id:
             client.broken(down.error)  # as the client routes it
         elif kind == "error" and down.error.sequence:
