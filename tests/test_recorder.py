@@ -8,9 +8,11 @@ import asyncio
 import threading
 import time
 
+import pytest
+
 from rrto.v1 import ops_pb2
 from rrto_plugins.search.dds import DataDependencySearch
-from rrtod.robot.recorder import Recorder, SearchBudget
+from rrtod.robot.recorder import HINT_BUDGET_S, SEARCH_WAIT_S, Recorder, SearchBudget
 from testkit.frames import W1, W2, App, cnn
 
 
@@ -270,3 +272,24 @@ def test_a_replayed_prefix_the_robot_did_not_see_aborted_is_ignored(tmp_path):
     rec.observe_replayed(ops_pb2.ReplayedPrefix(base_id=9, calls=[ops_pb2.OutSizes()]))
     assert [c.op for c in rec.log.calls] == ["aten::relu.default", "aten::neg.default"]
     assert rec.log.calls[0].out_ids == [9] and rec.variant_threads == {0}
+
+
+def test_the_app_is_told_to_wait_only_for_first_searches_within_a_time_budget(tmp_path):
+    """``hint_wait`` (asked before a download is logged): not at the first download, then
+    ``SEARCH_WAIT_S`` while the hinted searches have taken less than ``HINT_BUDGET_S`` in all
+    (what is left of it, at the end); never once a sequence is in use; a cleared log starts
+    afresh."""
+    rec = recorder(tmp_path)
+    app = Relay(rec)
+    assert rec.hint_wait() is None  # nothing downloaded yet: no search can find anything
+    h = carried(app, 0)
+    assert rec.hint_wait() == SEARCH_WAIT_S
+    rec.hinted_s = HINT_BUDGET_S - 0.03
+    assert rec.hint_wait() == pytest.approx(0.03)
+    rec.hinted_s = HINT_BUDGET_S
+    assert rec.hint_wait() is None  # spent: a model that never replays stops waiting
+    carried(app, h)
+    rec.log.clear()
+    assert rec.hint_wait() == SEARCH_WAIT_S and rec.hinted_s == 0
+    rec.active_threads.add(0)
+    assert rec.hint_wait() is None  # a variant search never holds the app

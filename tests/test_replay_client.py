@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from rrto.v1 import ops_pb2
-from rrto_plugins.torch.metadata import OpInfo
+from rrto_plugins.torch.metadata import MetaCache, OpInfo, app_device
 from rrto_plugins.torch.proxy import Handle, new_proxy
 from rrto_plugins.torch.replay import (
     MAX_PER_THREAD,
@@ -35,6 +35,11 @@ class Session:
 
     def send_frames(self, frames: list[Any]) -> None:
         self.sent += frames
+
+    def output_template(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        return MetaCache(self.counters).output_template(func, args, kwargs)
+
+    app_device = staticmethod(app_device)
 
 
 def definition(seq_id: int) -> ops_pb2.SequenceDef:

@@ -570,7 +570,7 @@ class RemoteSession:
     def _remote(self, func: Any, args: tuple, kwargs: dict, info: OpInfo) -> Any:
         """Replay the call or forward it to the host."""
         replay = self.replay
-        if replay is not None and replay.sequences:
+        if replay is not None and (replay.sequences or replay.search_pending):
             # The shim's own cost per replayed operator (matching, proxies, input frames), as
             # this thread's CPU time: wall time would add what is not the shim's, the time this
             # thread is off the CPU (the daemons replaying on the same cores, the daemon woken

@@ -441,6 +441,11 @@ class ReplayClient:
         else:
             self._search_over.set()
 
+    @property
+    def search_pending(self) -> bool:
+        """The robot said a search is running, and has not said it is over."""
+        return not self._search_over.is_set()
+
     def _await_search(self) -> None:
         """This thread begins an inference (its first call after a download) while the robot
         searches the inferences before it: wait for that search, within its bound, so that

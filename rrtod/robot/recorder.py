@@ -39,11 +39,11 @@ STALE_FACTOR, STALE_MARGIN = 2, 8
 # Aborted replays whose calls the robot waits to put into its log (``ReplayedPrefix``).
 MAX_CUTS = 4
 # The app's next inference start waits for a search (``SearchHint``) only while the session has
-# no sequence in use and fewer than this many searches have failed since the log was cleared:
-# the first searches that can succeed, never every download of a model that does not replay.
-HINTED_FAILURES = 3
-# The longest such a wait: a search of the first inferences takes 1-15 ms here, the host's
-# answer to its definition one round trip; a slower one costs this once, not a whole inference.
+# no sequence in use, and while the searches it was told of since the log was cleared have taken
+# less than this in all (from hint to end, an upper bound of the app's waits): an inference may
+# download several values, each starting a search, and a model that never replays must not
+# wait at every download.
+HINT_BUDGET_S = 0.2
 SEARCH_WAIT_S = 0.1
 
 
@@ -261,6 +261,7 @@ class Recorder:
         # Search budget state: failed searches since the log was last cleared, the log entries
         # they scanned, and the log position (frames recorded) before which none is due.
         self.failed = self.failed_work = self.next_search = 0
+        self.hinted_s = 0.0  # time of the searches the app was told to wait for (``hint_wait``)
         self._cleared = 0
         self.sequences: dict[int, dict[str, Any]] = {}  # id -> summary, for those in use
         self.active_threads: set[int] = set()
@@ -414,14 +415,18 @@ class Recorder:
 
     # ----- search scheduling (on the event loop) -----
     def hint_wait(self) -> float | None:
-        """Seconds the app's next inference start may wait for the search just requested
-        (``SearchHint``); the robot says when it is over, so this bounds only a search or a
-        host answer that is slow. None when it is not worth waiting for: a sequence is in use
-        (a variant search), fewer than two inferences are logged, or the recent searches
-        failed."""
-        if self.active_threads or self.inferences < 2 or self.failed >= HINTED_FAILURES:
+        """Asked before a download is logged: seconds the app's next inference start may wait
+        for the search that download starts (``SearchHint``): ``SEARCH_WAIT_S``, or what is
+        left of ``HINT_BUDGET_S``. The robot says when the search is over, so this bounds only
+        a search or a host answer that is slow. None when it is not worth waiting for: a
+        sequence is in use (a variant search), this is the first download, the search budget
+        makes this one wait, or the hint budget is spent."""
+        self.search_due()  # a cleared log starts the budgets afresh
+        left = HINT_BUDGET_S - self.hinted_s
+        if self.active_threads or self.inferences < 1 or left <= 0 \
+                or self.log.recorded + 1 < self.next_search:
             return None
-        return SEARCH_WAIT_S
+        return min(SEARCH_WAIT_S, left)
 
     def awaiting_host(self) -> bool:
         """A definition is on its way to the host, or a search is running."""
@@ -470,6 +475,7 @@ class Recorder:
         if self.log.cleared != self._cleared:
             self._cleared = self.log.cleared
             self.failed = self.failed_work = self.next_search = 0
+            self.hinted_s = 0.0
             self.variant_threads.clear()  # their logged variants went with the log
             self._variant_from.clear()
         return self.log.recorded >= self.next_search

@@ -193,7 +193,8 @@ class AppRelay:
             placement.resend = self._send_lanes
         self.phase = Phase.OPENING
         self.lost: str | None = None  # why the host's link went down (``lose_host``)
-        self._hinted = False  # the app was told a search is running (``SearchHint``)
+        # When the app was told a search is running (``SearchHint``); None: not now.
+        self._hinted: float | None = None
         self._task: asyncio.Task[Any] | None = None  # the one running ``serve``
         self.log = log.bind(session=session.id, app=session.app, pid=session.pid,
                             host=session.host.name)
@@ -423,11 +424,16 @@ class AppRelay:
         """One gRPC message for ``frames``; then the recorder sees each, in order."""
         if not frames:
             return
+        rec = self.recorder
+        hinted = (self._hinted is None and rec is not None
+                  and await self._hint_search(rec, frames))
         async with self.write_lock:
             await _write(self.call, frames)
         if framing.TRACING:
             framing.hop("robot.up.written")
         await self._observe_up(frames)
+        if hinted:
+            await self._search_ended()  # over at once if no search was started after all
 
     async def _observe_up(self, frames: list[ops_pb2.SessionUp]) -> None:
         """The recorder sees each app frame, in order; a query brings back saved sequences."""
@@ -436,11 +442,6 @@ class AppRelay:
             return
         for frame in frames:
             if rec.observe(frame):
-                wait = rec.hint_wait()
-                if wait is not None and not self._hinted:
-                    self._hinted = True
-                    await self._tell_app(ops_pb2.SessionDown(search=ops_pb2.SearchHint(
-                        running=True, wait_us=int(wait * 1e6))))
                 rec.request_search(self.push_sequence, self._search_ended)
             if frame.WhichOneof("msg") == "query":
                 for d in rec.restorable():
@@ -475,18 +476,13 @@ class AppRelay:
                     continue
                 if what == "defined":
                     d = rec.acknowledged(frame.defined) if rec is not None else None
-                    if d is None:
-                        if self._hinted and rec is not None and not rec.awaiting_host():
-                            parts += _framed(session, _SEARCH_OVER)  # refused
-                            self._hinted = False
-                        continue
-                    if placement is not None:
-                        placement.accepted(d, frame.defined)
-                    frame = ops_pb2.SessionDown(sequence=d)
-                    if self._hinted and rec is not None and not rec.awaiting_host():
-                        parts += _framed(session, frame) + _framed(session, _SEARCH_OVER)
-                        self._hinted = False
-                        continue
+                    if d is not None:
+                        if placement is not None:
+                            placement.accepted(d, frame.defined)
+                        parts += _framed(session, ops_pb2.SessionDown(sequence=d))
+                    if rec is not None:
+                        parts += self._over(rec)  # after the definition, if any
+                    continue
                 parts += _framed(session, frame)
             if parts:  # one write (and wake-up of the app's reader) per message
                 if sum(map(len, parts)) <= JOIN_BYTES:
@@ -498,20 +494,45 @@ class AppRelay:
                 if framing.TRACING:
                     framing.hop("robot.down.written")
 
+    async def _hint_search(self, rec: Recorder, frames: list[ops_pb2.SessionUp]) -> bool:
+        """If ``frames`` download a value and the search that will start on it is one the
+        app's next inference start should wait for, tell the app now (``SearchHint``): before
+        the download reaches the host, so before its reply reaches the app."""
+        if not any(f.WhichOneof("msg") == "fetch" for f in frames):
+            return False
+        wait = rec.hint_wait()
+        if wait is None:
+            return False
+        self._hinted = time.monotonic()
+        await self._tell_app(ops_pb2.SessionDown(search=ops_pb2.SearchHint(
+            running=True, wait_us=int(wait * 1e6))))
+        return True
+
+    def _over(self, rec: Recorder) -> tuple[bytes, bytes] | tuple[()]:
+        """The frame that tells the app the search it was told of is over, once nothing is on
+        its way to the host any more (else nothing yet); the time since the hint is charged
+        to the recorder's hint budget."""
+        if self._hinted is None or rec.awaiting_host():
+            return ()
+        rec.hinted_s += time.monotonic() - self._hinted
+        self._hinted = None
+        return _framed(self.session, _SEARCH_OVER)
+
     async def _search_ended(self) -> None:
         """The recorder's search is over: if the app was told one was running and nothing is
         on its way to the host, tell it that it is over (a definition found is followed by
         this in ``down``, once the host has answered)."""
         rec = self.recorder
-        if self._hinted and rec is not None and not rec.awaiting_host() \
-                and self.phase is Phase.RELAYING:
-            self._hinted = False
-            await self._tell_app(_SEARCH_OVER)
+        if rec is not None and self.phase is Phase.RELAYING and (over := self._over(rec)):
+            await self._write_app(b"".join(over))
 
     async def _tell_app(self, frame: ops_pb2.SessionDown) -> None:
         """A frame of this daemon's own for the app (not the host's)."""
+        await self._write_app(b"".join(_framed(self.session, frame)))
+
+    async def _write_app(self, data: bytes) -> None:
         try:
-            self.writer.write(b"".join(_framed(self.session, frame)))
+            self.writer.write(data)
             await self.writer.drain()
         except (ConnectionError, OSError):
             pass  # the app is gone: its session ends on the up side
