@@ -351,8 +351,9 @@ def markdown(doc: dict[str, Any]) -> str:
             "",
             "found_at: inferences the daemon had seen when the search succeeded. Replayed: "
             "inferences the shim replayed out of those run; replay starts with inference "
-            "runs − replayed + 1. Back to back, the app's next inference usually starts before "
-            "the definition has reached the shim (search, then robot → host → robot → shim).",
+            "runs − replayed + 1. Back to back, the app's next inference starts before the "
+            "definition has reached the shim (search, then robot → host → robot → shim); its "
+            "first call waits for the search the robot said is running (SearchHint).",
             "",
             "| app | pause after each inference (ms) | found_at | replayed | replay from inference "
             "| mismatches | search (ms) |",
