@@ -302,3 +302,24 @@ def final_writes(d: ops_pb2.SequenceDef,
             if i is not None:
                 wrote[root.get(i, i)] = k
     return {i: max(k, wrote.get(root.get(i, i), k)) for i, k in made.items()}
+
+
+def int_arg(call: ops_pb2.OpCall, sym: ops_pb2.SymbolicInt) -> ops_pb2.Value:
+    """The integer argument a symbol names in ``call`` (the host checks a definition with
+    this; the robot sets an aborted replay's integers through it); ValueError if none."""
+    if sym.kwarg:
+        if sym.kwarg not in call.kwargs:
+            raise ValueError(f"call {sym.call} has no keyword argument {sym.kwarg!r}")
+        v = call.kwargs[sym.kwarg]
+    elif sym.arg < len(call.args):
+        v = call.args[sym.arg]
+    else:
+        raise ValueError(f"call {sym.call} has no argument {sym.arg}")
+    for j in sym.items:
+        kind = v.WhichOneof("kind")
+        if kind not in ("list", "tuple") or j >= len(getattr(v, kind).items):
+            raise ValueError(f"call {sym.call}: no item {j} in argument {sym.arg}")
+        v = getattr(v, kind).items[j]
+    if v.WhichOneof("kind") != "i":
+        raise ValueError(f"call {sym.call}: the symbolic argument is not an integer")
+    return v

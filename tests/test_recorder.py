@@ -12,7 +12,9 @@ import pytest
 
 from rrto.v1 import ops_pb2
 from rrto_plugins.search.dds import DataDependencySearch
+from rrtod.robot.oplog import REBUILT_SEQS
 from rrtod.robot.recorder import HINT_BUDGET_S, SEARCH_WAIT_S, Recorder, SearchBudget
+from rrtod.wire import REPLAY_BASE
 from testkit.frames import W1, W2, App, cnn
 
 
@@ -293,3 +295,57 @@ def test_the_app_is_told_to_wait_only_for_first_searches_within_a_time_budget(tm
     assert rec.hint_wait() == SEARCH_WAIT_S and rec.hinted_s == 0
     rec.active_threads.add(0)
     assert rec.hint_wait() is None  # a variant search never holds the app
+
+
+def test_an_aborted_replay_is_logged_with_this_inferences_integers_answers_and_downloads(tmp_path):
+    """What the host sent during a replay the app aborted at call 3 goes into the log as
+    forwarding would have logged it: the answered ``nonzero`` as a ``want_meta`` call with
+    the answer as its reply; the integer that follows a value the app read (``zeros(n)``
+    after ``n = int(t.item())``) as this inference's value, pushed, not the recorded one; the
+    pushed outputs the app took as its downloads: the number as a fetch (an inference boundary
+    as forwarding makes it), the tensor as a download only."""
+    meta = ops_pb2.TensorMeta(dtype="float32", shape=[5], stride=[1])
+    d = ops_pb2.SequenceDef(id=3, local_ids=[10, 11, 12, 13, 14], outputs=[12, 13])
+    nz = d.calls.add(op="aten::nonzero.default", want_meta=True, out_ids=[11])
+    nz.args.add().tensor.CopyFrom(ops_pb2.TensorRef(bind_id=10, upload=ops_pb2.TensorData(meta=meta)))
+    sel = d.calls.add(op="aten::select.int", out_ids=[12])
+    sel.args.add().tensor.id = 11
+    sel.args.add(i=0)
+    sel.args.add(i=0)
+    zeros = d.calls.add(op="aten::zeros.default", out_ids=[13])
+    zeros.args.add().list.items.add(i=7)  # recorded: 7
+    d.calls.add(op="aten::neg.default", out_ids=[14]).args.add().tensor.id = 13
+    for kind, sid in ((ops_pb2.SeqSource.INPUT, 0), (ops_pb2.SeqSource.PRODUCED, 11),
+                      (ops_pb2.SeqSource.PRODUCED, 13)):
+        d.sources.add(kind=kind, id=sid)
+    d.symbols.add(call=2, arg=0, items=[0], tensor=12, value=True)
+    rec = Recorder("app.py", "s1", DataDependencySearch(), tmp_path / "seq")
+    rec._adopt(d, {"id": 3, "thread": 0, "replays": 0, "mismatches": 0, "operators": 4})
+    base = REPLAY_BASE
+    upload = ops_pb2.TensorRef(upload=ops_pb2.TensorData(meta=meta, data=bytes(20)))
+    rec.observe(ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=3, base_id=base)))
+    rec.observe(ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload)))
+    answer = ops_pb2.OpResult(outs=[ops_pb2.TensorMeta(dtype="int64", shape=[4, 1], stride=[1, 1])],
+                              value=ops_pb2.Value(tensor=ops_pb2.TensorRef(id=base + 1)))
+    rec.observe_answer(ops_pb2.ReplayAnswer(base_id=base, position=0, result=answer))
+    number = ops_pb2.TensorData(meta=ops_pb2.TensorMeta(dtype="int64"), data=(4).to_bytes(8, "little"))
+    rec.observe_pushed(ops_pb2.Fetched(id=base + 2, tensor=number))
+    rec.observe_pushed(ops_pb2.Fetched(id=base + 3, tensor=ops_pb2.TensorData(
+        meta=ops_pb2.TensorMeta(dtype="float32", shape=[4], stride=[1]), data=bytes(16))))
+    rec.observe(ops_pb2.SessionUp(abort=ops_pb2.ReplayAbort(position=3)))
+    rec.observe(ops_pb2.SessionUp(call=ops_pb2.OpCall(seq=1, op="aten::relu.default")))
+    rec.observe_replayed(ops_pb2.ReplayedPrefix(base_id=base, calls=[ops_pb2.OutSizes()] * 3))
+
+    log = rec.log
+    assert [c.op for c in log.calls] == ["aten::nonzero.default", "aten::select.int",
+                                         "aten::zeros.default", "aten::relu.default"]
+    nz_logged = log.calls[0]
+    assert nz_logged.want_meta and nz_logged.seq >= REBUILT_SEQS and not nz_logged.out_ids
+    assert log.results[nz_logged.seq] == answer
+    assert log.calls[2].args[0].list.items[0].i == 4  # this inference's value, not 7
+    assert log.fetched == [base + 2, base + 3] and log.fetch_after == [2, 3]
+    assert log.quiet == {base + 3} and log.values[base + 2] == 4
+    entries = log.entries(0)
+    assert entries[0].outputs == (base + 1,)  # named by the answer, as a forwarded reply
+    assert entries[1].downloads == [base + 2] and entries[2].downloads == [base + 3]
+    assert [e.after_fetch for e in entries] == [False, False, True, False]

@@ -394,6 +394,23 @@ def test_integers_from_values_the_app_read_replay_with_one_reply(fresh, tmp_path
     assert max(by["round_trips"][: replayed[0]]) > 3, stats  # forwarding waited per value
 
 
+def test_an_integer_taken_for_a_constant_by_coincidence_becomes_a_symbol(fresh, tmp_path):
+    """``read_values --same-first 3``: the first frames have boxes of the same sizes, so the
+    sequence is found with the widths and heights as constants. Later frames mismatch there;
+    the robot rebuilds those aborted inferences with what the host pushed (the values read,
+    the outputs taken) and finds the sequence again next to the first, with the integers
+    following the values read. A few mismatches, then every frame replays whole with one
+    reply; outputs equal to local on every frame."""
+    stats = same_as_local("read_values", fresh, "--pace", "20", "--runs", "14", "--same-first", "3",
+                          tmp=tmp_path)
+    by = stats["by_inference"]
+    assert 1 <= stats["mismatches"] <= 5 and stats["failed"] == 0, stats
+    assert by["replays"][-5:] == [1] * 5 and by["mismatches"][-5:] == [0] * 5, stats
+    assert by["round_trips"][-5:] == [1] * 5, stats
+    assert any(s.get("variant") and s["replays"] >= 5 and s["mismatches"] == 0
+               for s in fresh.ctl("sequences")["sequences"]), fresh.ctl("sequences")
+
+
 def test_a_call_that_fails_on_the_host_ahead_of_the_app_is_never_the_apps_error(fresh,
                                                                                tmp_path):
     """Forced: frame 6 has two boxes, not three. The host runs ahead into the third box's

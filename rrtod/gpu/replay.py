@@ -35,6 +35,7 @@ from rrtod.wire import (
     READ_VALUE,
     SPAN,
     final_writes,
+    int_arg,
     iter_tensor_refs,
     release_of,
     released_ids,
@@ -161,7 +162,7 @@ def compile_sequence(d: ops_pb2.SequenceDef,
         if sym.call >= len(d.calls) or sym.tensor not in local:
             raise ValueError(f"sequence {d.id}: symbolic integer of call {sym.call} names no "
                              "call or no tensor of the inference")
-        _int_at(d.calls[sym.call], sym)  # the path must lead to an integer
+        int_arg(d.calls[sym.call], sym)  # the path must lead to an integer
         path = [sym.kwarg if sym.kwarg else sym.arg, *sym.items]
         symbols.setdefault(sym.call, []).append(
             (path, local[sym.tensor], READ_VALUE, 0) if sym.value
@@ -192,26 +193,6 @@ def pinned_by(seq: Compiled) -> str | None:
         if call.want_meta:
             return f"call {k} ({call.op}) has outputs whose number only the host knows"
     return None
-
-
-def _int_at(call: ops_pb2.OpCall, sym: ops_pb2.SymbolicInt) -> ops_pb2.Value:
-    """The integer argument a symbol names in ``call``; ValueError if there is none."""
-    if sym.kwarg:
-        if sym.kwarg not in call.kwargs:
-            raise ValueError(f"call {sym.call} has no keyword argument {sym.kwarg!r}")
-        v = call.kwargs[sym.kwarg]
-    elif sym.arg < len(call.args):
-        v = call.args[sym.arg]
-    else:
-        raise ValueError(f"call {sym.call} has no argument {sym.arg}")
-    for j in sym.items:
-        kind = v.WhichOneof("kind")
-        if kind not in ("list", "tuple") or j >= len(getattr(v, kind).items):
-            raise ValueError(f"call {sym.call}: no item {j} in argument {sym.arg}")
-        v = getattr(v, kind).items[j]
-    if v.WhichOneof("kind") != "i":
-        raise ValueError(f"call {sym.call}: the symbolic argument is not an integer")
-    return v
 
 
 @dataclass

@@ -29,6 +29,7 @@ calls) from snapshots of the lists, so the relay may keep appending meanwhile.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -40,6 +41,9 @@ Ref = tuple[str, Any]
 # -(k+1) for an upload bound by its ref k, position of the id's first write); -1: not in the log.
 Read = tuple[int, int, int]
 NO_READ: Read = (-1, -1, -1)
+# Seqs from here on are those of calls rebuilt from an aborted replay whose host answers are
+# their replies (``Recorder.observe_replayed``); an app's forwarded calls count from 1.
+REBUILT_SEQS = 1 << 62
 # The last calls of a snapshot whose ``want_meta`` reply may still be on its way.
 PENDING_REPLIES = 64
 # Values read (and fetches awaiting their reply) kept for the search: a detector's loop reads
@@ -152,6 +156,8 @@ class OpLog:
         # Values the app read of one-element tensors (store id -> value), for integer arguments
         # it computes from them (``rrtod.robot.shapes``); the fetches still unanswered.
         self.values: dict[int, int | float] = {}
+        # Downloads rebuilt from an aborted replay's pushes: no inference boundary (``insert``).
+        self.quiet: set[int] = set()
         self._fetching: dict[int, int] = {}  # fetch seq -> store id
         # A reply the relay saw before the fetch it answers (it logs frames once written up).
         self._early: dict[int, int | float] = {}  # fetch seq -> value
@@ -182,10 +188,14 @@ class OpLog:
                 self._built = {}
                 keep = [(i, n - drop) for i, n in zip(self.fetched, self.fetch_after, strict=True)
                         if n >= drop]
-                first = self.calls[0].seq if self.calls else 0
-                self.results = {q: r for q, r in self.results.items() if q >= first}
+                # Replies of the calls kept (rebuilt ones included), and of calls not logged yet
+                kept = {c.seq for c in self.calls if c.want_meta}
+                last = self.calls[-1].seq if self.calls else 0
+                self.results = {q: r for q, r in self.results.items()
+                                if q in kept or last < q < REBUILT_SEQS}
                 self.fetched = [i for i, _ in keep]
                 self.fetch_after = [n for _, n in keep]
+                self.quiet &= set(self.fetched)
             self.calls.append(frame.call)
         elif kind == "fetch":
             self.fetched.append(frame.fetch.id)
@@ -216,9 +226,14 @@ class OpLog:
             del self.values[next(iter(self.values))]
         self.values[tid] = value
 
-    def insert(self, at: int, fetches: int, calls: list[ops_pb2.OpCall]) -> None:
+    def insert(self, at: int, fetches: int, calls: list[ops_pb2.OpCall],
+               reads: Sequence[tuple[int, int, int | float | None]] = ()) -> None:
         """Put ``calls`` into the log at position ``at``, before the ``fetches``-th fetch on:
-        calls that ran as a replay the app aborted there (``Recorder.observe_replayed``)."""
+        calls that ran as a replay the app aborted there (``Recorder.observe_replayed``).
+        ``reads``: the outputs among them the app took from the host's pushes, as ``(calls
+        before the read, store id, value)`` in order; logged as fetches. A value (one number
+        read) is one as forwarding logs it, an inference boundary included; another output
+        (None) only counts as downloaded: when the app read it is not known."""
         if not calls or at > len(self.calls):
             return
         n = len(calls)
@@ -226,6 +241,13 @@ class OpLog:
             self.generation += 1
             self.calls[at:at] = calls
             self.fetch_after[fetches:] = [x + n for x in self.fetch_after[fetches:]]
+            self.fetched[fetches:fetches] = [tid for _, tid, _ in reads]
+            self.fetch_after[fetches:fetches] = [at + before for before, _, _ in reads]
+            for _, tid, value in reads:
+                if value is None:
+                    self.quiet.add(tid)
+                else:
+                    self._keep_value(tid, value)
             self.recorded += n
             self._built = {}
 
@@ -261,6 +283,7 @@ class OpLog:
         self.fetch_after.clear()
         self.results.clear()
         self.values.clear()
+        self.quiet.clear()
         self._fetching.clear()
         self._early.clear()
         self.truncated = self.recorded = 0
@@ -279,13 +302,16 @@ class OpLog:
                 fetched, fetch_after = list(self.fetched), list(self.fetch_after)
                 calls = list(self.calls)
                 values = dict(self.values)
+                quiet = set(self.quiet)
             if generation == self.generation:
                 break
         b = self._built.get(thread)
         if b is None or b.generation != generation or b.calls > len(calls):
             b = self._built[thread] = _Built(generation)
         n = min(len(fetched), len(fetch_after))
-        starts = set(fetch_after[:n])  # positions of the first call after a fetch
+        # positions of the first call after a fetch
+        starts = {fetch_after[i] for i in range(n) if fetched[i] not in quiet} if quiet \
+            else set(fetch_after[:n])
         metas, writes, out = b.metas, b.writes, b.out
         after_fetch, f = b.after_fetch, b.fetches
 

@@ -12,6 +12,8 @@ app has shown the persistent tensors (weights) they use.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -22,11 +24,11 @@ from typing import Any
 import structlog
 
 from rrto.v1 import ops_pb2
-from rrtod.robot.oplog import LoggedCall, OpLog, resolve_reads
+from rrtod.robot.oplog import REBUILT_SEQS, LoggedCall, OpLog, resolve_reads
 from rrtod.robot.search import Found, SequenceSearch, search_log
 from rrtod.robot.sequences import SequenceStore
 from rrtod.robot.shapes import VALUE
-from rrtod.wire import iter_tensor_refs
+from rrtod.wire import REPLAY_BASE, SPAN, int_arg, int_of, iter_tensor_refs, scalar_of
 
 log = structlog.get_logger("rrtod.recorder")
 SRC = ops_pb2.SeqSource
@@ -38,6 +40,9 @@ Push = Callable[[ops_pb2.SequenceDef], Awaitable[None]]
 STALE_FACTOR, STALE_MARGIN = 2, 8
 # Aborted replays whose calls the robot waits to put into its log (``ReplayedPrefix``).
 MAX_CUTS = 4
+# Seqs of the calls of aborted replays that the host answered (``want_meta``), rebuilt into the
+# log with their answers as replies: above any seq an app's forwarded call has.
+_REBUILT_SEQS = itertools.count(REBUILT_SEQS)
 # The app's next inference start waits for a search (``SearchHint``) only while the session has
 # no sequence in use, and while the searches it was told of since the log was cleared have taken
 # less than this in all (from hint to end, an upper bound of the app's waits): an inference may
@@ -58,6 +63,8 @@ class _Replaying:
     joined: dict[int, int]
     args: dict[int, ops_pb2.TensorRef] = field(default_factory=dict)  # slot -> what the app sent
     answers: dict[int, ops_pb2.OpResult] = field(default_factory=dict)  # position -> host's answer
+    pushed: set[int] = field(default_factory=set)  # local indices the host pushed
+    values: dict[int, int | float] = field(default_factory=dict)  # ... those one number: its value
     cut: int = 0  # where the app's call differed (``ReplayAbort.position``)
     at: int = 0  # calls logged then
     fetches: int = 0  # fetches logged then
@@ -77,10 +84,16 @@ def _contiguous(shape: list[int]) -> list[int]:
 def replayed_calls(r: _Replaying, sizes: ops_pb2.ReplayedPrefix) -> list[ops_pb2.OpCall]:
     """The calls an aborted replay ran, as forwarding would have logged them: the recorded
     calls with this inference's ids (``base + local index``, or the ids it joined), the inputs
-    the app sent, and the sizes the host found for outputs that follow the data. Empty if one
-    cannot be rebuilt (an input the relay did not see, an answer it missed)."""
+    the app sent, the sizes the host found for outputs that follow the data, and this
+    inference's symbolic integers (a size of its tensors, a value the app read: else a search
+    would see the recorded ones, which need not be this inference's). Empty if one cannot be
+    rebuilt (an input the relay did not see, an answer or a value it missed)."""
     d = r.d
     local = {rid: i for i, rid in enumerate(d.local_ids)}
+    symbols: dict[int, list[ops_pb2.SymbolicInt]] = {}
+    for sym in d.symbols:
+        symbols.setdefault(sym.call, []).append(sym)
+    shapes: dict[int, list[int]] = {}  # local index -> its shape in this inference
 
     def id_of(rid: int) -> int:
         i = local.get(rid)
@@ -95,20 +108,23 @@ def replayed_calls(r: _Replaying, sizes: ops_pb2.ReplayedPrefix) -> list[ops_pb2
             src, given = d.sources[slot], r.args.get(slot)
             slot += 1
             if given is not None:
+                if ref.bind_id in local and given.WhichOneof("ref") == "upload":
+                    shapes[local[ref.bind_id]] = list(given.upload.meta.shape)
                 ref.CopyFrom(given)
             elif src.kind == SRC.PRODUCED:
                 ref.Clear()
                 ref.id = id_of(src.id)
             elif src.kind == SRC.INPUT and not src.fixed:
                 return []
-        call.out_ids[:] = [id_of(x) for x in call.out_ids]
-        if call.want_meta:  # the host's answer named its outputs
+        if call.want_meta:  # the host's answer named its outputs, as a forwarded reply does
             answer = r.answers.get(k)
-            if answer is None:
+            if answer is None or len(answer.outs) != len(call.out_ids):
                 return []
-            call.want_meta = False
+            for rid, meta in zip(call.out_ids, answer.outs, strict=True):
+                if rid in local:
+                    shapes[local[rid]] = list(meta.shape)
+            del call.out_ids[:]  # in the reply (``OpLog.results``), as when forwarded
             del call.out_meta[:]
-            call.out_meta.extend(answer.outs)
         else:
             outs = sizes.calls[k - r.start].outs if k - r.start < len(sizes.calls) else ()
             for meta, size in zip(call.out_meta, outs, strict=False):
@@ -117,8 +133,43 @@ def replayed_calls(r: _Replaying, sizes: ops_pb2.ReplayedPrefix) -> list[ops_pb2
                     meta.shape[:] = size.dims
                     if contiguous:
                         meta.stride[:] = _contiguous(list(size.dims))
+        for rid, meta in zip(call.out_ids, call.out_meta, strict=False):
+            if rid in local:
+                shapes[local[rid]] = list(meta.shape)
+        for sym in symbols.get(k, ()):
+            n = _symbol_now(sym, local.get(sym.tensor), shapes, r.values)
+            if n is None:
+                return []
+            try:
+                int_arg(call, sym).i = n
+            except ValueError:
+                return []
+        call.out_ids[:] = [id_of(x) for x in call.out_ids]
         out.append(call)
     return out
+
+
+def _reads(calls: list[ops_pb2.OpCall], r: _Replaying) -> list[tuple[int, int, int | float | None]]:
+    """The outputs pushed for ``calls`` (an aborted replay's, rebuilt), which the app took
+    from the pushes instead of fetching them, as ``OpLog.insert``'s reads: each right after
+    the call that made it (where forwarding logs an ``item()``), with its value if it is one
+    number."""
+    return [(k + 1, oid, r.values.get(oid - r.base)) for k, call in enumerate(calls)
+            for oid in call.out_ids if oid - r.base in r.pushed]
+
+
+def _symbol_now(sym: ops_pb2.SymbolicInt, i: int | None, shapes: dict[int, list[int]],
+                values: dict[int, int | float]) -> int | None:
+    """A symbolic integer's value in this inference, from the shapes and values of its
+    tensor (local index ``i``) seen so far; None if not known."""
+    if i is None:
+        return None
+    if sym.value:
+        return int_of(values.get(i))
+    shape, span = shapes.get(i), max(sym.span, 1)
+    if shape is None or sym.dim + span > len(shape):
+        return None
+    return math.prod(shape[sym.dim: sym.dim + span])
 
 
 def build_definition(entries: list[LoggedCall], found: Found, persistent: dict[int, bytes],
@@ -365,6 +416,22 @@ class Recorder:
         if r is not None:
             r.answers[answer.position] = answer.result
 
+    def observe_pushed(self, fetched: ops_pb2.Fetched) -> None:
+        """An output the host pushed unasked (a replay's), noted in case the replay is aborted:
+        its calls are then rebuilt into the log (``replayed_calls``) with the app's downloads
+        of the pushed outputs, which forwarding would have logged as fetches, and the values of
+        one-number ones, which the app may have passed on as integers (``SymbolicInt.value``),
+        so that a search can explain those integers."""
+        base = REPLAY_BASE + (fetched.id - REPLAY_BASE) // SPAN * SPAN
+        r = self._replay if self._replay is not None and self._replay.base == base \
+            else self._cuts.get(base)
+        if r is None:
+            return
+        r.pushed.add(fetched.id - base)
+        value = scalar_of(fetched.tensor) if len(fetched.tensor.data) <= 8 else None
+        if value is not None:
+            r.values[fetched.id - base] = value
+
     def observe_replayed(self, sizes: ops_pb2.ReplayedPrefix) -> None:
         """The host's account of a replay the app aborted: its calls go into the op log where
         the abort was, before the calls that were forwarded after it, so that an inference that
@@ -375,9 +442,12 @@ class Recorder:
             return
         calls = replayed_calls(r, sizes)
         if calls:
-            for call in calls:
+            for k, call in enumerate(calls, start=r.start):
                 call.thread = r.d.thread
-            self.log.insert(r.at, r.fetches, calls)
+                if call.want_meta:  # its reply, under a seq no forwarded call has
+                    call.seq = next(_REBUILT_SEQS)
+                    self.log.results[call.seq] = r.answers[k]
+            self.log.insert(r.at, r.fetches, calls, _reads(calls, r))
             # A variant's search starts at an inference's first call: not at a replay that
             # joined its inference under way (its first calls were forwarded, logged before).
             if r.start == 0 and r.d.thread not in self.variant_threads:

@@ -402,8 +402,11 @@ class AppRelay:
         if rec is not None:
             if what == "answer":
                 rec.observe_answer(frame.answer)
-            elif what == "fetched" and frame.fetched.seq:
-                rec.observe_fetched(frame.fetched)
+            elif what == "fetched":
+                if frame.fetched.seq:
+                    rec.observe_fetched(frame.fetched)
+                else:
+                    rec.observe_pushed(frame.fetched)
             elif what == "replayed":
                 rec.observe_replayed(frame.replayed)
                 return
@@ -468,8 +471,11 @@ class AppRelay:
                     rec.observe_result(frame.result)
                 elif what == "answer" and rec is not None:
                     rec.observe_answer(frame.answer)
-                elif what == "fetched" and rec is not None and frame.fetched.seq:
-                    rec.observe_fetched(frame.fetched)
+                elif what == "fetched" and rec is not None:
+                    if frame.fetched.seq:
+                        rec.observe_fetched(frame.fetched)
+                    else:  # a replay's output, pushed
+                        rec.observe_pushed(frame.fetched)
                 elif what == "replayed":  # for this daemon's op log only
                     if rec is not None:
                         rec.observe_replayed(frame.replayed)

@@ -13,7 +13,13 @@ app: that inference is forwarded from where it went another way, with outputs eq
 ``--odd K``: in frame K the app decodes its last box with ``w + 1``, not the width it read: a
 mismatch in the last iteration. The host has run the whole inference ahead with ``w`` and
 pushed the buffer; that push is stale (the row written after the mismatch differs) and must
-never be what the app reads."""
+never be what the app reads.
+
+``--same-first N``: the first N frames have boxes of the same sizes (at other places, with
+other pixels), so the widths and heights the app reads are equal in the inferences the sequence
+is found from, and it takes them for constants. A later frame's other size is a mismatch; the
+robot rebuilds those aborted inferences with their own values and finds the sequence again,
+with the integers following the values read: from then on every frame replays."""
 
 import sys
 
@@ -61,10 +67,12 @@ def make_input(i: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(9000 + i)
     x = torch.zeros(1, 3, 16, 16)
     fewer = "--fewer" in sys.argv and i == int(sys.argv[sys.argv.index("--fewer") + 1])
+    same_first = int(sys.argv[sys.argv.index("--same-first") + 1]) if "--same-first" in sys.argv else 0
     for k in range(2 if fewer else 3):
         row = 2 + 4 * k
         x0, y0 = torch.randint(0, 6, (2,), generator=g).tolist()
-        w, h = 3 + (3 * i + k) % 10, 4 + (5 * i + 2 * k) % 9  # another size every frame
+        j = 0 if i < same_first else i
+        w, h = 3 + (3 * j + k) % 10, 4 + (5 * j + 2 * k) % 9  # another size every frame
         x[0, 0, row, :4] = torch.tensor([x0, y0, x0 + w - 0.5, y0 + h - 0.25])
         x[0, 1, row, 0] = 0.6 + 0.01 * i  # a score above the threshold
     x[0, 2] = torch.randn(16, 16, generator=g)

@@ -24,9 +24,10 @@ shim_down          the shim's replay client for what the host sends it     none 
                    through the robot daemon (SessionDown: sequence,        definition is not
                    pushed outputs, answers, errors) and decode_answer     used; MISS)
 robot_replayed     the robot's recorder for an aborted replay: the host's  none escape (what
-                   answers, ReplayedPrefix and fetch replies (values the   cannot be rebuilt is
-                   app read: wire.scalar_of) into its op log, entries      not logged)
-                   then built (recorder.replayed_calls, OpLog.insert)
+                   answers, pushed outputs, ReplayedPrefix and fetch       cannot be rebuilt is
+                   replies (values the app read: wire.scalar_of) into its  not logged)
+                   op log, entries then built (recorder.replayed_calls,
+                   OpLog.insert)
 robot_placement    the robot's per-inference placement (robot/placement)   NeedPull (then its
                    of app frames (SessionUp) over a primary and a          ``rewrite``), none
                    replica, and of what hosts send back (SessionDown),     else; in-flight
@@ -431,6 +432,10 @@ def robot_replayed(data: bytes) -> None:
             rec.observe_replayed(down.replayed)
         elif kind == "result":
             rec.observe_result(down.result)
+        elif kind == "fetched" and not down.fetched.seq:  # a replayed output, pushed
+            if fdp.ConsumeBool():
+                down.fetched.id = start.base_id + fdp.ConsumeIntInRange(0, 8)
+            rec.observe_pushed(down.fetched)
         elif kind == "fetched":  # a fetch's reply (a value the app read), before or after it
             if fdp.ConsumeBool():
                 rec.observe(ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=down.fetched.seq,
