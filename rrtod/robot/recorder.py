@@ -158,6 +158,17 @@ def _reads(calls: list[ops_pb2.OpCall], r: _Replaying) -> list[tuple[int, int, i
             for oid in call.out_ids if oid - r.base in r.pushed]
 
 
+def _signature(keys: list[int], d: ops_pb2.SequenceDef) -> tuple[Any, ...]:
+    """What makes two sequences of a thread the same: their calls' keys (loose where shapes
+    follow the data) and which of their integers are symbols of what (by local index): a
+    sequence found again with an integer that follows a value read, where the one in use has
+    the constant it happened to be, is another sequence, and the one to replay."""
+    local = {rid: i for i, rid in enumerate(d.local_ids)}
+    symbols = sorted((s.call, s.arg, s.kwarg, tuple(s.items), s.dim, s.span, s.value,
+                      local.get(s.tensor, -1)) for s in d.symbols)
+    return tuple(keys), tuple(symbols), d.varies_from if d.HasField("varies_from") else None
+
+
 def _symbol_now(sym: ops_pb2.SymbolicInt, i: int | None, shapes: dict[int, list[int]],
                 values: dict[int, int | float]) -> int | None:
     """A symbolic integer's value in this inference, from the shapes and values of its
@@ -334,7 +345,7 @@ class Recorder:
         self._latest: dict[int, dict[int, ops_pb2.TensorRef]] = {}
         self.variant_threads: set[int] = set()  # active threads with a variant in the log
         self._variant_from: dict[int, ops_pb2.OpCall] = {}  # thread -> its first variant call
-        self._keys: dict[int, tuple[int, ...]] = {}  # sequence -> its calls' keys
+        self._keys: dict[int, tuple[Any, ...]] = {}  # sequence -> its ``_signature``
         self.strays: dict[int, int] = {}  # thread -> calls forwarded since its last replay
         self.saved: list[tuple[dict[str, Any], ops_pb2.SequenceDef]] = self.store.load(app)
 
@@ -589,11 +600,11 @@ class Recorder:
             del self.search_stats[:-50]
             if found is None:
                 continue
-            keys = tuple(found.keys)
-            if any(k == keys for k in self._keys.values()):
-                continue  # a variant already in use (its inferences aborted for other reasons)
             seq_id = int.from_bytes(os.urandom(6), "big")
             d = build_definition(entries, found, self.log.persistent_bindings(), seq_id, thread)
+            keys = _signature(found.keys, d)
+            if any(k == keys for k in self._keys.values()):
+                continue  # a variant already in use (its inferences aborted for other reasons)
             summary = {"id": seq_id, "app": self.app, "session": self.session, "thread": thread,
                        "operators": found.period, "inputs": len(found.inputs),
                        "outputs": len(found.outputs), "found_at": found.found_at,
