@@ -273,6 +273,7 @@ class EchoApp:
         self.conn, welcome = open_app(sock, app)
         assert welcome.WhichOneof("msg") == "welcome", welcome
         self.next_id, self.seq, self.bound = 1000, 0, False
+        self.hints: list[bool] = []  # SearchHint.running, in the order received
 
     def _id(self) -> int:
         self.next_id += 1
@@ -301,9 +302,15 @@ class EchoApp:
         return relu.out_ids[0]
 
     def recv(self) -> ops_pb2.SessionDown:
-        reply = self.conn.recv(local_pb2.LocalReply)
-        assert reply.WhichOneof("msg") == "session", reply
-        return reply.session
+        """The next session frame; the robot's search hints (``SearchHint``) are advisory, and
+        a client that does not wait for searches skips them. Each hint that says a search is
+        running is followed by one that says it is over."""
+        while True:
+            reply = self.conn.recv(local_pb2.LocalReply)
+            assert reply.WhichOneof("msg") == "session", reply
+            if reply.session.WhichOneof("msg") != "search":
+                return reply.session
+            self.hints.append(reply.session.search.running)
 
 
 def test_record_search_define_replay_persist_and_flush(rrtod_daemon):
@@ -324,6 +331,9 @@ def test_record_search_define_replay_persist_and_flush(rrtod_daemon):
         if definition is not None:
             break
     assert definition is not None, d.logs()[-3000:]
+    # From its second download on the app was told of each search, and of its end: the last
+    # end came right after the definition (read with the next frame below).
+    assert app.hints and app.hints[0] is True, app.hints
     assert [c.op for c in definition.calls] == ["aten::conv2d.default", "aten::relu.default"]
     kinds = [s.kind for s in definition.sources]
     assert kinds == [ops_pb2.SeqSource.INPUT, ops_pb2.SeqSource.PERSISTENT,
@@ -340,6 +350,7 @@ def test_record_search_define_replay_persist_and_flush(rrtod_daemon):
         upload=ops_pb2.TensorData(meta=meta, data=b"\0" * 16))))
     app._send(arg=ops_pb2.ReplayArg(slot=1, tensor=ops_pb2.TensorRef(id=EchoApp.W)))
     pushed = app.recv()
+    assert app.hints == [True, False] * (len(app.hints) // 2), app.hints  # each search ended
     out_index = list(definition.local_ids).index(definition.outputs[0])
     assert pushed.fetched.seq == 0 and pushed.fetched.id == base + out_index
     assert pushed.fetched.tensor.data == struct.pack("<q", base + out_index)
