@@ -66,9 +66,9 @@ def fresh(daemon):
 def test_replayed_model_equals_local(fresh, name, tmp_path):
     stats = same_as_local(name, fresh, "--runs", str(RUNS), tmp=tmp_path)
     # Back to back, replay starts with the third inference: the shim's third inference start
-    # waits for the search the robot runs on the first two (``SearchHint``).
+    # waits for the search the robot runs on the first two (``SearchHint``), unless the
+    # definition is there already.
     assert stats["by_inference"]["replays"] == [0, 0] + [1] * (RUNS - 2), stats
-    assert stats["search_waits"] >= 1, stats
     assert stats["mismatches"] == 0 and stats["failed"] == 0, stats
     (seq,) = fresh.ctl("sequences")["sequences"]
     assert seq["app"] == f"{name}.py" and seq["operators"] > 0
