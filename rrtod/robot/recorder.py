@@ -356,8 +356,12 @@ class Recorder:
         self.log.record_result(result)
 
     def observe_fetched(self, fetched: ops_pb2.Fetched) -> None:
-        """The host's reply to a fetch: a number the app read is kept for the search."""
-        self.log.record_fetched(fetched)
+        """The host's reply to a fetch (a number the app read is kept for the search), or a
+        replayed output it pushed unasked (seq 0: ``observe_pushed``)."""
+        if fetched.seq:
+            self.log.record_fetched(fetched)
+        else:
+            self.observe_pushed(fetched)
 
     def observe(self, frame: ops_pb2.SessionUp) -> bool:
         """Log a frame; True when a search is due (the relay then calls ``request_search``;

@@ -403,10 +403,7 @@ class AppRelay:
             if what == "answer":
                 rec.observe_answer(frame.answer)
             elif what == "fetched":
-                if frame.fetched.seq:
-                    rec.observe_fetched(frame.fetched)
-                else:
-                    rec.observe_pushed(frame.fetched)
+                rec.observe_fetched(frame.fetched)
             elif what == "replayed":
                 rec.observe_replayed(frame.replayed)
                 return
@@ -472,10 +469,7 @@ class AppRelay:
                 elif what == "answer" and rec is not None:
                     rec.observe_answer(frame.answer)
                 elif what == "fetched" and rec is not None:
-                    if frame.fetched.seq:
-                        rec.observe_fetched(frame.fetched)
-                    else:  # a replay's output, pushed
-                        rec.observe_pushed(frame.fetched)
+                    rec.observe_fetched(frame.fetched)  # a reply, or a replay's push
                 elif what == "replayed":  # for this daemon's op log only
                     if rec is not None:
                         rec.observe_replayed(frame.replayed)
