@@ -394,6 +394,34 @@ def test_integers_from_values_the_app_read_replay_with_one_reply(fresh, tmp_path
     assert max(by["round_trips"][: replayed[0]]) > 3, stats  # forwarding waited per value
 
 
+def test_a_loop_whose_count_follows_the_data_replays_unrolled(fresh, tmp_path):
+    """``read_values --varying``: 2, 3, 4, 2, ... boxes per frame, so the per-box loop runs
+    another number of times every frame and no two consecutive inferences have the same
+    calls. The search folds the loop to one iteration (``rrtod.robot.loopfold``); the shim and
+    the host unroll it for each frame's count. Every frame from the 4th on replays whole with
+    one reply, and no sequence is recorded again; outputs equal to local on every frame."""
+    stats = same_as_local("read_values", fresh, "--varying", "--runs", "10", tmp=tmp_path)
+    by = stats["by_inference"]
+    replayed = [i for i, r in enumerate(by["replays"]) if r]
+    assert replayed and replayed[0] <= 3 and replayed == list(range(replayed[0], 10)), stats
+    assert stats["mismatches"] == 0 and stats["failed"] == 0, stats
+    assert all(by["round_trips"][i] <= 1 for i in replayed), stats
+    (seq,) = fresh.ctl("sequences")["sequences"]
+    assert seq["replays"] == len(replayed), seq
+
+
+def test_a_loop_the_app_leaves_early_is_a_mismatch_never_a_wrong_output(fresh, tmp_path):
+    """``--stop-early 6``: frame 6's loop breaks after one box though the count says more. The
+    host, running ahead of the app, unrolled it for the count; the app's next call is not the
+    second iteration's: a mismatch, that inference forwarded from there, outputs equal to
+    local, and the next frames replay again."""
+    stats = same_as_local("read_values", fresh, "--varying", "--runs", "10", "--stop-early", "6",
+                          tmp=tmp_path)
+    by = stats["by_inference"]
+    assert by["mismatches"][6] == 1 and stats["mismatches"] == 1, stats
+    assert by["replays"][7:] == [1] * 3 and stats["failed"] == 0, stats
+
+
 def test_an_integer_taken_for_a_constant_by_coincidence_becomes_a_symbol(fresh, tmp_path):
     """``read_values --same-first 3``: the first frames have boxes of the same sizes, so the
     sequence is found with the widths and heights as constants. Later frames mismatch there;

@@ -86,6 +86,9 @@ class NumberExecutor:
     def viewed_ids(self, c: ops_pb2.OpCall) -> list[int]:
         return [0] * len(c.out_ids)  # no views among these operators
 
+    def shape(self, tid):  # a number n stands for a tensor of n elements (a loop's count)
+        return (int(self.store[tid]),) if tid in self.store and self.store[tid] >= 0 else None
+
     def scalar(self, tid):
         return int(self.store[tid]) if tid in self.store else None
 
@@ -560,3 +563,54 @@ def test_a_value_read_is_kept_until_the_call_that_takes_it_runs():
               arg(2, tensor=upload(5.0)))
     assert [value(x) for x in out] == [(1001, 5.0 * 12)]
     assert 1000 not in ex.store  # freed once taken
+
+
+def looped() -> ops_pb2.SequenceDef:
+    """x = input + c, then ``for i in range(len(x))``: y = x * i (``scale``, the index an
+    integer argument). Outputs: x, and every iteration's y."""
+    d = ops_pb2.SequenceDef(id=9, local_ids=[1, 2], outputs=[1, 2])
+    scale = ops_pb2.OpCall(op="scale", out_ids=[2])
+    scale.args.add().tensor.id = 1
+    scale.args.add().i = 0
+    d.calls.extend([call("add", 1, upload(0.0), ref(100)), scale])
+    d.sources.add(kind=SRC.INPUT)
+    d.sources.add(kind=SRC.CONSTANT, id=100)
+    d.sources.add(kind=SRC.PRODUCED, id=1)
+    d.symbols.add(call=1, arg=1, index=True)
+    d.loops.add(start=1, body=1, tensor=1, dim=0)
+    return d
+
+
+def test_a_loop_runs_as_many_times_as_this_inferences_count():
+    """The host runs the head, takes the count from its own tensor, and goes on unrolled: each
+    iteration with its index and its own ids, each output pushed when made; the next inference
+    unrolls for its own count."""
+    ex = NumberExecutor()
+    r = HostReplayer(ex)
+    (ack,) = run(r, ops_pb2.SessionUp(define=looped()))
+    assert ack.defined.accepted, ack
+    out = run(r, ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=9, base_id=1000)),
+              ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(-7.0))))
+    # x = 3: three iterations; x is pushed once the loop is unrolled (nothing writes it after)
+    assert ex.calls == ["add", "scale 0", "scale 1", "scale 2"] and r.active is None
+    pushed = [value(d) for d in out]
+    assert pushed[0] == (1000, 3.0) and [v for _, v in pushed[1:]] == [0.0, 3.0, 6.0]
+    assert len({i for i, _ in pushed}) == 4  # every iteration's y has an id of its own
+    ex.calls.clear()
+    out = run(r, ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=9, base_id=2000)),
+              ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(-10.0))))
+    assert ex.calls == ["add"] and [value(d) for d in out] == [(2000, 0.0)]  # no iteration
+    assert r.active is None
+
+
+def test_a_loop_without_a_count_fails_the_replay_and_says_where():
+    """The count's tensor has no size here (this inference's data took another path): the
+    replay fails at the loop, reported with its position; nothing is run past it."""
+    ex = NumberExecutor()
+    r = HostReplayer(ex)
+    run(r, ops_pb2.SessionUp(define=looped()))
+    out = run(r, ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=9, base_id=1000)),
+              ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(-12.0))))
+    (err,) = [d.error for d in out if d.WhichOneof("msg") == "error"]
+    assert (err.code, err.sequence, err.base_id, err.position) == ("REPLAY_FAILED", 9, 1000, 1)
+    assert ex.calls == ["add"]

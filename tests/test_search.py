@@ -11,7 +11,9 @@ import pytest
 from rrto.v1 import ops_pb2
 from rrto_plugins.search.dds import DataDependencySearch
 from rrto_plugins.search.period import PeriodSearch, tail_periods, z_function
+from rrtod.loops import unroll
 from rrtod.robot.oplog import OpLog
+from rrtod.robot.recorder import build_definition
 from rrtod.robot.search import Candidate, best, search_log, verify
 from rrtod.robot.shapes import VALUE
 from testkit.frames import W1, W2, W3, App, cnn
@@ -376,3 +378,68 @@ def test_an_integer_that_is_not_the_value_read_refuses_the_candidate():
     _read_then_passed(log, [3.5, 7.25, 2.0, 11.75], passed=lambda v: int(v) + 1)
     found, _ = best(log.entries(0), DataDependencySearch())
     assert found is None
+
+
+def _looped_inferences(log: OpLog, counts: list[int], last_only: bool = False) -> None:
+    """Per inference: ``keep = nonzero(x)`` (its shape the host's answer), then for each of
+    its ``k`` rows ``r = keep.select(0, i)``, ``v = r * 2``, then ``stack`` of every ``v``
+    (``last_only``: of the last one alone), downloaded."""
+    seq, ids = 0, iter(range(10, 100_000))
+
+    def call(op: str, *args: ops_pb2.Value, out_meta=None, want_meta=False) -> int:
+        nonlocal seq
+        seq += 1
+        c = ops_pb2.OpCall(seq=seq, op=op, args=list(args), want_meta=want_meta,
+                           grad_mode=ops_pb2.INFERENCE_MODE)
+        oid = next(ids)
+        if out_meta is not None:
+            c.out_ids.append(oid)
+            c.out_meta.append(out_meta)
+        log.record(ops_pb2.SessionUp(call=c))
+        return oid
+
+    def t(i: int) -> ops_pb2.Value:
+        return ops_pb2.Value(tensor=ops_pb2.TensorRef(id=i))
+
+    for k in counts:
+        x = ops_pb2.Value(tensor=ops_pb2.TensorRef(upload=ops_pb2.TensorData(meta=_meta(8))))
+        keep = next(ids) + 1_000_000
+        call("aten::nonzero.default", x, want_meta=True)
+        log.record_result(ops_pb2.OpResult(seq=seq, outs=[_meta(k, 1)], value=t(keep)))
+        vs = []
+        for i in range(k):
+            r = call("aten::select.int", t(keep), ops_pb2.Value(i=0), ops_pb2.Value(i=i),
+                     out_meta=_meta(1))
+            vs.append(call("aten::mul.Scalar", t(r), ops_pb2.Value(f=2.0), out_meta=_meta(1)))
+        items = [t(v) for v in (vs[-1:] if last_only else vs)]
+        s = call("aten::stack.default", ops_pb2.Value(list=ops_pb2.ValueList(items=items)),
+                 out_meta=_meta(len(items), 1))
+        seq += 1
+        log.record(ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=seq, id=s)))
+
+
+def test_a_loop_whose_count_follows_the_data_is_folded_to_one_iteration():
+    """2, 4, 3, 5 rows: no block repeats, but with the loop folded every inference has the
+    same four calls; the loop is counted by the ``nonzero``'s size 0, its ``select`` takes the
+    iteration's index, and the ``stack`` gathers one value per iteration."""
+    log = OpLog()
+    _looped_inferences(log, [2, 4, 3, 5])
+    found, _ = best(log.entries(0), DataDependencySearch())
+    assert found is not None and found.period == 4 and found.entries is not None
+    (loop,) = found.loops
+    assert (loop.start, loop.body, loop.count) == (1, 2, (0, 0, 0))
+    assert loop.shared.index == [(0, ("arg", 2))]
+    assert loop.gathers == [(3, (0,))]
+    d = build_definition(found.entries, found, {}, seq_id=1, thread=0)
+    assert [(lp.start, lp.body, lp.dim) for lp in d.loops] == [(1, 2, 0)]
+    assert [(s.call, s.index) for s in d.symbols if s.index] == [(1, True)]
+    assert [len(unroll(d, n).calls) for n in (0, 3)] == [2, 8]
+
+
+def test_a_loop_whose_last_value_alone_is_read_after_it_is_not_folded():
+    """After the loop only the last iteration's value is read: unrolling one iteration could
+    not say which, so there is no loop (and no sequence)."""
+    log = OpLog()
+    _looped_inferences(log, [2, 4, 3, 5], last_only=True)
+    found, _ = best(log.entries(0), DataDependencySearch())
+    assert found is None or not found.loops

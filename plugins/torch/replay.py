@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from rrto.v1 import ops_pb2
+from rrtod import loops
 from rrtod.wire import (
     HOST_ID_BASE,
     READ_VALUE,
@@ -205,6 +206,13 @@ class Sequence:
     sized: frozenset[int] = frozenset()  # local indices whose sizes symbolic integers use
     valued: frozenset[int] = frozenset()  # local indices whose values they use (read by the app)
     chain: list[int] = field(default_factory=list)  # per step: a hash of the steps up to it
+    # A definition with loops (``rrtod.loops``): ``steps`` are its head's, ``counted`` the
+    # (local index, dimension) of the size that counts its first loop; at the head's end the
+    # inference goes on with ``unrolled[count]``, which shares this one's per-slot state.
+    folded: ops_pb2.SequenceDef | None = None
+    counted: tuple[int, int] | None = None
+    unrolled: dict[int, Sequence] = field(default_factory=dict)
+    root: Sequence | None = None  # the sequence an unrolled one was made from
 
     def same_prefix(self, other: Sequence, p: int) -> bool:
         """Whether this sequence's first ``p`` steps are exactly ``other``'s: the same calls
@@ -241,6 +249,47 @@ def _viewed_ids(call: ops_pb2.OpCall) -> list[int]:
 
 
 def compile_sequence(d: ops_pb2.SequenceDef) -> Sequence:
+    """The shim's form of a definition; one with loops compiles to its head, with what it needs
+    to unroll at the head's end (``ReplayClient._unroll``)."""
+    if not d.loops:
+        return _compile(d)
+    loops.check(d)
+    seq = _compile(loops.head(d))
+    seq.folded, seq.counted = d, loops.counted_by(d)
+    seq.sized = seq.sized | {seq.counted[0]}  # type: ignore[index]
+    return seq
+
+
+# Counts a sequence keeps unrolled (each one's steps, planned at their first replay).
+MAX_UNROLLED = 64
+
+
+def _unrolled(seq: Sequence, count: int) -> Sequence:
+    """``seq`` (a head) with its loop run ``count`` times, compiled once per count; it shares
+    ``seq``'s per-slot state (the head's slots are its first ones, and no later slot keeps
+    state: ``rrtod.loops``). ValueError if it cannot be unrolled."""
+    got = seq.unrolled.get(count)
+    if got is not None:
+        return got
+    assert seq.folded is not None
+    u = compile_sequence(loops.unroll(seq.folded, count))
+    u.bindings, u.sent, u.recent = seq.bindings, seq.sent, seq.recent
+    u.root = seq.root or seq
+    if len(seq.unrolled) >= MAX_UNROLLED:
+        seq.unrolled.pop(next(iter(seq.unrolled)))
+    seq.unrolled[count] = u
+    return u
+
+
+def _family(seq: Sequence) -> list[Sequence]:
+    """``seq`` and every sequence unrolled from it."""
+    out = [seq]
+    for u in list(seq.unrolled.values()):
+        out += _family(u)
+    return out
+
+
+def _compile(d: ops_pb2.SequenceDef) -> Sequence:
     local = {rid: i for i, rid in enumerate(d.local_ids)}
     steps, slot = [], 0
     for call in d.calls:
@@ -528,7 +577,8 @@ class ReplayClient:
         stop using it and wake every download waiting for a push, which then fetches the usual
         way and gets the host's error instead of waiting forever."""
         for seq in self._remove(seq_id):
-            seq.failed = True
+            for s in _family(seq):
+                s.failed = True
         with self._lock:
             self._give_up.append(seq_id)  # told to the robot by an app thread (never block here)
             waiting = list(self._waiting.values())
@@ -803,11 +853,35 @@ class ReplayClient:
     def _advance(self, act: Active, result: Any) -> Any:
         act.position += 1
         self.counters["replayed_ops"] += 1
-        if act.position == len(act.seq.steps):
+        while act.position == len(act.seq.steps):
+            if act.seq.folded is not None:
+                if self._unroll(act):
+                    continue  # (an empty loop may end the inference, or reach the next loop)
+                break
             self._tls.active = None
-            act.seq.mismatches = 0
-            act.seq.stale = False
+            root = act.seq.root or act.seq
+            root.mismatches = 0
+            root.stale = False
+            break
         return result
+
+    def _unroll(self, act: Active) -> bool:
+        """The head of a sequence with a loop is done: go on with the loop unrolled for this
+        inference's count (a size the app's tensors have now; the host unrolls the same from
+        its own tensor). The calls so far keep their local indices. Without the size, or if
+        the loop cannot be unrolled, a mismatch here (False): the next call is forwarded."""
+        i, dim = act.seq.counted  # type: ignore[misc]
+        shape = act.sizes.get(i)
+        try:
+            if shape is None or dim >= len(shape):
+                raise ValueError("the loop's count is not known")
+            act.seq = _unrolled(act.seq, shape[dim])
+        except ValueError:
+            self._mismatch(act)
+            return False
+        with self._lock:
+            self._bases[act.base] = act.seq
+        return True
 
     @staticmethod
     def _note_sizes(act: Active, step: Step, result: Any) -> None:
@@ -932,7 +1006,7 @@ class ReplayClient:
                         or codec.raw_bytes(t if t.device.type == "cpu" else t.cpu()) != data):
                     # Recorded while it happened not to change (a warm-up on one dummy input):
                     # this sequence cannot serve the app's real inputs; record again at once.
-                    act.seq.stale = True
+                    (act.seq.root or act.seq).stale = True
                     return None
                 continue
             if kind == _INPUT:
@@ -1035,7 +1109,7 @@ class ReplayClient:
                                   for i in ids])
 
     def _mismatch(self, act: Active) -> None:
-        seq = act.seq
+        seq = act.seq.root or act.seq
         self.session.send_frames([ops_pb2.SessionUp(abort=ops_pb2.ReplayAbort(
             position=act.position))])
         self._aborted[act.base] = act.position

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rrto.v1 import ops_pb2
+from rrtod import loops
 from rrtod.executor import ReplayExtension
 from rrtod.wire import (
     READ_VALUE,
@@ -43,6 +44,7 @@ from rrtod.wire import (
 
 Emit = Callable[[ops_pb2.SessionDown], None]
 SRC = ops_pb2.SeqSource
+MAX_UNROLLED = 64  # counts a sequence with a loop keeps compiled
 
 
 class Runner(Protocol):
@@ -83,6 +85,12 @@ class Compiled:
     symbols: dict[int, list[tuple[list[Any], int, int, int]]] = field(default_factory=dict)
     # calls whose output sizes may follow the data: answered ones, and from ``varies_from`` on
     varying: frozenset[int] = frozenset()
+    # A definition with loops (``rrtod.loops``): this is its head; at the head's end the replay
+    # goes on with ``unrolled[count]`` (``HostReplayer._unroll``), where ``counted`` is the
+    # (local index, dimension) of the size that counts the loop.
+    folded: ops_pb2.SequenceDef | None = None
+    counted: tuple[int, int] | None = None
+    unrolled: dict[int, Compiled] = field(default_factory=dict)
 
 
 def compile_sequence(d: ops_pb2.SequenceDef,
@@ -372,8 +380,7 @@ class HostReplayer:
             return
         replay = self.replay
         try:
-            compiled = compile_sequence(d, replay.written_ids if replay is not None else None,
-                                        replay.viewed_ids if replay is not None else None)
+            compiled = self._compile(d)
             if (any(compiled.writes) or any(compiled.mutates)) and replay is None:
                 raise ValueError(f"sequence {d.id} writes values in place and this executor "
                                  "cannot snapshot them (it declares no replay extension)")
@@ -386,10 +393,26 @@ class HostReplayer:
         except (ValueError, KeyError) as exc:
             emit(ops_pb2.SessionDown(defined=ops_pb2.SequenceAck(id=d.id, reason=str(exc))))
             return
-        compiled.prepared = [self._prepare(call) for call in d.calls]
+        compiled.prepared = [self._prepare(call) for call in compiled.definition.calls]
         self.sequences[d.id] = compiled
+        pinned = pinned_by(compiled if not d.loops else self._compile(loops.unroll(d, 1)))
         emit(ops_pb2.SessionDown(defined=ops_pb2.SequenceAck(
-            id=d.id, accepted=True, pinned=pinned_by(compiled) or "")))
+            id=d.id, accepted=True, pinned=pinned or "")))
+
+    def _compile(self, d: ops_pb2.SequenceDef) -> Compiled:
+        """``compile_sequence`` with this executor's aliasing; a definition with loops compiles
+        to its head, and is checked unrolled (no iteration, one, two) so that a definition that
+        cannot run fails here and not when an inference reaches its loop."""
+        replay = self.replay
+        written = replay.written_ids if replay is not None else None
+        viewed = replay.viewed_ids if replay is not None else None
+        if not d.loops:
+            return compile_sequence(d, written, viewed)
+        for n in (0, 1, 2):
+            self._compile(loops.unroll(d, n))
+        seq = compile_sequence(loops.head(d), written, viewed)
+        seq.folded, seq.counted = d, loops.counted_by(d)
+        return seq
 
     def _prepare(self, call: ops_pb2.OpCall) -> Any:
         """The executor's decoded form of ``call`` (its replay extension's ``prepare``): a
@@ -436,6 +459,19 @@ class HostReplayer:
         act = self.active
         if act is None or act.failed:
             return
+        while True:
+            self._run(act, emit, limit)
+            calls = act.seq.definition.calls
+            if act.failed or act.position < len(calls) or act.seq.folded is None \
+                    or (limit is not None and act.position >= limit):
+                break
+            if not self._unroll(act, emit):
+                return
+        if act.position == len(calls) and limit is None and not act.failed:
+            self._close(act, complete=True)
+
+    def _run(self, act: Active, emit: Emit, limit: int | None) -> None:
+        """Run the calls of ``act.seq`` whose inputs are here, up to ``limit``."""
         calls = act.seq.definition.calls
         stop = len(calls) if limit is None else min(limit, len(calls))
         while act.position < stop:
@@ -488,8 +524,41 @@ class HostReplayer:
             free = [act.base + i for i in act.seq.free_after[k] if i in act.dropped]
             if free:
                 self._free(free)
-        if act.position == len(calls) and limit is None:
-            self._close(act, complete=True)
+
+    def _unroll(self, act: Active, emit: Emit) -> bool:
+        """The head of a sequence with a loop has run: go on with the loop unrolled for this
+        inference's count, a size of its own tensor (the shim unrolls the same from the sizes
+        it was answered). What the head made keeps its local indices; outputs final before the
+        loop are pushed now (a head pushes nothing: the loop may still write them). False: no
+        such size (the replay failed, reported)."""
+        seq = act.seq
+        i, dim = seq.counted  # type: ignore[misc]
+        shape = self.replay.shape(act.id_of(i)) if self.replay is not None else None
+        try:
+            if shape is None or dim >= len(shape):
+                raise ValueError(f"no size {dim} of tensor {act.id_of(i)} counts its loop")
+            n = shape[dim]
+            u = seq.unrolled.get(n)
+            if u is None:
+                u = self._compile(loops.unroll(seq.folded, n))  # type: ignore[arg-type]
+                u.prepared = [self._prepare(call) for call in u.definition.calls]
+                u.sticky, u.latest, u.gone = seq.sticky, seq.latest, seq.gone
+                if len(seq.unrolled) >= MAX_UNROLLED:
+                    seq.unrolled.pop(next(iter(seq.unrolled)))
+                seq.unrolled[n] = u
+        except ValueError as exc:
+            act.failed = True
+            down = _error("REPLAY_FAILED", f"sequence {seq.definition.id}: {exc}",
+                          seq.definition.id)
+            down.error.base_id, down.error.position = act.base, act.position
+            emit(down)
+            return False
+        act.seq = u
+        for k in range(act.position):
+            for j in u.pushes[k]:
+                if j not in act.joined:
+                    self._push(act.base + j, emit)
+        return True
 
     def _sizes(self, act: Active, k: int, call: ops_pb2.OpCall, emit: Emit) -> bool:
         """Put this inference's sizes into call ``k``'s symbolic integers. False (the replay

@@ -24,6 +24,7 @@ from typing import Any
 import structlog
 
 from rrto.v1 import ops_pb2
+from rrtod import loops
 from rrtod.robot.oplog import REBUILT_SEQS, LoggedCall, OpLog, resolve_reads
 from rrtod.robot.search import Found, SequenceSearch, search_log
 from rrtod.robot.sequences import SequenceStore
@@ -87,8 +88,10 @@ def replayed_calls(r: _Replaying, sizes: ops_pb2.ReplayedPrefix) -> list[ops_pb2
     the app sent, the sizes the host found for outputs that follow the data, and this
     inference's symbolic integers (a size of its tensors, a value the app read: else a search
     would see the recorded ones, which need not be this inference's). Empty if one cannot be
-    rebuilt (an input the relay did not see, an answer or a value it missed)."""
+    rebuilt (an input the relay did not see, an answer or a value it missed). A loop is
+    unrolled as both ends did, by the count this inference's sizes give."""
     d = r.d
+    head = len(loops.head(d).calls) if d.loops else len(d.calls)
     local = {rid: i for i, rid in enumerate(d.local_ids)}
     symbols: dict[int, list[ops_pb2.SymbolicInt]] = {}
     for sym in d.symbols:
@@ -100,9 +103,26 @@ def replayed_calls(r: _Replaying, sizes: ops_pb2.ReplayedPrefix) -> list[ops_pb2
         return rid if i is None else r.joined.get(i, r.base + i)
     slot = sum(1 for call in d.calls[: r.start] for _ in iter_tensor_refs(call))
     out = []
-    for k in range(r.start, min(r.cut, len(d.calls))):
+    k = r.start
+    while k < min(r.cut, len(d.calls)):
+        if k == head and d.loops:  # unrolled for this inference's count
+            loop = d.loops[0]
+            shape = shapes.get(local[loop.tensor], [])
+            if loop.dim >= len(shape):
+                return []
+            try:
+                d = loops.unroll(d, shape[loop.dim])
+            except ValueError:
+                return []
+            head = len(loops.head(d).calls) if d.loops else len(d.calls)
+            local = {rid: i for i, rid in enumerate(d.local_ids)}
+            symbols = {}
+            for sym in d.symbols:
+                symbols.setdefault(sym.call, []).append(sym)
+            continue
+        at, k = k, k + 1
         call = ops_pb2.OpCall()
-        call.CopyFrom(d.calls[k])
+        call.CopyFrom(d.calls[at])
         call.seq, call.sync = 0, False
         for ref in iter_tensor_refs(call):
             src, given = d.sources[slot], r.args.get(slot)
@@ -117,7 +137,7 @@ def replayed_calls(r: _Replaying, sizes: ops_pb2.ReplayedPrefix) -> list[ops_pb2
             elif src.kind == SRC.INPUT and not src.fixed:
                 return []
         if call.want_meta:  # the host's answer named its outputs, as a forwarded reply does
-            answer = r.answers.get(k)
+            answer = r.answers.get(at)
             if answer is None or len(answer.outs) != len(call.out_ids):
                 return []
             for rid, meta in zip(call.out_ids, answer.outs, strict=True):
@@ -126,7 +146,7 @@ def replayed_calls(r: _Replaying, sizes: ops_pb2.ReplayedPrefix) -> list[ops_pb2
             del call.out_ids[:]  # in the reply (``OpLog.results``), as when forwarded
             del call.out_meta[:]
         else:
-            outs = sizes.calls[k - r.start].outs if k - r.start < len(sizes.calls) else ()
+            outs = sizes.calls[at - r.start].outs if at - r.start < len(sizes.calls) else ()
             for meta, size in zip(call.out_meta, outs, strict=False):
                 if size.known and len(size.dims) == len(meta.shape):
                     contiguous = list(meta.stride) == _contiguous(list(meta.shape))
@@ -136,7 +156,7 @@ def replayed_calls(r: _Replaying, sizes: ops_pb2.ReplayedPrefix) -> list[ops_pb2
         for rid, meta in zip(call.out_ids, call.out_meta, strict=False):
             if rid in local:
                 shapes[local[rid]] = list(meta.shape)
-        for sym in symbols.get(k, ()):
+        for sym in symbols.get(at, ()):
             n = _symbol_now(sym, local.get(sym.tensor), shapes, r.values)
             if n is None:
                 return []
@@ -164,9 +184,11 @@ def _signature(keys: list[int], d: ops_pb2.SequenceDef) -> tuple[Any, ...]:
     sequence found again with an integer that follows a value read, where the one in use has
     the constant it happened to be, is another sequence, and the one to replay."""
     local = {rid: i for i, rid in enumerate(d.local_ids)}
-    symbols = sorted((s.call, s.arg, s.kwarg, tuple(s.items), s.dim, s.span, s.value,
+    symbols = sorted((s.call, s.arg, s.kwarg, tuple(s.items), s.dim, s.span, s.value, s.index,
                       local.get(s.tensor, -1)) for s in d.symbols)
-    return tuple(keys), tuple(symbols), d.varies_from if d.HasField("varies_from") else None
+    loops_ = tuple((lp.start, lp.body, local.get(lp.tensor, -1), lp.dim) for lp in d.loops)
+    return (tuple(keys), tuple(symbols), d.varies_from if d.HasField("varies_from") else None,
+            loops_)
 
 
 def _symbol_now(sym: ops_pb2.SymbolicInt, i: int | None, shapes: dict[int, list[int]],
@@ -246,7 +268,55 @@ def build_definition(entries: list[LoggedCall], found: Found, persistent: dict[i
         i, k = out_index
         d.outputs.append(block[i].outputs[k])
     _add_shapes(d, block, found, local)
+    _add_loops(d, block, found, local)
     return d
+
+
+def _symbol_path(sym: ops_pb2.SymbolicInt) -> tuple[Any, ...]:
+    return ("kw", sym.kwarg, *sym.items) if sym.kwarg else ("arg", sym.arg, *sym.items)
+
+
+def _add_loops(d: ops_pb2.SequenceDef, block: list[LoggedCall], found: Found,
+               local: dict[int, int]) -> None:
+    """The loops folded out of the log (``rrtod.robot.loopfold``): each with its count, the
+    integers of its body that are the iteration's index or its own sizes and values (these,
+    checked over every iteration, replace what the search found from the first iterations
+    alone), and the lists after it that gather one tensor per iteration."""
+    for lp in found.loops:
+        j, o, dim = lp.count
+        tensor = block[j].outputs[o]
+        if tensor not in local:
+            raise ValueError(f"loop at call {lp.start}: counted by tensor {tensor}, which this "
+                             "inference does not make")
+        loop = d.loops.add(start=lp.start, body=lp.body, tensor=tensor, dim=dim)
+        own = {(lp.start + q, path) for q, path in [*lp.shared.symbols, *lp.shared.index]}
+        kept = [sym for sym in d.symbols if (sym.call, _symbol_path(sym)) not in own]
+        del d.symbols[:]
+        d.symbols.extend(kept)
+        for q, (where, at, *items) in lp.shared.index:
+            sym = d.symbols.add(call=lp.start + q, index=True, items=items)
+            if where == "kw":
+                sym.kwarg = at
+            else:
+                sym.arg = at
+        for (q, (where, at, *items)), (jj, oo, dd, span) in lp.shared.symbols.items():
+            tensor = block[lp.start + jj].outputs[oo]
+            sym = (d.symbols.add(call=lp.start + q, tensor=tensor, value=True, items=items)
+                   if dd == VALUE else d.symbols.add(call=lp.start + q, tensor=tensor, dim=dd,
+                                                     span=span, items=items))
+            if where == "kw":
+                sym.kwarg = at
+            else:
+                sym.arg = at
+        for call, (top, *items) in lp.gathers:
+            g = loop.gathers.add(call=call, items=items)
+            if isinstance(top, str):
+                g.kwarg = top
+            else:
+                g.arg = top
+    if found.loops:
+        d.symbols.sort(key=lambda sym: sym.call)
+        loops.check(d)
 
 
 def _add_shapes(d: ops_pb2.SequenceDef, block: list[LoggedCall], found: Found,
@@ -605,7 +675,13 @@ class Recorder:
             if found is None:
                 continue
             seq_id = int.from_bytes(os.urandom(6), "big")
-            d = build_definition(entries, found, self.log.persistent_bindings(), seq_id, thread)
+            try:
+                d = build_definition(found.entries or entries, found,
+                                     self.log.persistent_bindings(), seq_id, thread)
+            except ValueError as exc:  # verified, yet not a definition both ends can run
+                log.warning("sequence not defined", session=self.session, app=self.app,
+                            thread=thread, reason=str(exc))
+                continue
             keys = _signature(found.keys, d)
             if any(k == keys for k in self._keys.values()):
                 continue  # a variant already in use (its inferences aborted for other reasons)

@@ -20,9 +20,12 @@ yield candidates lazily, so a search stops at the first verified one. It searche
 first, then, if nothing verified, by loose keys (``rrtod.robot.oplog``): a model whose shapes
 follow its data repeats only under those, and ``rrtod.robot.shapes.explain`` must then account
 for every difference between its repetitions. If still nothing verifies, the inferences may
-differ in length (a loop whose count the data decides, such as one ``nms`` per class present):
-``common_prefix`` then finds the calls every recent inference begins with, a *segment* replayed
-from one request, after which the inference goes on by forwarding.
+differ in length because of a loop whose count the data decides: ``rrtod.robot.loopfold``
+folds each loop to its first iteration, and the search runs again on the folded log (each loop
+then needs a size of the inference that counts it: ``loopfold.loops_of``). Failing that,
+``common_prefix`` finds the calls every recent inference begins with, a *segment* replayed
+from one request, after which the inference goes on by forwarding (one ``nms`` per class
+present, each reading the last: not a loop that unrolls).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import numpy as np
 
 from rrto.v1 import ops_pb2
 from rrtod.hookspecs import Candidate, SequenceSearch
+from rrtod.robot.loopfold import FoundLoop, fold, loops_of
 from rrtod.robot.oplog import LoggedCall, resolve_reads, with_loose_keys
 from rrtod.robot.shapes import Shapes, Unexplained, explain, explain_call
 from rrtod.wire import iter_tensor_refs
@@ -57,6 +61,10 @@ class Found:
     keys: list[int] = field(default_factory=list)
     warmup: bool = False  # the calls before the steady state returned values to the app
     shapes: Shapes = field(default_factory=Shapes)  # sizes that follow the data
+    # Loops folded out of the log (``rrtod.robot.loopfold``): ``entries`` is then the folded
+    # log the positions refer to (None: the log searched).
+    loops: list[FoundLoop] = field(default_factory=list)
+    entries: list[LoggedCall] | None = None
 
     @property
     def found_at(self) -> int:
@@ -266,8 +274,28 @@ def search_log(log: list[LoggedCall], search: SequenceSearch, min_repeats: int =
             if found is not None:
                 return Outcome(found, rejected, False)
             rejected += 1
+    # A loop whose count the data decides: folded, the inferences have the same calls again.
+    loose = with_loose_keys(log)
+    folded = fold(loose)
+    if folded is not None:
+        screen = None
+        for cand in search.candidates(folded.entries):
+            if deadline is not None and time.perf_counter() > deadline:
+                return Outcome(None, rejected, True)
+            screen = screen or Screen(folded.entries)
+            found = (None if screen.rejects(cand, min_repeats)
+                     else verify(folded.entries, cand, min_repeats))
+            loops = None if found is None else loops_of(folded, found.start, found.period,
+                                                        found.repeats)
+            if found is not None and loops:
+                found.loops, found.entries = loops, folded.entries
+                for lp in loops:
+                    if lp.shared.varies_from is not None:
+                        found.shapes.note_varies(lp.start + lp.shared.varies_from)
+                return Outcome(found, rejected, False)
+            rejected += 1
     # Inferences of different lengths: the calls they all begin with, as a segment.
-    segment = common_prefix(with_loose_keys(log))
+    segment = common_prefix(loose)
     return Outcome(segment, rejected, False)
 
 

@@ -15,6 +15,13 @@ mismatch in the last iteration. The host has run the whole inference ahead with 
 pushed the buffer; that push is stale (the row written after the mismatch differs) and must
 never be what the app reads.
 
+``--varying``: frame ``i`` has ``2 + i % 3`` boxes, so the loop runs another number of times
+from one frame to the next: replayed by unrolling its one recorded iteration (``SeqLoop``).
+
+``--stop-early K``: in frame K the loop stops after its first box (``break``), though the box
+count says more: the host, which unrolled the loop for the count, runs iterations the app never
+makes, and the app's ``stack`` of one item is a mismatch where the second iteration was due.
+
 ``--same-first N``: the first N frames have boxes of the same sizes (at other places, with
 other pixels), so the widths and heights the app reads are equal in the inferences the sequence
 is found from, and it takes them for constants. A later frame's other size is a mismatch; the
@@ -39,6 +46,8 @@ class ReadValues(nn.Module):
         self.scale = nn.Parameter(torch.ones(()))  # boxes come out of the model (the host)
         self.frame = -1
         self.odd = int(sys.argv[sys.argv.index("--odd") + 1]) if "--odd" in sys.argv else -1
+        self.stop = (int(sys.argv[sys.argv.index("--stop-early") + 1])
+                     if "--stop-early" in sys.argv else -1)
 
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         maps = self.backbone(x)[0]  # (KEYPOINTS, 8, 8)
@@ -51,6 +60,8 @@ class ReadValues(nn.Module):
         points = []
         scores = torch.zeros(len(boxes), KEYPOINTS)
         for i in range(len(boxes)):
+            if i == 1 and self.frame == self.stop:
+                break
             w = int(widths[i].item())
             h = int(heights[i].item())
             m = F.interpolate(maps[None], size=(h, w), mode="bilinear", align_corners=False)[0]
@@ -68,7 +79,8 @@ def make_input(i: int) -> torch.Tensor:
     x = torch.zeros(1, 3, 16, 16)
     fewer = "--fewer" in sys.argv and i == int(sys.argv[sys.argv.index("--fewer") + 1])
     same_first = int(sys.argv[sys.argv.index("--same-first") + 1]) if "--same-first" in sys.argv else 0
-    for k in range(2 if fewer else 3):
+    boxes = 2 + i % 3 if "--varying" in sys.argv else 2 if fewer else 3
+    for k in range(boxes):
         row = 2 + 4 * k
         x0, y0 = torch.randint(0, 6, (2,), generator=g).tolist()
         j = 0 if i < same_first else i

@@ -364,7 +364,7 @@ class SeqSource(_message.Message):
     def __init__(self, kind: _Optional[_Union[SeqSource.Kind, str]] = ..., id: _Optional[int] = ..., hash: _Optional[bytes] = ..., meta: _Optional[_Union[TensorMeta, _Mapping]] = ..., any_shape: _Optional[bool] = ..., fixed: _Optional[bool] = ...) -> None: ...
 
 class SequenceDef(_message.Message):
-    __slots__ = ("id", "calls", "local_ids", "sources", "outputs", "thread", "symbols", "varies_from")
+    __slots__ = ("id", "calls", "local_ids", "sources", "outputs", "thread", "symbols", "varies_from", "loops")
     ID_FIELD_NUMBER: _ClassVar[int]
     CALLS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -373,6 +373,7 @@ class SequenceDef(_message.Message):
     THREAD_FIELD_NUMBER: _ClassVar[int]
     SYMBOLS_FIELD_NUMBER: _ClassVar[int]
     VARIES_FROM_FIELD_NUMBER: _ClassVar[int]
+    LOOPS_FIELD_NUMBER: _ClassVar[int]
     id: int
     calls: _containers.RepeatedCompositeFieldContainer[OpCall]
     local_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -381,10 +382,37 @@ class SequenceDef(_message.Message):
     thread: int
     symbols: _containers.RepeatedCompositeFieldContainer[SymbolicInt]
     varies_from: int
-    def __init__(self, id: _Optional[int] = ..., calls: _Optional[_Iterable[_Union[OpCall, _Mapping]]] = ..., local_ids: _Optional[_Iterable[int]] = ..., sources: _Optional[_Iterable[_Union[SeqSource, _Mapping]]] = ..., outputs: _Optional[_Iterable[int]] = ..., thread: _Optional[int] = ..., symbols: _Optional[_Iterable[_Union[SymbolicInt, _Mapping]]] = ..., varies_from: _Optional[int] = ...) -> None: ...
+    loops: _containers.RepeatedCompositeFieldContainer[SeqLoop]
+    def __init__(self, id: _Optional[int] = ..., calls: _Optional[_Iterable[_Union[OpCall, _Mapping]]] = ..., local_ids: _Optional[_Iterable[int]] = ..., sources: _Optional[_Iterable[_Union[SeqSource, _Mapping]]] = ..., outputs: _Optional[_Iterable[int]] = ..., thread: _Optional[int] = ..., symbols: _Optional[_Iterable[_Union[SymbolicInt, _Mapping]]] = ..., varies_from: _Optional[int] = ..., loops: _Optional[_Iterable[_Union[SeqLoop, _Mapping]]] = ...) -> None: ...
+
+class SeqLoop(_message.Message):
+    __slots__ = ("start", "body", "tensor", "dim", "gathers")
+    START_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    GATHERS_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    body: int
+    tensor: int
+    dim: int
+    gathers: _containers.RepeatedCompositeFieldContainer[Gather]
+    def __init__(self, start: _Optional[int] = ..., body: _Optional[int] = ..., tensor: _Optional[int] = ..., dim: _Optional[int] = ..., gathers: _Optional[_Iterable[_Union[Gather, _Mapping]]] = ...) -> None: ...
+
+class Gather(_message.Message):
+    __slots__ = ("call", "arg", "kwarg", "items")
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    ARG_FIELD_NUMBER: _ClassVar[int]
+    KWARG_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    call: int
+    arg: int
+    kwarg: str
+    items: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, call: _Optional[int] = ..., arg: _Optional[int] = ..., kwarg: _Optional[str] = ..., items: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SymbolicInt(_message.Message):
-    __slots__ = ("call", "arg", "kwarg", "items", "tensor", "dim", "span", "value")
+    __slots__ = ("call", "arg", "kwarg", "items", "tensor", "dim", "span", "value", "index")
     CALL_FIELD_NUMBER: _ClassVar[int]
     ARG_FIELD_NUMBER: _ClassVar[int]
     KWARG_FIELD_NUMBER: _ClassVar[int]
@@ -393,6 +421,7 @@ class SymbolicInt(_message.Message):
     DIM_FIELD_NUMBER: _ClassVar[int]
     SPAN_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     call: int
     arg: int
     kwarg: str
@@ -401,7 +430,8 @@ class SymbolicInt(_message.Message):
     dim: int
     span: int
     value: bool
-    def __init__(self, call: _Optional[int] = ..., arg: _Optional[int] = ..., kwarg: _Optional[str] = ..., items: _Optional[_Iterable[int]] = ..., tensor: _Optional[int] = ..., dim: _Optional[int] = ..., span: _Optional[int] = ..., value: _Optional[bool] = ...) -> None: ...
+    index: bool
+    def __init__(self, call: _Optional[int] = ..., arg: _Optional[int] = ..., kwarg: _Optional[str] = ..., items: _Optional[_Iterable[int]] = ..., tensor: _Optional[int] = ..., dim: _Optional[int] = ..., span: _Optional[int] = ..., value: _Optional[bool] = ..., index: _Optional[bool] = ...) -> None: ...
 
 class ReplayAnswer(_message.Message):
     __slots__ = ("base_id", "position", "result")

@@ -1,0 +1,271 @@
+"""Loops in a sequence definition: recorded once, unrolled for each inference's count.
+
+A detector's post-processing runs a Python loop over its detections (``for i in
+range(len(boxes))``): the same calls once per box, as many times as the data decides. A
+definition keeps such a loop as one recorded iteration (``SeqLoop``), and both replay ends
+unroll it when they reach it, from the count their own tensors give: the shim from the sizes
+the host answered, the host from its tensor. Until then each runs the definition's *head*, the
+calls before its first loop (``head``); at the loop, each swaps in ``unroll(d, count)``, whose
+first calls are exactly the head's, so the values made so far keep their local indices.
+
+Unrolled, iteration ``i`` of the loop is its recorded calls with:
+
+- the local ids its calls make renamed (iteration 0 keeps the recorded ones; ``_renamed``);
+- its reads of its own values renamed alike; reads of values made before the loop unchanged;
+- integer arguments that are the loop index (``SymbolicInt.index``) set to ``i``;
+- its other symbolic integers kept, naming the iteration's own tensors.
+
+The calls after the loop move by ``(count - 1) * body``; a list argument that gathers one
+tensor per iteration (``SeqLoop.gathers``: ``torch.stack(points)``) gets ``count`` items.
+
+What a loop and the calls after it may read is restricted to what does not depend on how many
+calls came before (``check``): values of the inference, and inputs whose bytes the definition
+carries (``SeqSource.fixed``). So every per-slot state that the two ends keep across inferences
+(inputs last sent, weights bound) belongs to the head, whose slots no unrolling renumbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rrto.v1 import ops_pb2
+from rrtod.wire import SPAN, int_arg, iter_tensor_refs
+
+SRC = ops_pb2.SeqSource
+# Renamed local ids of iterations 1.. (never a store id a client assigns: those stay below
+# 1 << 62, ``rrtod.wire``): the top bit, the loop's first call, the iteration, the id's rank.
+_RENAMED = 1 << 63
+MAX_COUNT = (1 << 20) - 1
+# Calls an unrolled definition may have: a count comes from the data, and each replay end
+# builds the unrolled calls (a few hundred bytes each) before it runs them.
+MAX_CALLS = 1 << 16
+
+
+def _renamed(start: int, i: int, j: int) -> int:
+    return _RENAMED | (start << 40) | (i << 20) | j
+
+
+def _made(calls: list[ops_pb2.OpCall]) -> list[int]:
+    """Ids the calls make, in order of first appearance: outputs and bound uploads."""
+    out: dict[int, None] = {}
+    for call in calls:
+        for ref in iter_tensor_refs(call):
+            if ref.WhichOneof("ref") == "upload" and ref.bind_id:
+                out.setdefault(ref.bind_id, None)
+        for rid in call.out_ids:
+            out.setdefault(rid, None)
+    return list(out)
+
+
+def _slots(calls: list[ops_pb2.OpCall]) -> int:
+    return sum(1 for call in calls for _ in iter_tensor_refs(call))
+
+
+def check(d: ops_pb2.SequenceDef) -> None:
+    """ValueError unless ``d``'s loops can be unrolled: in order, inside the definition, each
+    counted by a tensor made before it, reading (with everything after them) only values of the
+    inference and fixed inputs, symbols of a loop naming tensors of the head or of its own
+    iteration, gathers after their loop."""
+    local = set(d.local_ids)
+    end = 0
+    for n, loop in enumerate(d.loops):
+        if loop.body == 0 or loop.start < end or loop.start + loop.body > len(d.calls):
+            raise ValueError(f"sequence {d.id}: loop {n} is not within the calls after the "
+                             "previous one")
+        end = loop.start + loop.body
+        if loop.tensor not in local or loop.tensor not in _made(list(d.calls[: loop.start])):
+            raise ValueError(f"sequence {d.id}: loop {n} is counted by a tensor not made "
+                             "before it")
+        for g in loop.gathers:
+            if g.call < end or g.call >= len(d.calls):
+                raise ValueError(f"sequence {d.id}: loop {n} gathers into no call after it")
+    if not d.loops:
+        return
+    first = _slots(list(d.calls[: d.loops[0].start]))
+    for slot in range(first, len(d.sources)):
+        src = d.sources[slot]
+        if not (src.kind == SRC.PRODUCED or (src.kind == SRC.INPUT and src.fixed)):
+            raise ValueError(f"sequence {d.id}: slot {slot}, in or after a loop, is not a "
+                             "value of the inference nor a fixed input")
+    for sym in d.symbols:
+        if sym.index and not any(lp.start <= sym.call < lp.start + lp.body for lp in d.loops):
+            raise ValueError(f"sequence {d.id}: call {sym.call} uses a loop index outside "
+                             "any loop")
+
+
+def head(d: ops_pb2.SequenceDef) -> ops_pb2.SequenceDef:
+    """The calls before ``d``'s first loop, as a definition of their own: what each end runs
+    until it reaches the loop. No outputs: a value made there may still be written by the loop
+    (a buffer filled row by row), so nothing is pushed before the whole is unrolled."""
+    if not d.loops:
+        return d
+    s = d.loops[0].start
+    calls = list(d.calls[:s])
+    made = set(_made(calls))
+    out = ops_pb2.SequenceDef(id=d.id, thread=d.thread, calls=calls,
+                              local_ids=[r for r in d.local_ids if r in made],
+                              sources=list(d.sources[: _slots(calls)]),
+                              symbols=[sym for sym in d.symbols if sym.call < s])
+    if d.HasField("varies_from"):
+        out.varies_from = min(d.varies_from, s)
+    return out
+
+
+def counted_by(d: ops_pb2.SequenceDef) -> tuple[int, int] | None:
+    """(local index in ``head(d)``, dimension) of the size that counts ``d``'s first loop."""
+    if not d.loops:
+        return None
+    loop = d.loops[0]
+    return list(head(d).local_ids).index(loop.tensor), loop.dim
+
+
+def unroll(d: ops_pb2.SequenceDef, count: int) -> ops_pb2.SequenceDef:
+    """``d`` with its first loop run ``count`` times (its other loops moved along, still to be
+    unrolled). ValueError if ``d`` fails ``check`` or the result would name more local ids than
+    an inference's range holds."""
+    check(d)
+    if not d.loops:
+        return d
+    if not 0 <= count <= MAX_COUNT:
+        raise ValueError(f"sequence {d.id}: a loop count of {count}")
+    loop, later = d.loops[0], list(d.loops[1:])
+    s, b = loop.start, loop.body
+    prefix, body, suffix = list(d.calls[:s]), list(d.calls[s: s + b]), list(d.calls[s + b:])
+    before = set(_made(prefix))
+    own = [r for r in _made(body) if r not in before]  # what an iteration makes
+    rank = {r: j for j, r in enumerate(own)}
+    if len(d.calls) + (count - 1) * b > MAX_CALLS:
+        raise ValueError(f"sequence {d.id}: {count} iterations of {b} calls are more than "
+                         f"{MAX_CALLS} calls")
+    if len(d.local_ids) + count * len(own) > SPAN:
+        raise ValueError(f"sequence {d.id}: {count} iterations name more local ids than an "
+                         f"inference holds ({SPAN})")
+
+    def name(rid: int, i: int) -> int:
+        j = rank.get(rid)
+        return rid if j is None or i == 0 else _renamed(s, i, j)
+
+    symbols: dict[int, list[ops_pb2.SymbolicInt]] = {}
+    for sym in d.symbols:
+        symbols.setdefault(sym.call, []).append(sym)
+    n_pre, n_body = _slots(prefix), _slots(body)
+    out = ops_pb2.SequenceDef(id=d.id, thread=d.thread, calls=prefix,
+                              sources=list(d.sources[:n_pre]),
+                              symbols=[sym for sym in d.symbols if sym.call < s])
+    for i in range(count):
+        slot = n_pre
+        for q, template in enumerate(body):
+            call = out.calls.add()
+            call.CopyFrom(template)
+            call.out_ids[:] = [name(r, i) for r in template.out_ids]
+            for ref in iter_tensor_refs(call):
+                src = out.sources.add()
+                src.CopyFrom(d.sources[slot])
+                slot += 1
+                if src.kind == SRC.PRODUCED:
+                    src.id = name(src.id, i)
+                if ref.WhichOneof("ref") == "id":
+                    ref.id = name(ref.id, i)
+                elif ref.WhichOneof("ref") == "upload" and ref.bind_id:
+                    ref.bind_id = name(ref.bind_id, i)
+            for sym in symbols.get(s + q, ()):
+                if sym.index:
+                    int_arg(call, sym).i = i
+                else:
+                    new = out.symbols.add()
+                    new.CopyFrom(sym)
+                    new.call, new.tensor = len(out.calls) - 1, name(sym.tensor, i)
+    shift = (count - 1) * b
+    gathers: dict[int, set[tuple[object, ...]]] = {}
+    for g in loop.gathers:
+        gathers.setdefault(g.call, set()).add((g.kwarg or g.arg, *g.items, 0))
+    slot = n_pre + n_body
+    for k, template in enumerate(suffix, start=s + b):
+        call = out.calls.add()
+        call.CopyFrom(template)
+        wanted = gathers.get(k, set())
+        for path, _ref in _refs_by_path(template):
+            src = d.sources[slot]
+            slot += 1
+            if path in wanted:
+                if src.kind != SRC.PRODUCED or src.id not in rank:
+                    raise ValueError(f"sequence {d.id}: call {k} gathers no value of the loop")
+                for i in range(count):
+                    out.sources.add(kind=SRC.PRODUCED, id=name(src.id, i))
+                _expand(_value_at(call, path[:-1]), count, name)
+            elif src.kind == SRC.PRODUCED and src.id in rank:
+                raise ValueError(f"sequence {d.id}: call {k} after the loop reads a value of "
+                                 "one iteration")
+            else:
+                out.sources.add().CopyFrom(src)
+        for sym in symbols.get(k, ()):
+            if sym.tensor in rank:
+                raise ValueError(f"sequence {d.id}: call {k} after the loop uses a size of a "
+                                 "value of one iteration")
+            new = out.symbols.add()
+            new.CopyFrom(sym)
+            new.call = k + shift
+    made = set(_made(list(out.calls)))
+    local = set(d.local_ids)
+    out.local_ids.extend(r for r in d.local_ids if r in before)
+    out.local_ids.extend(name(r, i) for i in range(count) for r in own if r in local)
+    out.local_ids.extend(r for r in d.local_ids if r not in before and r not in rank and r in made)
+    out.outputs.extend(r for r in d.outputs if r in before or (r not in rank and r in made))
+    out.outputs.extend(name(r, i) for i in range(count) for r in d.outputs if r in rank)
+    if d.HasField("varies_from"):
+        v = d.varies_from
+        out.varies_from = v if v < s else s + (v - s if count else 0) if v < s + b else v + shift
+    for lp in later:
+        moved = out.loops.add()
+        moved.CopyFrom(lp)
+        moved.start = lp.start + shift
+        for g in moved.gathers:
+            g.call += shift
+        if lp.tensor in rank:
+            raise ValueError(f"sequence {d.id}: a later loop is counted by a value of one "
+                             "iteration")
+    return out
+
+
+def _refs_by_path(call: ops_pb2.OpCall) -> list[tuple[tuple[object, ...], ops_pb2.TensorRef]]:
+    """``iter_tensor_refs(call)`` with each ref's path: (argument position or keyword name,
+    list indices...)."""
+    out: list[tuple[tuple[object, ...], ops_pb2.TensorRef]] = []
+
+    def walk(v: ops_pb2.Value, path: tuple[object, ...]) -> None:
+        kind = v.WhichOneof("kind")
+        if kind == "tensor":
+            out.append((path, v.tensor))
+        elif kind in ("list", "tuple"):
+            for j, item in enumerate(getattr(v, kind).items):
+                walk(item, (*path, j))
+
+    for a, v in enumerate(call.args):
+        walk(v, (a,))
+    for key in sorted(call.kwargs):
+        walk(call.kwargs[key], (key,))
+    return out
+
+
+def _value_at(call: ops_pb2.OpCall, path: tuple[object, ...]) -> ops_pb2.Value:
+    top, *items = path
+    v = call.kwargs[top] if isinstance(top, str) else call.args[top]  # type: ignore[index]
+    for j in items:
+        v = getattr(v, v.WhichOneof("kind")).items[j]  # type: ignore[arg-type]
+    return v
+
+
+def _expand(v: ops_pb2.Value, count: int, name: Callable[[int, int], int]) -> None:
+    """A gathered list (recorded with iteration 0's tensor as its one item) with ``count``
+    items, item ``i`` naming iteration ``i``'s tensor."""
+    kind = v.WhichOneof("kind")
+    items = getattr(v, kind).items if kind in ("list", "tuple") else ()
+    if len(items) != 1 or items[0].WhichOneof("kind") != "tensor":
+        raise ValueError("a gathered argument is not a list of one tensor")
+    template = ops_pb2.Value()
+    template.CopyFrom(items[0])
+    del items[:]
+    for i in range(count):
+        item = items.add()
+        item.CopyFrom(template)
+        item.tensor.id = name(template.tensor.id, i)

@@ -1,0 +1,124 @@
+"""Unrolling a definition's loop (``rrtod.loops``): iteration ``i`` is the recorded body with its
+own ids, its index set to ``i``; a gathered list gets one item per iteration; the head is the
+unrolled definition's first calls exactly; what a loop may read is checked."""
+
+from __future__ import annotations
+
+import pytest
+
+from rrto.v1 import ops_pb2
+from rrtod.gpu.replay import compile_sequence
+from rrtod.loops import check, counted_by, head, unroll
+from rrtod.wire import iter_tensor_refs
+
+SRC = ops_pb2.SeqSource
+
+
+def tensor(i: int) -> ops_pb2.Value:
+    return ops_pb2.Value(tensor=ops_pb2.TensorRef(id=i))
+
+
+def call(op: str, outs: list[int], *args: ops_pb2.Value) -> ops_pb2.OpCall:
+    return ops_pb2.OpCall(op=op, out_ids=outs, args=list(args))
+
+
+def looped() -> ops_pb2.SequenceDef:
+    """keep = nonzero(x) -> 10;  buf = zeros -> 11;  for i in range(len(keep)):
+    row = keep.select(0, i) -> 20;  buf.add_(row) -> 11 (in place);  v = row * 2 -> 21;
+    then out = stack([v for each i]) -> 30.  Outputs: out and buf."""
+    d = ops_pb2.SequenceDef(id=5, thread=1, local_ids=[10, 11, 20, 21, 30], outputs=[30, 11])
+    x = ops_pb2.Value(tensor=ops_pb2.TensorRef(upload=ops_pb2.TensorData(
+        meta=ops_pb2.TensorMeta(dtype="float32", shape=[4]))))
+    d.calls.extend([
+        call("aten::nonzero", [10], x),
+        call("aten::zeros", [11], ops_pb2.Value(i=3)),
+        call("aten::select.int", [20], tensor(10), ops_pb2.Value(i=0), ops_pb2.Value(i=0)),
+        call("aten::add_.Tensor", [11], tensor(11), tensor(20)),
+        call("aten::mul.Scalar", [21], tensor(20), ops_pb2.Value(i=2)),
+        call("aten::stack", [30], ops_pb2.Value(list=ops_pb2.ValueList(items=[tensor(21)]))),
+    ])
+    d.sources.add(kind=SRC.INPUT)
+    for rid in (10, 11, 20, 20, 21):
+        d.sources.add(kind=SRC.PRODUCED, id=rid)
+    d.symbols.add(call=2, arg=2, index=True)
+    loop = d.loops.add(start=2, body=3, tensor=10, dim=0)
+    loop.gathers.add(call=5, arg=0)
+    d.varies_from = 0
+    return d
+
+
+def test_each_iteration_gets_its_index_and_ids_and_the_gather_one_item_each():
+    u = unroll(looped(), 3)
+    assert [c.op for c in u.calls] == ["aten::nonzero", "aten::zeros",
+                                       *["aten::select.int", "aten::add_.Tensor",
+                                         "aten::mul.Scalar"] * 3, "aten::stack"]
+    selects = [c for c in u.calls if c.op == "aten::select.int"]
+    assert [c.args[2].i for c in selects] == [0, 1, 2]
+    rows = [c.out_ids[0] for c in selects]
+    assert rows[0] == 20 and len(set(rows)) == 3
+    for c, row in zip([c for c in u.calls if c.op == "aten::mul.Scalar"], rows, strict=True):
+        assert c.args[0].tensor.id == row  # each iteration reads its own row...
+    for c in u.calls:
+        if c.op == "aten::add_.Tensor":
+            assert c.out_ids[0] == 11 and c.args[0].tensor.id == 11  # ...and writes the buffer
+    products = [c.out_ids[0] for c in u.calls if c.op == "aten::mul.Scalar"]
+    assert [v.tensor.id for v in u.calls[-1].args[0].list.items] == products
+    assert not u.loops and not u.symbols
+    # sources line up with the refs, in order, and name what each ref names
+    refs = [r for c in u.calls for r in iter_tensor_refs(c)]
+    assert len(refs) == len(u.sources)
+    assert all(s.id == r.id for s, r in zip(u.sources, refs, strict=True)
+               if s.kind == SRC.PRODUCED)
+    assert len(set(u.local_ids)) == len(u.local_ids) == 2 + 2 * 3 + 1
+    assert list(u.outputs) == [30, 11]
+    compile_sequence(u)  # consistent for the host
+
+
+def test_no_iteration_leaves_the_calls_around_the_loop():
+    u = unroll(looped(), 0)
+    assert [c.op for c in u.calls] == ["aten::nonzero", "aten::zeros", "aten::stack"]
+    assert len(u.calls[-1].args[0].list.items) == 0
+    assert len(u.sources) == 1 + 0  # the input; the empty list reads nothing
+    compile_sequence(u)
+
+
+def test_the_head_is_the_first_calls_of_every_unrolling():
+    d = looped()
+    h = head(d)
+    assert counted_by(d) == (0, 0)
+    assert not h.outputs  # nothing pushed before the loop is known
+    for n in (0, 1, 4):
+        u = unroll(d, n)
+        assert list(u.calls[: len(h.calls)]) == list(h.calls)
+        assert list(u.local_ids[: len(h.local_ids)]) == list(h.local_ids)
+        assert list(u.sources[: len(h.sources)]) == list(h.sources)
+    compile_sequence(h)
+
+
+def test_later_loops_move_along_and_varies_from_follows():
+    d = looped()
+    d.varies_from = 4  # in the body: every iteration's copy from there on varies
+    assert unroll(d, 2).varies_from == 4
+    d.varies_from = 5  # after the loop: moved by the extra iterations
+    assert unroll(d, 4).varies_from == 5 + 3 * 3
+    assert unroll(d, 0).varies_from == 2
+
+
+@pytest.mark.parametrize("breaks", ["weight in body", "suffix reads an iteration",
+                                    "count made in the loop", "index outside a loop",
+                                    "gather of a constant"])
+def test_what_unrolling_cannot_keep_equal_is_refused(breaks):
+    d = looped()
+    if breaks == "weight in body":
+        d.sources[3].kind, d.sources[3].hash = SRC.PERSISTENT, b"w"
+    elif breaks == "suffix reads an iteration":
+        del d.loops[0].gathers[:]
+    elif breaks == "count made in the loop":
+        d.loops[0].tensor = 21
+    elif breaks == "index outside a loop":
+        d.symbols.add(call=1, arg=0, index=True)
+    else:
+        d.sources[5].kind, d.sources[5].id = SRC.CONSTANT, 99
+    with pytest.raises(ValueError):
+        check(d)
+        unroll(d, 2)
