@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from rrto.v1 import ops_pb2
-from rrtod.robot.oplog import LoggedCall, resolve_reads
+from rrtod.robot.oplog import LoggedCall, copied, resolve_reads
 from rrtod.robot.shapes import VALUE, Path, SizeOf, Unexplained, _differing_ints, _read_int
 from rrtod.wire import iter_tensor_refs
 
@@ -163,7 +163,7 @@ def _gathered(e: LoggedCall, inside: list[tuple[int, int, Region]],
                and (it := _iteration_of(e.reads[k][2], inside)) is not None
                and (own is None or it[0] is not own[0])]
     if not foreign:
-        return replace(e), []
+        return copied(e, e.key), []
     if e.raw is None:
         return None
     call = ops_pb2.OpCall()

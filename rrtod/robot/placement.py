@@ -54,6 +54,7 @@ import grpc
 import structlog
 
 from rrto.v1 import ops_pb2
+from rrtod import loops
 from rrtod.hookspecs import Job
 from rrtod.robot.host_link import HostLink
 from rrtod.wire import BIND_OP, HOST_ID_BASE, REPLAY_BASE, SPAN, iter_tensor_refs, release_of, released_ids
@@ -190,7 +191,7 @@ def placeable_reason(d: ops_pb2.SequenceDef, ack: ops_pb2.SequenceAck) -> str | 
     when any host holding it and its weights computes the same."""
     if ack.pinned:
         return ack.pinned
-    if d.HasField("varies_from") or d.symbols:
+    if d.HasField("varies_from") or d.symbols or d.loops:
         return "its sizes follow the data (answered calls): kept where it was verified"
     for s in d.sources:
         if s.kind == SRC.CONSTANT:
@@ -265,7 +266,9 @@ class Placement:
         for slot, s in enumerate(d.sources):
             if s.kind == SRC.PERSISTENT:
                 persistent[slot] = (s.id, bytes(s.hash))
-        local = {rid: i for i, rid in enumerate(d.local_ids)}
+        # An inference is done once its outputs are delivered; with a loop, only those the
+        # head makes have the same ids whatever the count (``rrtod.loops``).
+        local = {rid: i for i, rid in enumerate(loops.head(d).local_ids)}
         info = SeqInfo(d, placeable_reason(d, ack), persistent,
                        [local[o] for o in d.outputs if o in local])
         self.seqs[d.id] = info

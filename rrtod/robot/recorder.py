@@ -91,6 +91,10 @@ def replayed_calls(r: _Replaying, sizes: ops_pb2.ReplayedPrefix) -> list[ops_pb2
     rebuilt (an input the relay did not see, an answer or a value it missed). A loop is
     unrolled as both ends did, by the count this inference's sizes give."""
     d = r.d
+    try:
+        loops.check(d)
+    except ValueError:
+        return []
     head = len(loops.head(d).calls) if d.loops else len(d.calls)
     local = {rid: i for i, rid in enumerate(d.local_ids)}
     symbols: dict[int, list[ops_pb2.SymbolicInt]] = {}

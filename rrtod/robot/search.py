@@ -259,11 +259,12 @@ def search_log(log: list[LoggedCall], search: SequenceSearch, min_repeats: int =
     candidates, so a plugin that yields them lazily is cut short too."""
     deadline = None if budget_s is None else time.perf_counter() + budget_s
     rejected = 0
+    loose: list[LoggedCall] | None = None
     for keyed in (log, None):
         if keyed is None:  # nothing repeats exactly: try again with shapes left out
             if not _looser(log):
                 break  # the same calls are equal under both keys: nothing new to find
-            keyed = with_loose_keys(log)
+            keyed = loose = with_loose_keys(log)
         screen: Screen | None = None
         for cand in search.candidates(keyed):
             if deadline is not None and time.perf_counter() > deadline:
@@ -275,7 +276,7 @@ def search_log(log: list[LoggedCall], search: SequenceSearch, min_repeats: int =
                 return Outcome(found, rejected, False)
             rejected += 1
     # A loop whose count the data decides: folded, the inferences have the same calls again.
-    loose = with_loose_keys(log)
+    loose = loose if loose is not None else with_loose_keys(log)
     folded = fold(loose)
     if folded is not None:
         screen = None
