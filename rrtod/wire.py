@@ -64,6 +64,10 @@ HOST_ID_BASE-1           inference k gets              base + local index in its
 HOST_ID_BASE ..          the host's executor           outputs the client could not name
                                                        (data-dependent output counts)
 =======================  ============================  ========================================
+
+A definition's loop, unrolled (``rrtod.loops``), names its iterations' values with local ids
+from 2^63 up: labels inside the definition only, never store ids (a replayed value's store id is
+still its inference's base + its local index).
 """
 
 from __future__ import annotations
