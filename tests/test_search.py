@@ -244,37 +244,55 @@ def _meta(*shape: int) -> ops_pb2.TensorMeta:
     return ops_pb2.TensorMeta(dtype="float32", shape=shape, device="cpu")
 
 
-def _dynamic_inferences(log: OpLog, counts: list[int], size_of=lambda k: k) -> None:
-    """Per inference: ``mask = gt(x)``, ``idx = nonzero(mask)`` (its shape is the host's
-    answer: ``want_meta``), ``y = view(idx, [size_of(k), -1])``, then ``y`` is downloaded."""
-    seq, ids = 0, iter(range(10, 10_000))
+class _Frames:
+    """Calls and downloads into ``log`` as the relay records them, numbered and named as the
+    shim does (a ``want_meta`` call's outputs are the host's: ``answer``)."""
 
-    def call(op: str, *args: ops_pb2.Value, out_meta=None, want_meta=False) -> int:
-        nonlocal seq
-        seq += 1
-        c = ops_pb2.OpCall(seq=seq, op=op, args=list(args), want_meta=want_meta,
+    def __init__(self, log: OpLog) -> None:
+        self.log, self.seq, self.ids = log, 0, iter(range(10, 1_000_000))
+
+    def call(self, op: str, *args: ops_pb2.Value, out_meta=None, want_meta=False) -> int:
+        self.seq += 1
+        c = ops_pb2.OpCall(seq=self.seq, op=op, args=list(args), want_meta=want_meta,
                            grad_mode=ops_pb2.INFERENCE_MODE)
-        oid = next(ids)
+        oid = next(self.ids)
         if out_meta is not None:
             c.out_ids.append(oid)
             c.out_meta.append(out_meta)
-        log.record(ops_pb2.SessionUp(call=c))
+        self.log.record(ops_pb2.SessionUp(call=c))
         return oid
 
+    def answer(self, *outs: ops_pb2.TensorMeta) -> int:
+        """The host's reply to the last (``want_meta``) call: its one output's id."""
+        oid = next(self.ids) + 1_000_000
+        self.log.record_result(ops_pb2.OpResult(seq=self.seq, outs=list(outs),
+                                                value=ops_pb2.Value(tensor=ops_pb2.TensorRef(id=oid))))
+        return oid
+
+    def fetch(self, oid: int) -> None:
+        self.seq += 1
+        self.log.record(ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=self.seq, id=oid)))
+
+
+def _t(i: int) -> ops_pb2.Value:
+    return ops_pb2.Value(tensor=ops_pb2.TensorRef(id=i))
+
+
+def _upload() -> ops_pb2.Value:
+    return ops_pb2.Value(tensor=ops_pb2.TensorRef(upload=ops_pb2.TensorData(meta=_meta(8))))
+
+
+def _dynamic_inferences(log: OpLog, counts: list[int], size_of=lambda k: k) -> None:
+    """Per inference: ``mask = gt(x)``, ``idx = nonzero(mask)`` (its shape is the host's
+    answer: ``want_meta``), ``y = view(idx, [size_of(k), -1])``, then ``y`` is downloaded."""
+    f = _Frames(log)
     for k in counts:
-        x = ops_pb2.Value(tensor=ops_pb2.TensorRef(upload=ops_pb2.TensorData(meta=_meta(8))))
-        mask = call("aten::gt.Scalar", x, ops_pb2.Value(f=0.5), out_meta=_meta(8))
-        idx_id = next(ids) + 1_000_000  # the host names a want_meta call's outputs
-        call("aten::nonzero.default", ops_pb2.Value(tensor=ops_pb2.TensorRef(id=mask)),
-             want_meta=True)
-        log.record_result(ops_pb2.OpResult(seq=seq, outs=[_meta(k, 1)], value=ops_pb2.Value(
-            tensor=ops_pb2.TensorRef(id=idx_id))))
+        mask = f.call("aten::gt.Scalar", _upload(), ops_pb2.Value(f=0.5), out_meta=_meta(8))
+        f.call("aten::nonzero.default", _t(mask), want_meta=True)
+        idx = f.answer(_meta(k, 1))
         shape = ops_pb2.Value(list=ops_pb2.ValueList(items=[ops_pb2.Value(i=size_of(k)),
                                                              ops_pb2.Value(i=-1)]))
-        y = call("aten::view.default", ops_pb2.Value(tensor=ops_pb2.TensorRef(id=idx_id)),
-                 shape, out_meta=_meta(k, 1))
-        seq += 1
-        log.record(ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=seq, id=y)))
+        f.fetch(f.call("aten::view.default", _t(idx), shape, out_meta=_meta(k, 1)))
 
 
 def test_sizes_that_follow_the_data_become_symbols():
@@ -384,38 +402,18 @@ def _looped_inferences(log: OpLog, counts: list[int], last_only: bool = False) -
     """Per inference: ``keep = nonzero(x)`` (its shape the host's answer), then for each of
     its ``k`` rows ``r = keep.select(0, i)``, ``v = r * 2``, then ``stack`` of every ``v``
     (``last_only``: of the last one alone), downloaded."""
-    seq, ids = 0, iter(range(10, 100_000))
-
-    def call(op: str, *args: ops_pb2.Value, out_meta=None, want_meta=False) -> int:
-        nonlocal seq
-        seq += 1
-        c = ops_pb2.OpCall(seq=seq, op=op, args=list(args), want_meta=want_meta,
-                           grad_mode=ops_pb2.INFERENCE_MODE)
-        oid = next(ids)
-        if out_meta is not None:
-            c.out_ids.append(oid)
-            c.out_meta.append(out_meta)
-        log.record(ops_pb2.SessionUp(call=c))
-        return oid
-
-    def t(i: int) -> ops_pb2.Value:
-        return ops_pb2.Value(tensor=ops_pb2.TensorRef(id=i))
-
+    f = _Frames(log)
     for k in counts:
-        x = ops_pb2.Value(tensor=ops_pb2.TensorRef(upload=ops_pb2.TensorData(meta=_meta(8))))
-        keep = next(ids) + 1_000_000
-        call("aten::nonzero.default", x, want_meta=True)
-        log.record_result(ops_pb2.OpResult(seq=seq, outs=[_meta(k, 1)], value=t(keep)))
+        f.call("aten::nonzero.default", _upload(), want_meta=True)
+        keep = f.answer(_meta(k, 1))
         vs = []
         for i in range(k):
-            r = call("aten::select.int", t(keep), ops_pb2.Value(i=0), ops_pb2.Value(i=i),
-                     out_meta=_meta(1))
-            vs.append(call("aten::mul.Scalar", t(r), ops_pb2.Value(f=2.0), out_meta=_meta(1)))
-        items = [t(v) for v in (vs[-1:] if last_only else vs)]
-        s = call("aten::stack.default", ops_pb2.Value(list=ops_pb2.ValueList(items=items)),
-                 out_meta=_meta(len(items), 1))
-        seq += 1
-        log.record(ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=seq, id=s)))
+            r = f.call("aten::select.int", _t(keep), ops_pb2.Value(i=0), ops_pb2.Value(i=i),
+                       out_meta=_meta(1))
+            vs.append(f.call("aten::mul.Scalar", _t(r), ops_pb2.Value(f=2.0), out_meta=_meta(1)))
+        items = [_t(v) for v in (vs[-1:] if last_only else vs)]
+        f.fetch(f.call("aten::stack.default", ops_pb2.Value(list=ops_pb2.ValueList(items=items)),
+                       out_meta=_meta(len(items), 1)))
 
 
 def test_a_loop_whose_count_follows_the_data_is_folded_to_one_iteration():
