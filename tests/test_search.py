@@ -11,6 +11,7 @@ import pytest
 from rrto.v1 import ops_pb2
 from rrto_plugins.search.dds import DataDependencySearch
 from rrto_plugins.search.period import PeriodSearch, tail_periods, z_function
+from rrtod.gpu.replay import compile_sequence
 from rrtod.loops import unroll
 from rrtod.robot.oplog import OpLog
 from rrtod.robot.recorder import build_definition
@@ -441,3 +442,35 @@ def test_a_loop_whose_last_value_alone_is_read_after_it_is_not_folded():
     _looped_inferences(log, [2, 4, 3, 5], last_only=True)
     found, _ = best(log.entries(0), DataDependencySearch())
     assert found is None or not found.loops
+
+
+def test_two_loops_of_one_inference_are_each_folded_and_unrolled_in_turn():
+    """Two per-row loops with counts of their own (``keep`` and ``other`` from two
+    ``nonzero``s): each is folded and counted by its own size; unrolled one after the other,
+    the definition has the calls of that inference."""
+    log = OpLog()
+    f = _Frames(log)
+    for a, b in ((2, 3), (4, 2), (3, 5), (5, 4)):
+        stacks = []
+        for n, op in ((a, "aten::mul.Scalar"), (b, "aten::add.Scalar")):
+            f.call("aten::nonzero.default", _upload(), want_meta=True)
+            keep = f.answer(_meta(n, 1))
+            vs = [f.call(op, _t(f.call("aten::select.int", _t(keep), ops_pb2.Value(i=0),
+                                       ops_pb2.Value(i=i), out_meta=_meta(1))),
+                         ops_pb2.Value(f=2.0), out_meta=_meta(1)) for i in range(n)]
+            stacks.append(f.call("aten::stack.default", ops_pb2.Value(
+                list=ops_pb2.ValueList(items=[_t(v) for v in vs])), out_meta=_meta(n, 1)))
+        f.fetch(f.call("aten::cat.default", ops_pb2.Value(
+            list=ops_pb2.ValueList(items=[_t(s) for s in stacks])), out_meta=_meta(a + b, 1)))
+    found, _ = best(log.entries(0), DataDependencySearch())
+    assert found is not None and found.period == 9
+    assert [(lp.start, lp.body, lp.count) for lp in found.loops] == [(1, 2, (0, 0, 0)),
+                                                                     (5, 2, (4, 0, 0))]
+    d = build_definition(found.entries, found, {}, seq_id=1, thread=0)
+    u = unroll(unroll(d, 3), 1)
+    assert [c.op for c in u.calls] == [
+        "aten::nonzero.default", *["aten::select.int", "aten::mul.Scalar"] * 3,
+        "aten::stack.default", "aten::nonzero.default", "aten::select.int", "aten::add.Scalar",
+        "aten::stack.default", "aten::cat.default"]
+    assert not u.loops
+    compile_sequence(u)
