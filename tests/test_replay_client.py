@@ -225,3 +225,49 @@ def test_an_inference_start_waits_for_a_search_no_longer_than_the_robot_allows()
     assert client.dispatch(relu, (torch.ones(4),), {}, info, 0, 0) is MISS
     assert 0.04 <= time.monotonic() - t0 < 5
     assert client.counters["search_waits"] == 2 and session.sent == []
+
+
+def looped(dim: int = 0) -> ops_pb2.SequenceDef:
+    """``y = relu(x)``, then ``for i in range(y.shape[dim]): y.select(0, i)``."""
+    d = ops_pb2.SequenceDef(id=11, local_ids=[1, 2, 3], outputs=[3])
+    relu = d.calls.add(op="aten::relu.default", out_ids=[2])
+    relu.args.add().tensor.CopyFrom(ops_pb2.TensorRef(bind_id=1, upload=ops_pb2.TensorData(
+        meta=ops_pb2.TensorMeta(dtype="float32", shape=[3], stride=[1]))))
+    relu.out_meta.add(dtype="float32", shape=[3], stride=[1])
+    select = d.calls.add(op="aten::select.int", out_ids=[3])
+    select.args.add().tensor.id = 2
+    select.args.add().i = 0
+    select.args.add().i = 0
+    select.out_meta.add(dtype="float32", shape=[], stride=[])
+    d.sources.add(kind=ops_pb2.SeqSource.INPUT, any_shape=True)
+    d.sources.add(kind=ops_pb2.SeqSource.PRODUCED, id=2)
+    d.symbols.add(call=1, arg=2, index=True)
+    d.loops.add(start=1, body=1, tensor=2, dim=dim)
+    d.varies_from = 0
+    return d
+
+
+def test_a_loop_is_unrolled_for_the_count_the_app_has_now():
+    """The head's end: the count is the size of a tensor the replay made, as the app holds it
+    (4 rows); the thread goes on with the loop unrolled four times, under the same base, and
+    the inference ends after the fourth ``select``. A count it cannot know is a mismatch."""
+    session = Session()
+    client = ReplayClient(session)  # type: ignore[arg-type]
+    client.define(looped())
+    relu, select = torch.ops.aten.relu.default, torch.ops.aten.select.int
+    y = client.dispatch(relu, (torch.ones(4),), {}, OpInfo(relu), 0, 0)
+    assert tuple(y.shape) == (4,) and client.active is not None
+    act = client.active
+    assert len(act.seq.steps) == 5 and act.seq.root is not None
+    for i in range(4):
+        got = client.dispatch(select, (y, 0, i), {}, OpInfo(select), 0, 0)
+        assert got is not MISS and got._rrto_handle.id == act.base + act.seq.local[
+            act.seq.definition.calls[1 + i].out_ids[0]]
+    assert client.active is None and client.counters["mismatches"] == 0
+    assert client._bases[act.base] is act.seq  # pushes are expected by the unrolled outputs
+
+    other = ReplayClient(Session())  # type: ignore[arg-type]
+    other.define(looped(dim=1))  # a 1-D tensor has no size 1: the loop cannot be unrolled
+    other.dispatch(relu, (torch.ones(4),), {}, OpInfo(relu), 0, 0)
+    assert other.active is None and other.counters["mismatches"] == 1
+    assert other.session.sent[-1].abort.position == 1
