@@ -15,8 +15,9 @@ mismatch in the last iteration. The host has run the whole inference ahead with 
 pushed the buffer; that push is stale (the row written after the mismatch differs) and must
 never be what the app reads.
 
-``--varying``: frame ``i`` has ``2 + i % 3`` boxes, so the loop runs another number of times
-from one frame to the next: replayed by unrolling its one recorded iteration (``SeqLoop``).
+``--varying``: frame ``i`` has ``1 + (i + 1) % 4`` boxes (2, 3, 4, 1, 2, ...), so the loop runs
+another number of times from one frame to the next, once in every fourth: replayed by unrolling
+its one recorded iteration (``SeqLoop``).
 
 ``--stop-early K``: in frame K the loop stops after its first box (``break``), though the box
 count says more: the host, which unrolled the loop for the count, runs iterations the app never
@@ -79,7 +80,7 @@ def make_input(i: int) -> torch.Tensor:
     x = torch.zeros(1, 3, 16, 16)
     fewer = "--fewer" in sys.argv and i == int(sys.argv[sys.argv.index("--fewer") + 1])
     same_first = int(sys.argv[sys.argv.index("--same-first") + 1]) if "--same-first" in sys.argv else 0
-    boxes = 2 + i % 3 if "--varying" in sys.argv else 2 if fewer else 3
+    boxes = 1 + (i + 1) % 4 if "--varying" in sys.argv else 2 if fewer else 3
     for k in range(boxes):
         row = 2 + 4 * k
         x0, y0 = torch.randint(0, 6, (2,), generator=g).tolist()
