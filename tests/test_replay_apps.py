@@ -397,9 +397,10 @@ def test_integers_from_values_the_app_read_replay_with_one_reply(fresh, tmp_path
 def test_a_loop_whose_count_follows_the_data_replays_unrolled(fresh, tmp_path):
     """``read_values --varying``: 2, 3, 4, 1, 2, ... boxes per frame, so the per-box loop runs
     another number of times every frame (once in every fourth) and no two consecutive
-    inferences have the same calls. The search folds the loop to one iteration (``rrtod.robot.loopfold``); the shim and
-    the host unroll it for each frame's count. Every frame from the 4th on replays whole with
-    one reply, and no sequence is recorded again; outputs equal to local on every frame."""
+    inferences have the same calls. The search folds the loop to one iteration
+    (``rrtod.robot.loopfold``); the shim and the host unroll it for each frame's count. Every
+    frame from the 4th on replays whole with one reply, and no sequence is recorded again;
+    outputs equal to local on every frame."""
     stats = same_as_local("read_values", fresh, "--varying", "--runs", "10", tmp=tmp_path)
     by = stats["by_inference"]
     replayed = [i for i, r in enumerate(by["replays"]) if r]
