@@ -150,8 +150,8 @@ def render_sequences(p: dict[str, Any]) -> str:
     seqs = p["sequences"]
     if not seqs:
         return "no sequences recorded"
-    keys = ["id", "app", "session", "operators", "inputs", "outputs", "replays", "mismatches",
-            "found_at"]
+    keys = ["id", "app", "session", "operators", "loops", "inputs", "outputs", "replays",
+            "mismatches", "found_at"]
     rows = [[*(k.upper() for k in keys), "HOSTS"]]
     pinned = []
     for s in seqs:

@@ -408,7 +408,7 @@ def test_a_loop_whose_count_follows_the_data_replays_unrolled(fresh, tmp_path):
     assert stats["mismatches"] == 0 and stats["failed"] == 0, stats
     assert all(by["round_trips"][i] <= 1 for i in replayed), stats
     (seq,) = fresh.ctl("sequences")["sequences"]
-    assert seq["replays"] == len(replayed), seq
+    assert seq["replays"] == len(replayed) and seq["loops"] == 1, seq
 
 
 def test_a_loop_the_app_leaves_early_is_a_mismatch_never_a_wrong_output(fresh, tmp_path):

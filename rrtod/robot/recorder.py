@@ -690,7 +690,8 @@ class Recorder:
             if any(k == keys for k in self._keys.values()):
                 continue  # a variant already in use (its inferences aborted for other reasons)
             summary = {"id": seq_id, "app": self.app, "session": self.session, "thread": thread,
-                       "operators": found.period, "inputs": len(found.inputs),
+                       "operators": found.period, "loops": len(found.loops),
+                       "inputs": len(found.inputs),
                        "outputs": len(found.outputs), "found_at": found.found_at,
                        "search_s": round(elapsed, 6), "log_length": len(entries),
                        "replays": 0, "mismatches": 0, "created": time.time()}

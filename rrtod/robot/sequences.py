@@ -5,7 +5,8 @@ One JSON document per sequence under ``<state_dir>/sequences/``, named
 ``<app slug>-<fingerprint>-t<thread>.json`` (the app's file name, the content hashes of the
 persistent tensors the sequence reads, the app thread it replays on), so that a restarted app
 replays from its first inference. A document is the sequence's summary (the keys
-``rrtoctl sequences`` shows: ``id``, ``app``, ``session``, ``thread``, ``operators``, ``inputs``,
+``rrtoctl sequences`` shows: ``id``, ``app``, ``session``, ``thread``, ``operators`` (a loop's
+body counted once), ``loops``, ``inputs``,
 ``outputs``, ``found_at``, ``search_s``, ``log_length``, ``replays``, ``mismatches``,
 ``created``) plus ``fingerprint`` and ``definition`` (the ``SequenceDef``, base64 of its protobuf
 bytes). The recorder saves, loads, forgets and counts through a ``SequenceStore``;
