@@ -18,10 +18,13 @@ Unrolled, iteration ``i`` of the loop is its recorded calls with:
 The calls after the loop move by ``(count - 1) * body``; a list argument that gathers one
 tensor per iteration (``SeqLoop.gathers``: ``torch.stack(points)``) gets ``count`` items.
 
-What a loop and the calls after it may read is restricted to what does not depend on how many
-calls came before (``check``): values of the inference, and inputs whose bytes the definition
-carries (``SeqSource.fixed``). So every per-slot state that the two ends keep across inferences
-(inputs last sent, weights bound) belongs to the head, whose slots no unrolling renumbers.
+What a loop and the calls after it may read is restricted (``check``) to values of the
+inference, weights (``PERSISTENT``), and inputs whose bytes the definition carries
+(``SeqSource.fixed``): never fresh inputs or constants, whose per-slot state (the data last
+sent, a constant released) the ends keep for the head only, whose slots no unrolling renumbers.
+A weight read in a loop is bound per slot of the definition as recorded: ``unroll`` says which
+recorded slot each of its slots comes from (``origins``), and both ends keep a weight's binding
+under that one, so binding it once serves every iteration and every count.
 """
 
 from __future__ import annotations
@@ -84,9 +87,10 @@ def check(d: ops_pb2.SequenceDef) -> None:
     first = _slots(list(d.calls[: d.loops[0].start]))
     for slot in range(first, len(d.sources)):
         src = d.sources[slot]
-        if not (src.kind == SRC.PRODUCED or (src.kind == SRC.INPUT and src.fixed)):
+        if not (src.kind in (SRC.PRODUCED, SRC.PERSISTENT) or (src.kind == SRC.INPUT
+                                                               and src.fixed)):
             raise ValueError(f"sequence {d.id}: slot {slot}, in or after a loop, is not a "
-                             "value of the inference nor a fixed input")
+                             "value of the inference, a weight nor a fixed input")
     for sym in d.symbols:
         if sym.index and not any(lp.start <= sym.call < lp.start + lp.body for lp in d.loops):
             raise ValueError(f"sequence {d.id}: call {sym.call} uses a loop index outside "
@@ -119,12 +123,16 @@ def counted_by(d: ops_pb2.SequenceDef) -> tuple[int, int] | None:
     return list(head(d).local_ids).index(loop.tensor), loop.dim
 
 
-def unroll(d: ops_pb2.SequenceDef, count: int) -> ops_pb2.SequenceDef:
+def unroll(d: ops_pb2.SequenceDef, count: int,
+           origins: list[int] | None = None) -> ops_pb2.SequenceDef:
     """``d`` with its first loop run ``count`` times (its other loops moved along, still to be
-    unrolled). ValueError if ``d`` fails ``check`` or the result would name more local ids than
-    an inference's range holds."""
+    unrolled). ``origins``, if given, receives per slot of the result the slot of ``d`` it comes
+    from. ValueError if ``d`` fails ``check`` or the result would name more local ids than an
+    inference's range holds."""
     check(d)
     if not d.loops:
+        if origins is not None:
+            origins[:] = range(len(d.sources))
         return d
     if not 0 <= count <= MAX_COUNT:
         raise ValueError(f"sequence {d.id}: a loop count of {count}")
@@ -152,6 +160,7 @@ def unroll(d: ops_pb2.SequenceDef, count: int) -> ops_pb2.SequenceDef:
     out = ops_pb2.SequenceDef(id=d.id, thread=d.thread, calls=prefix,
                               sources=list(d.sources[:n_pre]),
                               symbols=[sym for sym in d.symbols if sym.call < s])
+    came = list(range(n_pre))  # per slot of the result: the slot of ``d`` it comes from
     for i in range(count):
         slot = n_pre
         for q, template in enumerate(body):
@@ -161,6 +170,7 @@ def unroll(d: ops_pb2.SequenceDef, count: int) -> ops_pb2.SequenceDef:
             for ref in iter_tensor_refs(call):
                 src = out.sources.add()
                 src.CopyFrom(d.sources[slot])
+                came.append(slot)
                 slot += 1
                 if src.kind == SRC.PRODUCED:
                     src.id = name(src.id, i)
@@ -186,18 +196,20 @@ def unroll(d: ops_pb2.SequenceDef, count: int) -> ops_pb2.SequenceDef:
         wanted = gathers.get(k, set())
         for path, _ref in _refs_by_path(template):
             src = d.sources[slot]
-            slot += 1
             if path in wanted:
                 if src.kind != SRC.PRODUCED or src.id not in rank:
                     raise ValueError(f"sequence {d.id}: call {k} gathers no value of the loop")
                 for i in range(count):
                     out.sources.add(kind=SRC.PRODUCED, id=name(src.id, i))
+                came += [slot] * count
                 _expand(_value_at(call, path[:-1]), count, name)
             elif src.kind == SRC.PRODUCED and src.id in rank:
                 raise ValueError(f"sequence {d.id}: call {k} after the loop reads a value of "
                                  "one iteration")
             else:
                 out.sources.add().CopyFrom(src)
+                came.append(slot)
+            slot += 1
         for sym in symbols.get(k, ()):
             if sym.tensor in rank:
                 raise ValueError(f"sequence {d.id}: call {k} after the loop uses a size of a "
@@ -215,6 +227,8 @@ def unroll(d: ops_pb2.SequenceDef, count: int) -> ops_pb2.SequenceDef:
     if d.HasField("varies_from"):
         v = d.varies_from
         out.varies_from = v if v < s else s + (v - s if count else 0) if v < s + b else v + shift
+    if origins is not None:
+        origins[:] = came
     for lp in later:
         moved = out.loops.add()
         moved.CopyFrom(lp)

@@ -104,13 +104,13 @@ def test_later_loops_move_along_and_varies_from_follows():
     assert unroll(d, 0).varies_from == 2
 
 
-@pytest.mark.parametrize("breaks", ["weight in body", "suffix reads an iteration",
+@pytest.mark.parametrize("breaks", ["fresh input in body", "suffix reads an iteration",
                                     "count made in the loop", "index outside a loop",
                                     "gather of a constant"])
 def test_what_unrolling_cannot_keep_equal_is_refused(breaks):
     d = looped()
-    if breaks == "weight in body":
-        d.sources[3].kind, d.sources[3].hash = SRC.PERSISTENT, b"w"
+    if breaks == "fresh input in body":
+        d.sources[3].kind = SRC.INPUT
     elif breaks == "suffix reads an iteration":
         del d.loops[0].gathers[:]
     elif breaks == "count made in the loop":
@@ -122,3 +122,17 @@ def test_what_unrolling_cannot_keep_equal_is_refused(breaks):
     with pytest.raises(ValueError):
         check(d)
         unroll(d, 2)
+
+
+def test_each_slot_says_which_recorded_slot_it_comes_from():
+    """A weight read in the loop (slot 3 made ``PERSISTENT``) is the same recorded slot in
+    every iteration: both ends bind it once under that slot (``origins``)."""
+    d = looped()
+    d.sources[3].kind, d.sources[3].hash = SRC.PERSISTENT, b"w" * 16
+    origins: list[int] = []
+    u = unroll(d, 2, origins)
+    assert origins == [0, 1, 2, 3, 4, 1, 2, 3, 4, 5, 5]
+    assert [u.sources[s].kind for s, o in enumerate(origins) if o == 3] == [SRC.PERSISTENT] * 2
+    origins0: list[int] = []
+    unroll(d, 0, origins0)
+    assert origins0 == [0]

@@ -411,6 +411,20 @@ def test_a_loop_whose_count_follows_the_data_replays_unrolled(fresh, tmp_path):
     assert seq["replays"] == len(replayed) and seq["loops"] == 1, seq
 
 
+def test_a_loop_that_reads_a_weight_binds_it_once_for_every_iteration(fresh, tmp_path):
+    """``--varying --refine``: each iteration runs a linear layer. Its weights are slots of
+    the recorded iteration; unrolled, every iteration's copy is bound under that one slot on
+    both ends, so one binding serves every count. Replays from the 4th frame, one reply each,
+    outputs equal to local."""
+    stats = same_as_local("read_values", fresh, "--varying", "--refine", "--runs", "10",
+                          tmp=tmp_path)
+    by = stats["by_inference"]
+    replayed = [i for i, r in enumerate(by["replays"]) if r]
+    assert replayed and replayed[0] <= 3 and replayed == list(range(replayed[0], 10)), stats
+    assert stats["mismatches"] == 0 and stats["failed"] == 0, stats
+    assert all(by["round_trips"][i] <= 1 for i in replayed[1:]), stats
+
+
 def test_a_loop_the_app_leaves_early_is_a_mismatch_never_a_wrong_output(fresh, tmp_path):
     """``--stop-early 6``: frame 6's loop breaks after one box though the count says more. The
     host, running ahead of the app, unrolled it for the count; the app's next call is not the

@@ -266,6 +266,11 @@ def test_a_loop_is_unrolled_for_the_count_the_app_has_now():
     assert client.active is None and client.counters["mismatches"] == 0
     assert client._bases[act.base] is act.seq  # pushes are expected by the unrolled outputs
 
+    # A join that the head's last call completes: the loop reads ``y``, made before the join,
+    # so the host must be told where it is (else it would read an id nobody made).
+    (seq,) = client.sequences[0]
+    assert _read_after(seq, len(seq.steps), {0: 98, 1: 99}) == {1: 99}
+
     other = ReplayClient(Session())  # type: ignore[arg-type]
     other.define(looped(dim=1))  # a 1-D tensor has no size 1: the loop cannot be unrolled
     other.dispatch(relu, (torch.ones(4),), {}, OpInfo(relu), 0, 0)

@@ -213,6 +213,10 @@ class Sequence:
     counted: tuple[int, int] | None = None
     unrolled: dict[int, Sequence] = field(default_factory=dict)
     root: Sequence | None = None  # the sequence an unrolled one was made from
+    # Unrolled: per slot, the slot of the defined sequence it comes from, under which a weight
+    # is bound (``bindings``, shared with it; the host does the same); None: its own slots.
+    canon: list[int] | None = None
+    later: frozenset[int] = frozenset()  # head values the calls past the head read (joins)
 
     def same_prefix(self, other: Sequence, p: int) -> bool:
         """Whether this sequence's first ``p`` steps are exactly ``other``'s: the same calls
@@ -256,6 +260,7 @@ def compile_sequence(d: ops_pb2.SequenceDef) -> Sequence:
     loops.check(d)
     seq = _compile(loops.head(d))
     seq.folded, seq.counted = d, loops.counted_by(d)
+    seq.later = _read_later(d)
     seq.sized = seq.sized | {seq.counted[0]}  # type: ignore[index]
     return seq
 
@@ -272,8 +277,10 @@ def _unrolled(seq: Sequence, count: int) -> Sequence:
     if got is not None:
         return got
     assert seq.folded is not None
-    u = compile_sequence(loops.unroll(seq.folded, count))
+    origins: list[int] = []
+    u = compile_sequence(loops.unroll(seq.folded, count, origins))
     u.bindings, u.sent, u.recent = seq.bindings, seq.sent, seq.recent
+    u.canon = [seq.canon[o] for o in origins] if seq.canon is not None else origins
     u.root = seq.root or seq
     if len(seq.unrolled) >= MAX_UNROLLED:
         seq.unrolled.pop(next(iter(seq.unrolled)))
@@ -407,7 +414,21 @@ def _read_after(seq: Sequence, p: int, joined: dict[int, int] | None) -> dict[in
         return {}
     used = {aux for st in seq.steps[p:] for _s, kind, aux in st.checks if kind == _PRODUCED}
     used.update(i for st in seq.steps[p:] for _p, i, _d, _n in st.syms)
+    used |= seq.later
     return {i: v for i, v in joined.items() if i in used}
+
+
+def _read_later(d: ops_pb2.SequenceDef) -> frozenset[int]:
+    """Local indices of ``head(d)`` that calls from ``d``'s first loop on read, count by or
+    take a size or value of: a join before the loop must tell the host where they are."""
+    head = loops.head(d)
+    index = {rid: i for i, rid in enumerate(head.local_ids)}
+    start = d.loops[0].start
+    first = sum(1 for call in d.calls[:start] for _ in iter_tensor_refs(call))
+    ids = {src.id for src in d.sources[first:] if src.kind == _PRODUCED}
+    ids.update(sym.tensor for sym in d.symbols if sym.call >= start)
+    ids.update(lp.tensor for lp in d.loops)
+    return frozenset(index[r] for r in ids if r in index)
 
 
 def decode_answer(reply: ops_pb2.OpResult, session: Session, device: torch.device) -> Any:
@@ -964,7 +985,7 @@ class ReplayClient:
         frames: list[Any] | None = None  # messages, or wire.EncodedFrame for uploads
         bind: dict[int, Handle] | None = None  # committed only if the whole call matches
         sent: list[tuple[int, tuple[Any, ...], memoryview]] | None = None  # likewise
-        bindings = act.seq.bindings
+        bindings, canon = act.seq.bindings, act.seq.canon
         for (slot, kind, aux), t in zip(step.checks, found, strict=True):
             if isinstance(t, RemoteTensor):
                 h = t._rrto_handle
@@ -982,7 +1003,7 @@ class ReplayClient:
                 # may be used for the first time right here, and must be bound before use.
                 if h is None:
                     return None
-                bound = bindings.get(slot)
+                bound = bindings.get(canon[slot] if canon is not None else slot)
                 if bound is h:
                     continue  # its hash was checked when it was bound
                 if h.hash != aux:
@@ -1051,7 +1072,7 @@ class ReplayClient:
             for slot, h in bind.items():
                 if not h.bound:  # a weight's first use since the app (re)started
                     self.session.bind(h)
-                bindings[slot] = h
+                bindings[canon[slot] if canon is not None else slot] = h
                 binds.append(ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(
                     slot=slot, tensor=ops_pb2.TensorRef(id=h.id))))
             frames = binds + (frames or [])

@@ -91,6 +91,13 @@ class Compiled:
     folded: ops_pb2.SequenceDef | None = None
     counted: tuple[int, int] | None = None
     unrolled: dict[int, Compiled] = field(default_factory=dict)
+    # Unrolled: per slot, the slot of the defined sequence it comes from, under which a weight
+    # is bound (``sticky``, shared with it: ``rrtod.loops``); None: the slots are its own.
+    canon: list[int] | None = None
+
+    def bound(self, slot: int) -> ops_pb2.TensorRef | None:
+        """The weight or constant bound for ``slot`` (``sticky``), if any."""
+        return self.sticky.get(self.canon[slot] if self.canon is not None else slot)
 
 
 def compile_sequence(d: ops_pb2.SequenceDef,
@@ -369,6 +376,7 @@ class HostReplayer:
                 seq.latest[slot] = tensor
             act.args[slot] = tensor
         else:  # a weight or constant (re)bound: it holds for later inferences too
+            slot = seq.canon[slot] if seq.canon is not None else slot
             seq.sticky[slot] = tensor
             seq.gone.discard(slot)
         if not act.failed:  # else already reported; the rest of this inference is not run
@@ -476,7 +484,7 @@ class HostReplayer:
         stop = len(calls) if limit is None else min(limit, len(calls))
         while act.position < stop:
             k = act.position
-            if any(s not in act.args and s not in act.seq.sticky for s in act.seq.inputs[k]):
+            if any(s not in act.args and act.seq.bound(s) is None for s in act.seq.inputs[k]):
                 return  # waits for the app to produce this input
             if act.seq.gone and any(s in act.seq.gone for s in act.seq.constants_at[k]):
                 return  # reads a constant the app let go of: the app's abort follows
@@ -540,9 +548,11 @@ class HostReplayer:
             n = shape[dim]
             u = seq.unrolled.get(n)
             if u is None:
-                u = self._compile(loops.unroll(seq.folded, n))  # type: ignore[arg-type]
+                origins: list[int] = []
+                u = self._compile(loops.unroll(seq.folded, n, origins))  # type: ignore[arg-type]
                 u.prepared = [self._prepare(call) for call in u.definition.calls]
                 u.sticky, u.latest, u.gone = seq.sticky, seq.latest, seq.gone
+                u.canon = [seq.canon[o] for o in origins] if seq.canon is not None else origins
                 if len(seq.unrolled) >= MAX_UNROLLED:
                     seq.unrolled.pop(next(iter(seq.unrolled)))
                 seq.unrolled[n] = u
@@ -640,7 +650,7 @@ class HostReplayer:
                     given = _with_bind(given, base + bind)  # read again later by id
                 refs.append(given)
                 continue
-            sticky = seq.sticky.get(slot)
+            sticky = seq.bound(slot)
             if sticky is not None:
                 if sticky.WhichOneof("ref") == "id":
                     if kind == "id":

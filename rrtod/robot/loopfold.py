@@ -13,9 +13,9 @@ the calls the app makes (``rrtod.loops``), checked over every iteration in the l
 
 - the calls repeat with the same loose keys (``regions``: a run of at least two periods);
 - each iteration reads only values made before the loop (the same tensor in every iteration:
-  a buffer it fills, the boxes it walks) and its own earlier calls' values, never an earlier
-  iteration's; it uploads nothing but a constant with the same bytes every time and reads no
-  weight;
+  a buffer it fills, the boxes it walks), its own earlier calls' values (never an earlier
+  iteration's) and the same weights; it uploads nothing but a constant with the same bytes
+  every time;
 - an integer argument that changes within a loop is the iteration's index (``boxes[i]``) or a
   size or read value of one of the iteration's own tensors (``int(w.item())``), the same one
   in every iteration;
@@ -248,8 +248,10 @@ def _body(log: list[LoggedCall], group: list[Region]) -> Body | None:
             for r, s, _j in starts:
                 e = log[s + q]
                 ref_kind, value = e.refs[k]
-                if ref_kind == "persistent":
-                    return None  # a weight in the loop: its slot would move when unrolled
+                if ref_kind == "persistent":  # a weight: the same one in every iteration
+                    if seen.setdefault("weight", value) != value:
+                        return None
+                    continue
                 if ref_kind == "upload":
                     if not _same_bytes(log, starts, q, k):
                         return None  # fresh data every iteration: an input per box
@@ -257,7 +259,7 @@ def _body(log: list[LoggedCall], group: list[Region]) -> Body | None:
                 pos, out, born = e.reads[k]
                 if s <= pos < s + q:
                     what: Any = ("own", pos - s, out)
-                elif 0 <= born < r.start:
+                elif born < r.start:  # (-1: older than the log, as a weight bound long ago)
                     what = ("before", value)  # the same tensor in every iteration of a loop
                 else:
                     return None  # another iteration's value, or one not in the log

@@ -23,6 +23,9 @@ its one recorded iteration (``SeqLoop``).
 count says more: the host, which unrolled the loop for the count, runs iterations the app never
 makes, and the app's ``stack`` of one item is a mismatch where the second iteration was due.
 
+``--refine``: each box's scores also go through a small linear layer (a weight read in every
+iteration, as a per-box head on crops reads its own), bound once for every iteration.
+
 ``--same-first N``: the first N frames have boxes of the same sizes (at other places, with
 other pixels), so the widths and heights the app reads are equal in the inferences the sequence
 is found from, and it takes them for constants. A later frame's other size is a mismatch; the
@@ -49,6 +52,7 @@ class ReadValues(nn.Module):
         self.odd = int(sys.argv[sys.argv.index("--odd") + 1]) if "--odd" in sys.argv else -1
         self.stop = (int(sys.argv[sys.argv.index("--stop-early") + 1])
                      if "--stop-early" in sys.argv else -1)
+        self.refine = nn.Linear(KEYPOINTS, KEYPOINTS) if "--refine" in sys.argv else None
 
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         maps = self.backbone(x)[0]  # (KEYPOINTS, 8, 8)
@@ -69,7 +73,8 @@ class ReadValues(nn.Module):
             pos = m.reshape(KEYPOINTS, -1).argmax(dim=1)
             odd = self.frame == self.odd and i == len(boxes) - 1
             x = pos % (w + 1 if odd else w)
-            scores[i, :] = x.float() + m.amax(dim=(1, 2))
+            row = x.float() if self.refine is None else self.refine(x.float())
+            scores[i, :] = row + m.amax(dim=(1, 2))
             points.append(torch.stack([x, torch.div(pos, w, rounding_mode="floor")], 1)
                           .float() + boxes[i, :2])
         return {"boxes": boxes, "points": torch.stack(points), "scores": scores}
