@@ -218,6 +218,11 @@ class Sequence:
     canon: list[int] | None = None
     later: frozenset[int] = frozenset()  # head values the calls past the head read (joins)
 
+    @property
+    def host_failed(self) -> bool:
+        """The host could not replay it (``failed``, kept on the sequence it was unrolled from)."""
+        return (self.root or self).failed
+
     def same_prefix(self, other: Sequence, p: int) -> bool:
         """Whether this sequence's first ``p`` steps are exactly ``other``'s: the same calls
         from the same sources, making the same local values (so an inference that ran them
@@ -271,8 +276,9 @@ MAX_UNROLLED = 64
 
 def _unrolled(seq: Sequence, count: int) -> Sequence:
     """``seq`` (a head) with its loop run ``count`` times, compiled once per count; it shares
-    ``seq``'s per-slot state (the head's slots are its first ones, and no later slot keeps
-    state: ``rrtod.loops``). ValueError if it cannot be unrolled."""
+    ``seq``'s per-slot state (the head's slots are its first ones; a weight past the head is
+    bound under the recorded slot it comes from: ``canon``). ValueError if it cannot be
+    unrolled."""
     got = seq.unrolled.get(count)
     if got is not None:
         return got
@@ -286,14 +292,6 @@ def _unrolled(seq: Sequence, count: int) -> Sequence:
         seq.unrolled.pop(next(iter(seq.unrolled)))
     seq.unrolled[count] = u
     return u
-
-
-def _family(seq: Sequence) -> list[Sequence]:
-    """``seq`` and every sequence unrolled from it."""
-    out = [seq]
-    for u in list(seq.unrolled.values()):
-        out += _family(u)
-    return out
 
 
 def _compile(d: ops_pb2.SequenceDef) -> Sequence:
@@ -598,8 +596,7 @@ class ReplayClient:
         stop using it and wake every download waiting for a push, which then fetches the usual
         way and gets the host's error instead of waiting forever."""
         for seq in self._remove(seq_id):
-            for s in _family(seq):
-                s.failed = True
+            seq.failed = True
         with self._lock:
             self._give_up.append(seq_id)  # told to the robot by an app thread (never block here)
             waiting = list(self._waiting.values())
@@ -635,7 +632,7 @@ class ReplayClient:
         if self._give_up:
             self._tell_given_up()
         act = getattr(self._tls, "active", None)
-        if act is not None and act.seq.failed:
+        if act is not None and act.seq.host_failed:
             self._tls.active = act = None  # failed on the host: forward from here on
         elif act is not None and self._broken and act.base in self._broken \
                 and self._check_broken(act):
@@ -930,7 +927,7 @@ class ReplayClient:
             self.counters["answer_waits"] += 1
             self.session.release_now(RELEASE_EARLY_AT)
             while not event.wait(self.session.wait_slice(0.5)):
-                if (self.session.lost is not None or act.seq.failed or act.base in self._broken
+                if (self.session.lost is not None or act.seq.host_failed or act.base in self._broken
                         or self.session.past_deadline()):
                     break
             with self._lock:
@@ -1210,7 +1207,7 @@ class ReplayClient:
         any mismatch of its inference, and before any call the host failed in it."""
         base = REPLAY_BASE + ((oid - REPLAY_BASE) // SPAN) * SPAN
         seq = self._bases.get(base)
-        if seq is None or seq.failed:
+        if seq is None or seq.host_failed:
             return False
         cut = self._aborted.get(base)
         if base in self._broken:
