@@ -52,7 +52,7 @@ def run_local(name: str, *flags: str) -> str:
 
 
 def host_session(daemon: Any, pid: int) -> dict[str, Any]:
-    status = daemon.ctl("status")
+    status = daemon.status()
     for s in status["gpu"]["sessions"]:
         if s["pid"] == pid:
             return s

@@ -133,10 +133,10 @@ def test_a_stalled_host_costs_an_inference_no_more_than_its_deadline():
         gpu.proc.send_signal(signal.SIGCONT)
         robot.wait_for(lambda s: s["hosts"][0]["state"] == "up", timeout=30, what="host up")
         deadline = time.monotonic() + 60  # offloading again: a session with new inferences
-        before = robot.ctl("status")["sessions"]
+        before = robot.status()["sessions"]
         seen = {x["id"]: x["inferences"] for x in before}
         while time.monotonic() < deadline:
-            now = robot.ctl("status")["sessions"]
+            now = robot.status()["sessions"]
             if any(x["inferences"] >= seen.get(x["id"], 0) + 5 for x in now):
                 break
             time.sleep(0.2)

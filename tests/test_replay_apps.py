@@ -58,7 +58,7 @@ def daemon():
 @pytest.fixture
 def fresh(daemon):
     """Each test starts with no saved sequence."""
-    daemon.ctl("flush", "--all")
+    daemon.ask("flush", all="1")
     yield daemon
 
 
@@ -70,7 +70,7 @@ def test_replayed_model_equals_local(fresh, name, tmp_path):
     # definition is there already.
     assert stats["by_inference"]["replays"] == [0, 0] + [1] * (RUNS - 2), stats
     assert stats["mismatches"] == 0 and stats["failed"] == 0, stats
-    (seq,) = fresh.ctl("sequences")["sequences"]
+    (seq,) = fresh.ask("sequences")["sequences"]
     assert seq["app"] == f"{name}.py" and seq["operators"] > 0
 
 
@@ -154,7 +154,7 @@ def test_model_switch_records_again_and_finds_the_new_sequence(fresh, tmp_path):
     finished(fresh)
     # Calls of the second model kept being forwarded: the robot recorded again and found its
     # sequence. Both were replayed, and both are kept (the app may switch back).
-    found = fresh.ctl("sequences")["sequences"]
+    found = fresh.ask("sequences")["sequences"]
     assert sorted(s["replays"] > 0 for s in found) == [True, True], found
     assert len({s["operators"] for s in found}) == 2, found
 
@@ -183,7 +183,7 @@ def test_two_processes_replay_in_isolation(fresh, tmp_path):
         assert out == local.stdout
         stats = json.loads(err.splitlines()[-1].removeprefix("rrto-stats "))
         assert stats["replays"] >= 10 - 3, stats
-    apps = sorted(s["app"] for s in fresh.ctl("sequences")["sequences"])
+    apps = sorted(s["app"] for s in fresh.ask("sequences")["sequences"])
     assert apps == sorted(f"{n}.py" for n in names)
 
 
@@ -230,7 +230,7 @@ def test_two_robots_share_one_gpu_host_in_isolation(tmp_path):
             stats = json.loads(err.splitlines()[-1].removeprefix("rrto-stats "))
             assert stats["replays"] >= 8 - 3, stats
         for r in robots:
-            (seq,) = r.ctl("sequences")["sequences"]
+            (seq,) = r.ask("sequences")["sequences"]
             assert seq["app"] == "small_cnn.py"
 
 
@@ -366,7 +366,7 @@ def test_frames_with_and_without_detections_replay_as_two_variants(fresh, tmp_pa
     stats = same_as_local("variants", fresh, tmp=tmp_path)
     by = stats["by_inference"]
     finished(fresh)
-    found = fresh.ctl("sequences")["sequences"]
+    found = fresh.ask("sequences")["sequences"]
     assert len(found) == 2 and all(s["replays"] > 0 for s in found), found
     assert stats["switches"] > 0 and stats["failed"] == 0, stats
     # once both are known every frame replays whole: no mismatch, one reply
@@ -408,7 +408,7 @@ def test_an_integer_taken_for_a_constant_by_coincidence_becomes_a_symbol(fresh, 
     assert by["replays"][-5:] == [1] * 5 and by["mismatches"][-5:] == [0] * 5, stats
     assert by["round_trips"][-5:] == [1] * 5, stats
     assert any(s.get("variant") and s["replays"] >= 5 and s["mismatches"] == 0
-               for s in fresh.ctl("sequences")["sequences"]), fresh.ctl("sequences")
+               for s in fresh.ask("sequences")["sequences"]), fresh.ask("sequences")
 
 
 def test_a_call_that_fails_on_the_host_ahead_of_the_app_is_never_the_apps_error(fresh,
