@@ -7,9 +7,14 @@ Stdlib only at import: ``bench.replay`` imports this inside app processes, befor
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 from testkit.daemons import ECHO_PLUGIN
@@ -39,6 +44,44 @@ def app_env(**extra: str) -> dict[str, str]:
     env.pop("PYTHONPATH", None)
     env.update(extra)
     return env
+
+
+# Local runs already made in this process (a test session): (app, flags, whether dumped, the
+# whole environment) -> stdout and the dump file kept for copies.
+_LOCAL: dict[tuple, tuple[str, Path | None]] = {}
+_LOCAL_DIR: list[Path] = []
+
+
+def run_local(name: str, *flags: str, dump: Path | None = None,
+              extra_env: dict[str, str] | None = None, timeout: float = 180) -> str:
+    """What app ``name`` prints run locally (no offloading) with ``flags`` in ``app_env(**
+    extra_env)``; ``dump``: its ``--dump`` file is written there too.
+
+    The apps are deterministic (``appkit``: a seeded model, inputs made per inference from
+    their own seeded generator; ``--dump`` only writes the values to a file), so a run with
+    the same app, flags and environment as an earlier one in this test session is not run
+    again: its stdout is returned and its dump file copied. The key is the exact flags and the
+    whole environment the process would get, so nothing that could change an output is
+    shared."""
+    env = app_env(**(extra_env or {}))
+    key = (name, flags, dump is not None, tuple(sorted(env.items())))
+    hit = _LOCAL.get(key)
+    if hit is None:
+        cmd = [sys.executable, str(APPS / f"{name}.py"), *flags]
+        kept = None
+        if dump is not None:
+            if not _LOCAL_DIR:
+                _LOCAL_DIR.append(Path(tempfile.mkdtemp(prefix="rrto-local-")))
+                atexit.register(shutil.rmtree, _LOCAL_DIR[0], True)
+            kept = _LOCAL_DIR[0] / f"{len(_LOCAL)}-{name}.json"
+            cmd += ["--dump", str(kept)]
+        out = subprocess.run(cmd, env=env, cwd=APPS, capture_output=True, text=True,
+                             timeout=timeout)
+        assert out.returncode == 0, f"{name} {' '.join(flags)} locally: {out.stderr[-3000:]}"
+        hit = _LOCAL[key] = (out.stdout, kept)
+    if dump is not None and hit[1] is not None:
+        shutil.copyfile(hit[1], dump)
+    return hit[0]
 
 
 def shim_stats(stderr: str) -> dict | None:

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from testkit.apps import APPS
 from testkit.apps import app_env as clean_env
+from testkit.apps import run_local as local_output
 from testkit.daemons import BIN
 
 
@@ -45,10 +47,10 @@ class App:
         return self.proc.returncode, out, err
 
 
-def run_local(name: str, *flags: str) -> str:
-    out = subprocess.run([sys.executable, str(APPS / f"{name}.py"), *flags], env=app_env(None),
-                         cwd=APPS, capture_output=True, text=True, timeout=120, check=True)
-    return out.stdout
+def run_local(name: str, *flags: str, dump: Path | None = None) -> str:
+    """What the app prints locally, in this suite's environment (a run with the same flags
+    made earlier in the session is reused: ``testkit.apps.run_local``)."""
+    return local_output(name, *flags, dump=dump, extra_env={"RRTO_REPLAY": "0"}, timeout=120)
 
 
 def host_session(daemon: Any, pid: int) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from testkit.apps import APPS, DAEMON_ENV, app_env, shim_stats
+from testkit.apps import run_local as local_output
 from testkit.daemons import BIN, TEST_DEFAULTS, Launcher, free_port
 
 APP = "small_cnn"
@@ -23,10 +24,7 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def run_local(runs: int) -> str:
-    out = subprocess.run([sys.executable, str(APPS / f"{APP}.py"), "--runs", str(runs)],
-                         env=app_env(), cwd=APPS, capture_output=True, text=True, timeout=300,
-                         check=True)
-    return out.stdout
+    return local_output(APP, "--runs", str(runs), timeout=300)
 
 
 def start_app(robot: Any, **extra: str) -> subprocess.Popen[str]:

@@ -15,31 +15,41 @@ from typing import Any
 
 import pytest
 
-from testkit.apps import APPS, DAEMON_ENV, HOST, MODELS, app_env, assert_same_as_local, shim_stats
+from testkit.apps import (
+    APPS,
+    DAEMON_ENV,
+    HOST,
+    MODELS,
+    app_env,
+    assert_same_as_local,
+    run_local,
+    shim_stats,
+)
 from testkit.daemons import BIN, TEST_DEFAULTS, Launcher
 
 RUNS = 8
 
 
-def run_app(name: str, daemon: Any | None, *flags: str, tmp: Path, tag: str,
+def run_app(name: str, daemon: Any, *flags: str, tmp: Path, tag: str,
             extra_env: dict[str, str] | None = None) -> tuple[str, dict]:
-    """Run one app to completion; returns its output lines and (offloaded) its shim stats."""
+    """Run one app offloaded to completion; returns its output lines and its shim stats."""
     env = app_env(OMP_WAIT_POLICY="PASSIVE", **(extra_env or {}))
     dump = tmp / f"{name}-{tag}.json"
     cmd = [sys.executable, str(APPS / f"{name}.py"), *flags, "--dump", str(dump)]
-    if daemon is not None:
-        env.update(daemon.env, RRTO_STATS="1", RRTO_FALLBACK="error")
-        cmd = [str(BIN / "rrto-run"), "--", *cmd]
+    env.update(daemon.env, RRTO_STATS="1", RRTO_FALLBACK="error")
+    cmd = [str(BIN / "rrto-run"), "--", *cmd]
     out = subprocess.run(cmd, env=env, cwd=APPS, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
     stats = shim_stats(out.stderr) or {}
-    assert daemon is None or stats, out.stderr[-3000:]
+    assert stats, out.stderr[-3000:]
     return out.stdout, stats
 
 
 def same_as_local(name: str, daemon: Any, *flags: str, tmp: Path,
                   extra_env: dict[str, str] | None = None) -> dict:
-    want, _ = run_app(name, None, *flags, tmp=tmp, tag="local")
+    # (a local run with these flags made earlier in the session is reused: testkit.apps)
+    want = run_local(name, *flags, dump=tmp / f"{name}-local.json",
+                     extra_env={"OMP_WAIT_POLICY": "PASSIVE"})
     got, stats = run_app(name, daemon, *flags, tmp=tmp, tag="remote", extra_env=extra_env)
     assert_same_as_local(name, got, want, tmp / f"{name}-remote.json", tmp / f"{name}-local.json")
     return stats

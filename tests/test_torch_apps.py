@@ -28,7 +28,7 @@ def daemon():
 
 @pytest.mark.parametrize("name", MODELS)
 def test_model_matches_local_and_daemon_counts_ops(daemon, name, tmp_path):
-    want = run_local(name, "--dump", str(tmp_path / "local.json"))
+    want = run_local(name, dump=tmp_path / "local.json")
     app = App(name, app_env(daemon, RRTO_STATS="1"), "--hold", "--dump",
               str(tmp_path / "remote.json"))
     got = app.until_hold()
