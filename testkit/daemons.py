@@ -186,9 +186,23 @@ class Launcher:
             daemon.wait_notify("READY=1")
         return daemon
 
+    def wait_ready(self, daemons: Sequence[Daemon]) -> None:
+        """Wait for ``READY=1`` from each of ``daemons`` (started with ``wait=False``, so that
+        their start-ups, mostly imports, overlap)."""
+        for daemon in daemons:
+            daemon.wait_notify("READY=1")
+
     def close(self) -> None:
+        # All signalled first, then waited for: each drains and exits on its own, at once.
         for daemon in self.daemons:
-            daemon.stop()
+            if daemon.proc.poll() is None:
+                daemon.proc.send_signal(signal.SIGTERM)
+        for daemon in self.daemons:
+            try:
+                daemon.proc.wait(20.0)
+            except subprocess.TimeoutExpired:
+                daemon.proc.kill()
+                daemon.proc.wait()
             daemon.notify.close()
         for d in self._dirs:
             shutil.rmtree(d, ignore_errors=True)

@@ -36,8 +36,9 @@ def start_app(robot: Any, **extra: str) -> subprocess.Popen[str]:
                             stderr=subprocess.PIPE, text=True)
 
 
-def gpu_daemon(launcher: Launcher, name: str, port: int) -> Any:
-    return launcher.start(name, roles=["gpu"], listen=f"127.0.0.1:{port}", **TEST_DEFAULTS)
+def gpu_daemon(launcher: Launcher, name: str, port: int, wait: bool = True) -> Any:
+    return launcher.start(name, roles=["gpu"], listen=f"127.0.0.1:{port}", wait=wait,
+                          **TEST_DEFAULTS)
 
 
 def offloading(robot: Any, host: str, inferences: int, app: subprocess.Popen[str]) -> None:
@@ -91,7 +92,8 @@ def test_a_killed_host_that_restarts_takes_the_app_back_with_no_error():
 def test_a_killed_host_fails_the_app_over_to_another_host():
     ports = free_port(), free_port()
     with Launcher(extra_env=DAEMON_ENV) as launcher:
-        gpus = [gpu_daemon(launcher, f"gpu{k}", p) for k, p in enumerate(ports)]
+        gpus = [gpu_daemon(launcher, f"gpu{k}", p, wait=False) for k, p in enumerate(ports)]
+        launcher.wait_ready(gpus)  # started together, ready before the robot starts
         robot = launcher.start(
             "robot", roles=["robot"], balancer="first-up",
             hosts=[{"name": f"gpu{k}", "address": f"127.0.0.1:{p}"} for k, p in enumerate(ports)],

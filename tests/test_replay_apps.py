@@ -220,9 +220,10 @@ def test_two_robots_share_one_gpu_host_in_isolation(tmp_path):
     the same time: each robot finds and replays its own sequence, results equal local."""
     with Launcher(extra_env=DAEMON_ENV) as launcher:
         gpu = launcher.start("gpu", roles=["gpu"], **{**TEST_DEFAULTS, **HOST})
-        robots = [launcher.start(f"robot{i}", roles=["robot"], **TEST_DEFAULTS,
+        robots = [launcher.start(f"robot{i}", roles=["robot"], wait=False, **TEST_DEFAULTS,
                                  hosts=[{"name": "gpu", "address": gpu.listen}])
                   for i in range(2)]
+        launcher.wait_ready(robots)  # started together
         for r in robots:
             r.wait_for(lambda s: s["hosts"][0]["state"] == "up", what="GPU host up")
         env = app_env(OMP_WAIT_POLICY="PASSIVE")
