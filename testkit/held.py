@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from testkit import apps
 from testkit.apps import APPS
 from testkit.apps import app_env as clean_env
-from testkit.apps import run_local as local_output
 from testkit.daemons import BIN
 
 
@@ -47,10 +48,18 @@ class App:
         return self.proc.returncode, out, err
 
 
+def start_local(name: str, *flags: str, dump: Path | None = None) -> Callable[[], str]:
+    """The app started locally, in this suite's environment, beside what the test runs next
+    (niced; a run with the same flags made earlier in the session is reused:
+    ``testkit.apps.start_local``); call the result for what it prints."""
+    return apps.start_local(name, *flags, dump=dump, extra_env={"RRTO_REPLAY": "0"},
+                            timeout=120, background=True)
+
+
 def run_local(name: str, *flags: str, dump: Path | None = None) -> str:
     """What the app prints locally, in this suite's environment (a run with the same flags
-    made earlier in the session is reused: ``testkit.apps.run_local``)."""
-    return local_output(name, *flags, dump=dump, extra_env={"RRTO_REPLAY": "0"}, timeout=120)
+    made earlier in the session is reused: ``testkit.apps.start_local``)."""
+    return apps.run_local(name, *flags, dump=dump, extra_env={"RRTO_REPLAY": "0"}, timeout=120)
 
 
 def host_session(daemon: Any, pid: int) -> dict[str, Any]:

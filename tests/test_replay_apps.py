@@ -22,8 +22,8 @@ from testkit.apps import (
     MODELS,
     app_env,
     assert_same_as_local,
-    run_local,
     shim_stats,
+    start_local,
 )
 from testkit.daemons import BIN, TEST_DEFAULTS, Launcher
 
@@ -47,10 +47,12 @@ def run_app(name: str, daemon: Any, *flags: str, tmp: Path, tag: str,
 
 def same_as_local(name: str, daemon: Any, *flags: str, tmp: Path,
                   extra_env: dict[str, str] | None = None) -> dict:
-    # (a local run with these flags made earlier in the session is reused: testkit.apps)
-    want = run_local(name, *flags, dump=tmp / f"{name}-local.json",
-                     extra_env={"OMP_WAIT_POLICY": "PASSIVE"})
+    # The local run goes on beside the offloaded one, niced (one made earlier in the session
+    # with these flags is reused): testkit.apps.start_local.
+    local = start_local(name, *flags, dump=tmp / f"{name}-local.json",
+                        extra_env={"OMP_WAIT_POLICY": "PASSIVE"}, background=True)
     got, stats = run_app(name, daemon, *flags, tmp=tmp, tag="remote", extra_env=extra_env)
+    want = local()
     assert_same_as_local(name, got, want, tmp / f"{name}-remote.json", tmp / f"{name}-local.json")
     return stats
 
