@@ -8,6 +8,7 @@ Stdlib only at import: ``bench.replay`` imports this inside app processes, befor
 from __future__ import annotations
 
 import atexit
+import itertools
 import json
 import os
 import re
@@ -53,6 +54,7 @@ def app_env(**extra: str) -> dict[str, str]:
 _LOCAL: dict[tuple, Future[tuple[str, Path | None]]] = {}
 _LOCAL_DIR: list[Path] = []
 _POOL: list[ThreadPoolExecutor] = []
+_DUMPS = itertools.count()  # names of the kept dump files
 
 
 def _run_local(cmd: list[str], env: dict[str, str], timeout: float,
@@ -88,9 +90,9 @@ def start_local(name: str, *flags: str, dump: Path | None = None,
             if not _LOCAL_DIR:
                 _LOCAL_DIR.append(Path(tempfile.mkdtemp(prefix="rrto-local-")))
                 atexit.register(shutil.rmtree, _LOCAL_DIR[0], True)
-            kept = _LOCAL_DIR[0] / f"{len(_LOCAL)}-{name}.json"
+            kept = _LOCAL_DIR[0] / f"{next(_DUMPS)}-{name}.json"
             cmd += ["--dump", str(kept)]
-        if background:
+        if background and shutil.which("nice"):
             cmd = ["nice", "-n", "19", *cmd]
         if not _POOL:
             _POOL.append(ThreadPoolExecutor(max_workers=2, thread_name_prefix="local-run"))
