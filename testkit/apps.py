@@ -7,9 +7,17 @@ Stdlib only at import: ``bench.replay`` imports this inside app processes, befor
 
 from __future__ import annotations
 
+import atexit
+import itertools
 import json
 import os
 import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from testkit.daemons import ECHO_PLUGIN
@@ -39,6 +47,74 @@ def app_env(**extra: str) -> dict[str, str]:
     env.pop("PYTHONPATH", None)
     env.update(extra)
     return env
+
+
+# Local runs started in this process (a test session): (app, flags, whether dumped, the whole
+# environment) -> their stdout and the dump file kept for copies.
+_LOCAL: dict[tuple, Future[tuple[str, Path | None]]] = {}
+_LOCAL_DIR: list[Path] = []
+_POOL: list[ThreadPoolExecutor] = []
+_DUMPS = itertools.count()  # names of the kept dump files
+
+
+def _run_local(cmd: list[str], env: dict[str, str], timeout: float,
+               kept: Path | None) -> tuple[str, Path | None]:
+    out = subprocess.run(cmd, env=env, cwd=APPS, capture_output=True, text=True,
+                         timeout=timeout)
+    assert out.returncode == 0, f"{' '.join(cmd)}: {out.stderr[-3000:]}"
+    return out.stdout, kept
+
+
+def start_local(name: str, *flags: str, dump: Path | None = None,
+                extra_env: dict[str, str] | None = None, timeout: float = 180,
+                background: bool = False) -> Callable[[], str]:
+    """Start app ``name`` locally (no offloading) with ``flags`` in ``app_env(**extra_env)``;
+    returns a function that waits for it and gives what it printed (and, with ``dump``,
+    writes its ``--dump`` file there).
+
+    The apps are deterministic (``appkit``: a seeded model, inputs made per inference from
+    their own seeded generator; ``--dump`` only writes the values to a file), so a run with
+    the same app, flags and environment as an earlier one in this test session is not made
+    again: its stdout is given and its dump file copied. The key is the exact flags and the
+    whole environment the process would get, so nothing that could change an output is
+    shared. ``background``: the run goes on while the caller runs the same app offloaded,
+    under ``nice -n 19``, so that it takes only the CPU the daemons and the offloaded app
+    leave idle and their timing stays as it was."""
+    env = app_env(**(extra_env or {}))
+    key = (name, flags, dump is not None, tuple(sorted(env.items())))
+    future = _LOCAL.get(key)
+    if future is None:
+        cmd = [sys.executable, str(APPS / f"{name}.py"), *flags]
+        kept = None
+        if dump is not None:
+            if not _LOCAL_DIR:
+                _LOCAL_DIR.append(Path(tempfile.mkdtemp(prefix="rrto-local-")))
+                atexit.register(shutil.rmtree, _LOCAL_DIR[0], True)
+            kept = _LOCAL_DIR[0] / f"{next(_DUMPS)}-{name}.json"
+            cmd += ["--dump", str(kept)]
+        if background and shutil.which("nice"):
+            cmd = ["nice", "-n", "19", *cmd]
+        if not _POOL:
+            _POOL.append(ThreadPoolExecutor(max_workers=2, thread_name_prefix="local-run"))
+        future = _LOCAL[key] = _POOL[0].submit(_run_local, cmd, env, timeout, kept)
+
+    def result() -> str:
+        try:
+            out, kept = future.result()
+        except BaseException:
+            _LOCAL.pop(key, None)  # not kept: the next caller runs it again
+            raise
+        if dump is not None and kept is not None:
+            shutil.copyfile(kept, dump)
+        return out
+
+    return result
+
+
+def run_local(name: str, *flags: str, dump: Path | None = None,
+              extra_env: dict[str, str] | None = None, timeout: float = 180) -> str:
+    """``start_local``'s output, waited for: what app ``name`` prints run locally."""
+    return start_local(name, *flags, dump=dump, extra_env=extra_env, timeout=timeout)()
 
 
 def shim_stats(stderr: str) -> dict | None:

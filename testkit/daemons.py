@@ -111,12 +111,25 @@ class Daemon:
             self.notifications.append(msg)
         raise RuntimeError(f"no {text!r} from rrtod within {timeout}s:\n{self.logs()}")
 
+    def ask(self, command: str, **args: str) -> Any:
+        """``ctl``'s result for ``command`` (e.g. ``ask("flush", all="1")`` for ``ctl("flush",
+        "--all")``), asked over the daemon's socket from this process (``rrtod.ctl.request``,
+        what rrtoctl sends): for polls and fixtures, where a ``rrtoctl`` process per call
+        costs half a second of CPU that the daemons and apps under test need. ``ctl`` is for
+        tests of rrtoctl itself (tests/test_daemon.py and others keep using it)."""
+        from rrtod.ctl import request  # here: testkit.apps (stdlib only) imports this module
+
+        return request(self.socket, command, args, timeout=30)
+
+    def status(self) -> Any:
+        return self.ask("status")
+
     def wait_for(self, predicate: Callable[[Any], bool], timeout: float = 15.0,
                  what: str = "condition") -> Any:
         deadline = time.monotonic() + timeout
         status = None
         while time.monotonic() < deadline:
-            status = self.ctl("status")
+            status = self.status()
             if predicate(status):
                 return status
             time.sleep(0.1)
@@ -173,9 +186,23 @@ class Launcher:
             daemon.wait_notify("READY=1")
         return daemon
 
+    def wait_ready(self, daemons: Sequence[Daemon]) -> None:
+        """Wait for ``READY=1`` from each of ``daemons`` (started with ``wait=False``, so that
+        their start-ups, mostly imports, overlap)."""
+        for daemon in daemons:
+            daemon.wait_notify("READY=1")
+
     def close(self) -> None:
+        # All signalled first, then waited for: each drains and exits on its own, at once.
         for daemon in self.daemons:
-            daemon.stop()
+            if daemon.proc.poll() is None:
+                daemon.proc.send_signal(signal.SIGTERM)
+        for daemon in self.daemons:
+            try:
+                daemon.proc.wait(20.0)
+            except subprocess.TimeoutExpired:
+                daemon.proc.kill()
+                daemon.proc.wait()
             daemon.notify.close()
         for d in self._dirs:
             shutil.rmtree(d, ignore_errors=True)

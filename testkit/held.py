@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from testkit import apps
 from testkit.apps import APPS
 from testkit.apps import app_env as clean_env
 from testkit.daemons import BIN
@@ -45,14 +48,22 @@ class App:
         return self.proc.returncode, out, err
 
 
-def run_local(name: str, *flags: str) -> str:
-    out = subprocess.run([sys.executable, str(APPS / f"{name}.py"), *flags], env=app_env(None),
-                         cwd=APPS, capture_output=True, text=True, timeout=120, check=True)
-    return out.stdout
+def start_local(name: str, *flags: str, dump: Path | None = None) -> Callable[[], str]:
+    """The app started locally, in this suite's environment, beside what the test runs next
+    (niced; a run with the same flags made earlier in the session is reused:
+    ``testkit.apps.start_local``); call the result for what it prints."""
+    return apps.start_local(name, *flags, dump=dump, extra_env={"RRTO_REPLAY": "0"},
+                            timeout=120, background=True)
+
+
+def run_local(name: str, *flags: str, dump: Path | None = None) -> str:
+    """What the app prints locally, in this suite's environment (a run with the same flags
+    made earlier in the session is reused: ``testkit.apps.start_local``)."""
+    return apps.run_local(name, *flags, dump=dump, extra_env={"RRTO_REPLAY": "0"}, timeout=120)
 
 
 def host_session(daemon: Any, pid: int) -> dict[str, Any]:
-    status = daemon.ctl("status")
+    status = daemon.status()
     for s in status["gpu"]["sessions"]:
         if s["pid"] == pid:
             return s

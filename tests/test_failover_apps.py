@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from testkit.apps import APPS, DAEMON_ENV, app_env, shim_stats
+from testkit.apps import run_local as local_output
 from testkit.daemons import BIN, TEST_DEFAULTS, Launcher, free_port
 
 APP = "small_cnn"
@@ -23,10 +24,7 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def run_local(runs: int) -> str:
-    out = subprocess.run([sys.executable, str(APPS / f"{APP}.py"), "--runs", str(runs)],
-                         env=app_env(), cwd=APPS, capture_output=True, text=True, timeout=300,
-                         check=True)
-    return out.stdout
+    return local_output(APP, "--runs", str(runs), timeout=300)
 
 
 def start_app(robot: Any, **extra: str) -> subprocess.Popen[str]:
@@ -38,8 +36,9 @@ def start_app(robot: Any, **extra: str) -> subprocess.Popen[str]:
                             stderr=subprocess.PIPE, text=True)
 
 
-def gpu_daemon(launcher: Launcher, name: str, port: int) -> Any:
-    return launcher.start(name, roles=["gpu"], listen=f"127.0.0.1:{port}", **TEST_DEFAULTS)
+def gpu_daemon(launcher: Launcher, name: str, port: int, wait: bool = True) -> Any:
+    return launcher.start(name, roles=["gpu"], listen=f"127.0.0.1:{port}", wait=wait,
+                          **TEST_DEFAULTS)
 
 
 def offloading(robot: Any, host: str, inferences: int, app: subprocess.Popen[str]) -> None:
@@ -93,7 +92,8 @@ def test_a_killed_host_that_restarts_takes_the_app_back_with_no_error():
 def test_a_killed_host_fails_the_app_over_to_another_host():
     ports = free_port(), free_port()
     with Launcher(extra_env=DAEMON_ENV) as launcher:
-        gpus = [gpu_daemon(launcher, f"gpu{k}", p) for k, p in enumerate(ports)]
+        gpus = [gpu_daemon(launcher, f"gpu{k}", p, wait=False) for k, p in enumerate(ports)]
+        launcher.wait_ready(gpus)  # started together, ready before the robot starts
         robot = launcher.start(
             "robot", roles=["robot"], balancer="first-up",
             hosts=[{"name": f"gpu{k}", "address": f"127.0.0.1:{p}"} for k, p in enumerate(ports)],
@@ -133,10 +133,10 @@ def test_a_stalled_host_costs_an_inference_no_more_than_its_deadline():
         gpu.proc.send_signal(signal.SIGCONT)
         robot.wait_for(lambda s: s["hosts"][0]["state"] == "up", timeout=30, what="host up")
         deadline = time.monotonic() + 60  # offloading again: a session with new inferences
-        before = robot.ctl("status")["sessions"]
+        before = robot.status()["sessions"]
         seen = {x["id"]: x["inferences"] for x in before}
         while time.monotonic() < deadline:
-            now = robot.ctl("status")["sessions"]
+            now = robot.status()["sessions"]
             if any(x["inferences"] >= seen.get(x["id"], 0) + 5 for x in now):
                 break
             time.sleep(0.2)

@@ -32,8 +32,9 @@ def start_app(robot: Any, *loop: str) -> subprocess.Popen[str]:
 
 def fleet(launcher: Launcher, n: int, **robot: Any) -> tuple[list[Any], Any]:
     ports = [free_port() for _ in range(n)]
-    gpus = [launcher.start(f"gpu{i}", roles=["gpu"], listen=f"127.0.0.1:{p}", **TEST_DEFAULTS)
-            for i, p in enumerate(ports)]
+    gpus = [launcher.start(f"gpu{i}", roles=["gpu"], listen=f"127.0.0.1:{p}", wait=False,
+                           **TEST_DEFAULTS) for i, p in enumerate(ports)]
+    launcher.wait_ready(gpus)  # started together, ready before the robot starts
     hosts = [{"name": f"gpu{i}", "address": f"127.0.0.1:{p}"} for i, p in enumerate(ports)]
     merged = {**TEST_DEFAULTS, **robot}
     return gpus, launcher.start("robot", roles=["robot"], hosts=hosts, **merged)

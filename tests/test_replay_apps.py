@@ -15,32 +15,44 @@ from typing import Any
 
 import pytest
 
-from testkit.apps import APPS, DAEMON_ENV, HOST, MODELS, app_env, assert_same_as_local, shim_stats
+from testkit.apps import (
+    APPS,
+    DAEMON_ENV,
+    HOST,
+    MODELS,
+    app_env,
+    assert_same_as_local,
+    shim_stats,
+    start_local,
+)
 from testkit.daemons import BIN, TEST_DEFAULTS, Launcher
 
 RUNS = 8
 
 
-def run_app(name: str, daemon: Any | None, *flags: str, tmp: Path, tag: str,
+def run_app(name: str, daemon: Any, *flags: str, tmp: Path, tag: str,
             extra_env: dict[str, str] | None = None) -> tuple[str, dict]:
-    """Run one app to completion; returns its output lines and (offloaded) its shim stats."""
+    """Run one app offloaded to completion; returns its output lines and its shim stats."""
     env = app_env(OMP_WAIT_POLICY="PASSIVE", **(extra_env or {}))
     dump = tmp / f"{name}-{tag}.json"
     cmd = [sys.executable, str(APPS / f"{name}.py"), *flags, "--dump", str(dump)]
-    if daemon is not None:
-        env.update(daemon.env, RRTO_STATS="1", RRTO_FALLBACK="error")
-        cmd = [str(BIN / "rrto-run"), "--", *cmd]
+    env.update(daemon.env, RRTO_STATS="1", RRTO_FALLBACK="error")
+    cmd = [str(BIN / "rrto-run"), "--", *cmd]
     out = subprocess.run(cmd, env=env, cwd=APPS, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
     stats = shim_stats(out.stderr) or {}
-    assert daemon is None or stats, out.stderr[-3000:]
+    assert stats, out.stderr[-3000:]
     return out.stdout, stats
 
 
 def same_as_local(name: str, daemon: Any, *flags: str, tmp: Path,
                   extra_env: dict[str, str] | None = None) -> dict:
-    want, _ = run_app(name, None, *flags, tmp=tmp, tag="local")
+    # The local run goes on beside the offloaded one, niced (one made earlier in the session
+    # with these flags is reused): testkit.apps.start_local.
+    local = start_local(name, *flags, dump=tmp / f"{name}-local.json",
+                        extra_env={"OMP_WAIT_POLICY": "PASSIVE"}, background=True)
     got, stats = run_app(name, daemon, *flags, tmp=tmp, tag="remote", extra_env=extra_env)
+    want = local()
     assert_same_as_local(name, got, want, tmp / f"{name}-remote.json", tmp / f"{name}-local.json")
     return stats
 
@@ -58,7 +70,7 @@ def daemon():
 @pytest.fixture
 def fresh(daemon):
     """Each test starts with no saved sequence."""
-    daemon.ctl("flush", "--all")
+    daemon.ask("flush", all="1")
     yield daemon
 
 
@@ -70,7 +82,7 @@ def test_replayed_model_equals_local(fresh, name, tmp_path):
     # definition is there already.
     assert stats["by_inference"]["replays"] == [0, 0] + [1] * (RUNS - 2), stats
     assert stats["mismatches"] == 0 and stats["failed"] == 0, stats
-    (seq,) = fresh.ctl("sequences")["sequences"]
+    (seq,) = fresh.ask("sequences")["sequences"]
     assert seq["app"] == f"{name}.py" and seq["operators"] > 0
 
 
@@ -154,7 +166,7 @@ def test_model_switch_records_again_and_finds_the_new_sequence(fresh, tmp_path):
     finished(fresh)
     # Calls of the second model kept being forwarded: the robot recorded again and found its
     # sequence. Both were replayed, and both are kept (the app may switch back).
-    found = fresh.ctl("sequences")["sequences"]
+    found = fresh.ask("sequences")["sequences"]
     assert sorted(s["replays"] > 0 for s in found) == [True, True], found
     assert len({s["operators"] for s in found}) == 2, found
 
@@ -183,7 +195,7 @@ def test_two_processes_replay_in_isolation(fresh, tmp_path):
         assert out == local.stdout
         stats = json.loads(err.splitlines()[-1].removeprefix("rrto-stats "))
         assert stats["replays"] >= 10 - 3, stats
-    apps = sorted(s["app"] for s in fresh.ctl("sequences")["sequences"])
+    apps = sorted(s["app"] for s in fresh.ask("sequences")["sequences"])
     assert apps == sorted(f"{n}.py" for n in names)
 
 
@@ -210,9 +222,10 @@ def test_two_robots_share_one_gpu_host_in_isolation(tmp_path):
     the same time: each robot finds and replays its own sequence, results equal local."""
     with Launcher(extra_env=DAEMON_ENV) as launcher:
         gpu = launcher.start("gpu", roles=["gpu"], **{**TEST_DEFAULTS, **HOST})
-        robots = [launcher.start(f"robot{i}", roles=["robot"], **TEST_DEFAULTS,
+        robots = [launcher.start(f"robot{i}", roles=["robot"], wait=False, **TEST_DEFAULTS,
                                  hosts=[{"name": "gpu", "address": gpu.listen}])
                   for i in range(2)]
+        launcher.wait_ready(robots)  # started together
         for r in robots:
             r.wait_for(lambda s: s["hosts"][0]["state"] == "up", what="GPU host up")
         env = app_env(OMP_WAIT_POLICY="PASSIVE")
@@ -230,7 +243,7 @@ def test_two_robots_share_one_gpu_host_in_isolation(tmp_path):
             stats = json.loads(err.splitlines()[-1].removeprefix("rrto-stats "))
             assert stats["replays"] >= 8 - 3, stats
         for r in robots:
-            (seq,) = r.ctl("sequences")["sequences"]
+            (seq,) = r.ask("sequences")["sequences"]
             assert seq["app"] == "small_cnn.py"
 
 
@@ -366,7 +379,7 @@ def test_frames_with_and_without_detections_replay_as_two_variants(fresh, tmp_pa
     stats = same_as_local("variants", fresh, tmp=tmp_path)
     by = stats["by_inference"]
     finished(fresh)
-    found = fresh.ctl("sequences")["sequences"]
+    found = fresh.ask("sequences")["sequences"]
     assert len(found) == 2 and all(s["replays"] > 0 for s in found), found
     assert stats["switches"] > 0 and stats["failed"] == 0, stats
     # once both are known every frame replays whole: no mismatch, one reply
@@ -451,7 +464,7 @@ def test_an_integer_taken_for_a_constant_by_coincidence_becomes_a_symbol(fresh, 
     assert by["replays"][-5:] == [1] * 5 and by["mismatches"][-5:] == [0] * 5, stats
     assert by["round_trips"][-5:] == [1] * 5, stats
     assert any(s.get("variant") and s["replays"] >= 5 and s["mismatches"] == 0
-               for s in fresh.ctl("sequences")["sequences"]), fresh.ctl("sequences")
+               for s in fresh.ask("sequences")["sequences"]), fresh.ask("sequences")
 
 
 def test_a_call_that_fails_on_the_host_ahead_of_the_app_is_never_the_apps_error(fresh,

@@ -17,7 +17,7 @@ import rrtod
 from rrtod.ctl import render_status
 from testkit.apps import DAEMON_ENV, HOST, MODELS, assert_same_as_local, shim_stats
 from testkit.daemons import TEST_DEFAULTS, Launcher, free_port
-from testkit.held import App, app_env, host_session, run_local
+from testkit.held import App, app_env, host_session, start_local
 
 
 @pytest.fixture(scope="module")
@@ -28,14 +28,14 @@ def daemon():
 
 @pytest.mark.parametrize("name", MODELS)
 def test_model_matches_local_and_daemon_counts_ops(daemon, name, tmp_path):
-    want = run_local(name, "--dump", str(tmp_path / "local.json"))
+    want = start_local(name, dump=tmp_path / "local.json")
     app = App(name, app_env(daemon, RRTO_STATS="1"), "--hold", "--dump",
               str(tmp_path / "remote.json"))
     got = app.until_hold()
     session = host_session(daemon, app.proc.pid)
     rc, _, err = app.finish()
     assert rc == 0, err
-    assert_same_as_local(name, got, want, tmp_path / "remote.json", tmp_path / "local.json")
+    assert_same_as_local(name, got, want(), tmp_path / "remote.json", tmp_path / "local.json")
     # No warning (it was offloaded), just the shim's own figures; the host executed exactly
     # the operators the shim forwarded.
     (line,) = err.splitlines()
@@ -46,11 +46,11 @@ def test_model_matches_local_and_daemon_counts_ops(daemon, name, tmp_path):
 
 @pytest.mark.parametrize("name", ["mlp_policy", "detection"])
 def test_sync_mode_and_app_threads(daemon, name):
-    want = run_local(name)
+    want = start_local(name)
     app = App(name, app_env(daemon), "--thread", mode="sync")
     rc, out, err = app.finish()
     assert rc == 0, err
-    assert out == want
+    assert out == want()
 
 
 def test_restarted_app_uploads_no_weight_bytes(daemon):
@@ -67,7 +67,7 @@ def test_restarted_app_uploads_no_weight_bytes(daemon):
 
 
 def test_other_library_operator_forwarded_or_local(daemon):
-    want = run_local("custom_op")
+    want = start_local("custom_op")
     rc, out, err = App("custom_op", app_env(daemon)).finish()
     # the allowed library operator is forwarded silently; the other one says once that it runs
     # locally, and why
@@ -76,16 +76,16 @@ def test_other_library_operator_forwarded_or_local(daemon):
         "host: the GPU host refuses it (rrto OP_NOT_ALLOWED: operator rrtotest::shift.default "
         "is not on this host's allowlist (no inference model needs it; executor.allow_extra "
         "adds it))"], err
-    assert out == want
+    assert out == want()
 
 
 def test_operator_with_another_schema_on_the_host_runs_locally(daemon):
     # rrtotest::blend has version 2's schema in the app, version 1's on the host: the host must
     # refuse it (running its own meaning would be a wrong result), naming both schemas and
     # versions; the app runs it here with one warning, or raises under fallback: error.
-    want = run_local("skewed_op")
+    want = start_local("skewed_op")
     rc, out, err = App("skewed_op", app_env(daemon)).finish()
-    assert rc == 0 and out == want, err
+    assert rc == 0 and out == want(), err
     (line,) = err.splitlines()
     torch_version = torch.__version__
     assert line.startswith(
@@ -116,12 +116,13 @@ def test_reviewed_library_operators_run_on_the_host(daemon):
     """A library in the host's reviewed table (libops.py) runs there without any allow_extra,
     including an operator whose output size depends on data; a listed library the host does not
     have is refused by the import probe and runs here with one warning."""
-    want = run_local("library_ops")
+    local = start_local("library_ops")
     app = App("library_ops", app_env(daemon, RRTO_STATS="1"), "--hold")
     out = app.until_hold()
     host = host_session(daemon, app.proc.pid)
     rc, rest, err = app.finish()
     assert rc == 0, err
+    want = local()
     assert out + rest == want  # same values and shapes (kept's size came from the host)
     stats = shim_stats(err)
     runs = want.count("\n") // 4  # appkit prints one line per output; four outputs a frame
@@ -136,10 +137,11 @@ def test_reviewed_library_operators_run_on_the_host(daemon):
 
 def test_refused_operator_raises_or_runs_locally(rrtod_daemon):
     d = rrtod_daemon(extra_env=DAEMON_ENV, executor={"deny": ["aten::tanh"]})
+    want = start_local("mlp_policy")
     rc, out, err = App("mlp_policy", app_env(d, RRTO_FALLBACK="error")).finish()
     assert rc != 0 and "OP_NOT_ALLOWED" in err and "aten::tanh.default is denied" in err
     rc, out, err = App("mlp_policy", app_env(d)).finish()  # fallback: local (default)
-    assert rc == 0 and out == run_local("mlp_policy")
+    assert rc == 0 and out == want()
     assert [line for line in err.splitlines() if "runs locally" in line] == [
         "rrto: warning: aten::tanh.default runs locally (on this machine), not on the GPU host: "
         "the GPU host refuses it (rrto OP_NOT_ALLOWED: operator aten::tanh.default is denied "
@@ -148,15 +150,17 @@ def test_refused_operator_raises_or_runs_locally(rrtod_daemon):
 
 def test_quota_exceeded_is_a_clear_error_and_session_freed(rrtod_daemon):
     d = rrtod_daemon(extra_env=DAEMON_ENV, executor={"memory_quota": 1024 * 1024})
+    want = start_local("mlp_policy")
     rc, out, err = App("big_input", app_env(d)).finish()
     assert rc != 0 and "QUOTA_EXCEEDED" in err and "memory quota" in err
     status = d.wait_for(lambda s: not s["gpu"]["sessions"], what="session freed")
     assert status["gpu"]["sessions"] == []
     rc, out, err = App("mlp_policy", app_env(d)).finish()  # fits: the daemon still serves
-    assert rc == 0 and out == run_local("mlp_policy")
+    assert rc == 0 and out == want()
 
 
 def test_malformed_frame_does_not_hurt_other_sessions(daemon):
+    want = start_local("small_cnn")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(10)
         s.connect(daemon.socket)
@@ -165,9 +169,8 @@ def test_malformed_frame_does_not_hurt_other_sessions(daemon):
             s.recv(4096)
         except (TimeoutError, ConnectionError):
             pass
-    want = run_local("small_cnn")
     rc, out, err = App("small_cnn", app_env(daemon)).finish()
-    assert rc == 0 and out == want, err
+    assert rc == 0 and out == want(), err
 
 
 @pytest.mark.parametrize("fallback", ["local", "error"])
@@ -178,15 +181,16 @@ def test_host_disappears_mid_inference(fallback):
         robot = launcher.start("robot", roles=["robot"],
                                hosts=[{"name": "gpu", "address": f"127.0.0.1:{port}"}],
                                **TEST_DEFAULTS)
-        want = run_local("mlp_policy")
+        want = start_local("mlp_policy")
         app = App("mlp_policy", app_env(robot, RRTO_FALLBACK=fallback), "--hold-mid")
         first = app.until_hold()
         gpu.proc.send_signal(signal.SIGKILL)
         gpu.proc.wait(10)
         rc, rest, err = app.finish()
+        local = want()
         if fallback == "local":  # weights kept their local copies: later inferences run here
             assert rc == 0, err
-            assert first + rest == want
+            assert first + rest == local
         else:
             assert rc != 0 and "HOST_LOST" in err
         assert robot.proc.poll() is None  # the robot daemon keeps serving
