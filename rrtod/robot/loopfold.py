@@ -28,7 +28,6 @@ and the rest are checked by the search on the folded log (``rrtod.robot.search``
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,7 +35,7 @@ import numpy as np
 
 from rrto.v1 import ops_pb2
 from rrtod.robot.oplog import LoggedCall, copied, resolve_reads
-from rrtod.robot.shapes import VALUE, Path, SizeOf, Unexplained, _differing_ints, _read_int
+from rrtod.robot.shapes import Path, SizeOf, Unexplained, _differing_ints, _product, _size_of
 from rrtod.wire import iter_tensor_refs
 
 MAX_BODY = 256  # calls in one iteration: longer repeats are whole inferences, not loops
@@ -284,10 +283,10 @@ def _body(log: list[LoggedCall], group: list[Region]) -> Body | None:
         if values == [j for _r, _s, j in starts]:
             body.index.append((q, path))
             continue
-        size = _own_size(log, [s for _r, s, _j in starts], q, values)
-        if size is None:
+        try:  # a size or read value of the iteration's own calls, the same in every iteration
+            body.symbols[(q, path)] = _size_of(log, [s for _r, s, _j in starts], q, values)
+        except Unexplained:
             return None
-        body.symbols[(q, path)] = size
     return body
 
 
@@ -314,32 +313,6 @@ def _int_at(call: ops_pb2.OpCall, path: Path) -> int | None:
     for j in items:
         v = getattr(v, v.WhichOneof("kind")).items[j]
     return v.i if v.WhichOneof("kind") == "i" else None
-
-
-def _own_size(log: list[LoggedCall], starts: list[int], q: int,
-              values: list[int | None]) -> SizeOf | None:
-    """A size (or product of consecutive sizes) of an output of the iteration's call ``j < q``,
-    or the value the app read of one, equal to ``values`` in every iteration; nearest first."""
-    for j in range(q - 1, -1, -1):
-        first = log[starts[0] + j]
-        for o, shape in enumerate(first.out_shapes()):
-            for span in range(1, len(shape) + 1):
-                for d in range(len(shape) - span + 1):
-                    if all(_size(log[s + j], o, d, span) == v
-                           for s, v in zip(starts, values, strict=True)):
-                        return (j, o, d, span)
-        if first.values or log[starts[-1] + j].values:
-            for o in range(len(first.outputs)):
-                if all(_read_int(log[s + j], o) == v for s, v in zip(starts, values, strict=True)):
-                    return (j, o, VALUE, 0)
-    return None
-
-
-def _size(e: LoggedCall, o: int, d: int, span: int) -> int | None:
-    shapes = e.out_shapes()
-    if o < len(shapes) and d + span <= len(shapes[o]):
-        return math.prod(shapes[o][d:d + span])
-    return None
 
 
 @dataclass
@@ -389,6 +362,6 @@ def _counted_by(log: list[LoggedCall], blocks: list[int], rel: int,
     for j in range(rel - 1, -1, -1):
         for o, shape in enumerate(log[blocks[0] + j].out_shapes()):
             for d in range(len(shape)):
-                if all(_size(log[b + j], o, d, 1) == c for b, c in zip(blocks, counts, strict=True)):
+                if all(_product(log[b + j], o, d, 1) == c for b, c in zip(blocks, counts, strict=True)):
                     return (j, o, d)
     return None

@@ -297,30 +297,33 @@ def _add_loops(d: ops_pb2.SequenceDef, block: list[LoggedCall], found: Found,
         kept = [sym for sym in d.symbols if (sym.call, _symbol_path(sym)) not in own]
         del d.symbols[:]
         d.symbols.extend(kept)
-        for q, (where, at, *items) in lp.shared.index:
-            sym = d.symbols.add(call=lp.start + q, index=True, items=items)
-            if where == "kw":
-                sym.kwarg = at
-            else:
-                sym.arg = at
-        for (q, (where, at, *items)), (jj, oo, dd, span) in lp.shared.symbols.items():
-            tensor = block[lp.start + jj].outputs[oo]
-            sym = (d.symbols.add(call=lp.start + q, tensor=tensor, value=True, items=items)
-                   if dd == VALUE else d.symbols.add(call=lp.start + q, tensor=tensor, dim=dd,
-                                                     span=span, items=items))
-            if where == "kw":
-                sym.kwarg = at
-            else:
-                sym.arg = at
+        for q, (_where, at, *items) in lp.shared.index:
+            _name_arg(d.symbols.add(call=lp.start + q, index=True, items=items), at)
+        for (q, path), (jj, oo, dd, span) in lp.shared.symbols.items():
+            _add_symbol(d, lp.start + q, path, block[lp.start + jj].outputs[oo], dd, span)
         for call, (top, *items) in lp.gathers:
-            g = loop.gathers.add(call=call, items=items)
-            if isinstance(top, str):
-                g.kwarg = top
-            else:
-                g.arg = top
+            _name_arg(loop.gathers.add(call=call, items=items), top)
     if found.loops:
         d.symbols.sort(key=lambda sym: sym.call)
         loops.check(d)
+
+
+def _name_arg(msg: ops_pb2.SymbolicInt | ops_pb2.Gather, at: int | str) -> None:
+    """Point ``msg`` at positional argument ``at``, or at keyword argument ``at``."""
+    if isinstance(at, str):
+        msg.kwarg = at
+    else:
+        msg.arg = at
+
+
+def _add_symbol(d: ops_pb2.SequenceDef, call: int, path: tuple[Any, ...], tensor: int,
+                dim: int, span: int) -> None:
+    """A ``SymbolicInt`` of ``call`` at ``path`` (``rrtod.robot.shapes.Path``): size ``dim``
+    (times the next ``span - 1``) of ``tensor``, or its value read (``dim`` is ``VALUE``)."""
+    _where, at, *items = path
+    sym = (d.symbols.add(call=call, tensor=tensor, value=True, items=items) if dim == VALUE
+           else d.symbols.add(call=call, tensor=tensor, dim=dim, span=span, items=items))
+    _name_arg(sym, at)
 
 
 def _add_shapes(d: ops_pb2.SequenceDef, block: list[LoggedCall], found: Found,
@@ -334,13 +337,7 @@ def _add_shapes(d: ops_pb2.SequenceDef, block: list[LoggedCall], found: Found,
         if tensor not in local:
             raise ValueError(f"call {i}: a size of tensor {tensor}, which this inference "
                              "does not make")
-        where, at, *items = path
-        sym = (d.symbols.add(call=i, tensor=tensor, value=True, items=items) if dim == VALUE
-               else d.symbols.add(call=i, tensor=tensor, dim=dim, span=span, items=items))
-        if where == "kw":
-            sym.kwarg = at
-        else:
-            sym.arg = at
+        _add_symbol(d, i, path, tensor, dim, span)
     if shapes.any_shape:
         slot = 0
         for i, e in enumerate(block):
