@@ -218,3 +218,20 @@ def test_the_daemon_stopping_while_a_link_goes_down_still_stops() -> None:
         assert relay.phase is Phase.CLOSED and call.cancelled
 
     asyncio.run(main())
+
+
+def test_a_flush_while_the_session_ends_drops_its_sequences_without_raising() -> None:
+    """``rrtoctl flush`` races a session's end: its host stream already finished (grpc's
+    ``InvalidStateError``). The sequences are dropped all the same, and the flush answers."""
+    async def main() -> None:
+        relay, call, _app = await connect()
+
+        async def finished(message: ops_pb2.SessionUp) -> None:
+            raise asyncio.InvalidStateError("RPC already finished.")
+        call.write = finished  # type: ignore[method-assign]
+        held = {7: {}, 8: {}}
+        relay.recorder = types.SimpleNamespace(  # type: ignore[assignment]
+            sequences=held, drop=lambda i: (held.pop(i), ops_pb2.SequenceDef(id=i))[1])
+        assert await relay.flush() == 2 and not held
+
+    asyncio.run(main())

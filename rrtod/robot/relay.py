@@ -561,7 +561,11 @@ class AppRelay:
         for seq_id in list(self.recorder.sequences):
             d = self.recorder.drop(seq_id)
             if d is not None:
-                await self.push_sequence(d)
+                try:
+                    await self.push_sequence(d)
+                except (grpc.aio.AioRpcError, asyncio.InvalidStateError, ConnectionError,
+                        OSError):
+                    pass  # the session is ending (its host stream or its app gone): dropped
                 dropped += 1
         return dropped
 
