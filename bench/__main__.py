@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
+from bench.cpus import split
 from bench.harness import SYSTEMS, Plan, run
 from bench.link import LINKS
 from bench.models import MODELS, QUICK_MODELS
@@ -48,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, help="stop measuring a cell after this")
     parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS for every process of the run")
     parser.add_argument("--out", type=Path, help="results folder (default bench/results)")
+    parser.add_argument("--split-cpus", action="store_true",
+                        help="pin the robot side (apps, robot daemons) and the host side (GPU "
+                             "daemon, NTO server) to disjoint halves of the CPUs (bench/cpus.py)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
     plan = Plan(
@@ -61,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         quick=args.quick,
         threads=args.threads,
     )
+    if args.split_cpus:
+        try:
+            plan.cpus = split()
+        except ValueError as exc:
+            parser.error(str(exc))
     if args.out:
         plan.out_dir = args.out
     print(f"bench: models {','.join(plan.models)}; links {','.join(plan.links)}; "

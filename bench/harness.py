@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import stats
+from bench.cpus import Split, pinned
 from bench.energy import RobotMeter
 from bench.link import LINKS, LinkProcess, LinkSpec, MeasureServer, measure
 from rrtod.config import PowerConfig
@@ -71,10 +72,12 @@ class Plan:
     cell_timeout_s: float = 600.0  # the whole app process is killed after this
     quick: bool = False
     threads: int | None = None  # OMP_NUM_THREADS for every process (None: torch's default)
+    cpus: Split | None = None  # robot side and host side pinned apart (bench/cpus.py)
     out_dir: Path = field(default_factory=lambda: REPO / "bench" / "results")
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "out_dir": str(self.out_dir)}
+        return {**asdict(self), "out_dir": str(self.out_dir),
+                "cpus": self.cpus.to_dict() if self.cpus else None}
 
 
 class CellError(Exception):
@@ -106,8 +109,10 @@ def parse_shim_stats(stderr: str) -> dict[str, Any] | None:
 class LinkEnv:
     """Everything one link needs, started in order and torn down in reverse (also on errors)."""
 
-    def __init__(self, spec: LinkSpec, systems: list[str], stack: contextlib.ExitStack):
+    def __init__(self, spec: LinkSpec, systems: list[str], stack: contextlib.ExitStack,
+                 cpus: Split | None = None):
         self.spec = spec
+        robot_cpus, host_cpus = (cpus.robot, cpus.host) if cpus else (None, None)
         self.robots: dict[str, Any] = {}  # system -> its robot daemon
         self.gpu: Any = None
         self.nto_address: str | None = None
@@ -123,9 +128,11 @@ class LinkEnv:
             from testkit.daemons import Launcher
 
             self.launcher = stack.enter_context(Launcher())
-            self.gpu = self.launcher.start("gpu", roles=["gpu"], wait=False)
+            self.gpu = self.launcher.start("gpu", roles=["gpu"], wait=False,
+                                           prefix=pinned([], host_cpus))
         if "nto" in systems:
-            self.nto_proc = subprocess.Popen([sys.executable, "-m", "bench.nto", "serve"],
+            self.nto_proc = subprocess.Popen(pinned([sys.executable, "-m", "bench.nto", "serve"],
+                                                    host_cpus),
                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                              text=True, cwd=str(REPO))
             stack.callback(_stop, self.nto_proc)
@@ -155,6 +162,7 @@ class LinkEnv:
         # rrto session (the result would depend on the order of the cells).
         starting = {system: self.launcher.start(
                         f"robot-{system}", roles=["robot"], wait=False,
+                        prefix=pinned([], robot_cpus),
                         hosts=[{"name": "gpu", "address": self.addresses["gpu"]}])
                     for system in DAEMON_SYSTEMS if system in systems and self.gpu is not None}
         for system, robot in starting.items():
@@ -255,7 +263,13 @@ def run_app(cmd: list[str], env: dict[str, str], timeout: float,
 
 
 def _command(env: LinkEnv | None, model: str, system: str, plan: Plan) -> tuple[list[str], dict[str, str]]:
-    """The process one cell runs, and the environment it adds."""
+    """The process one cell runs (on the robot side's CPUs), and the environment it adds."""
+    cmd, extra = _unpinned_command(env, model, system, plan)
+    return pinned(cmd, plan.cpus.robot if plan.cpus else None), extra
+
+
+def _unpinned_command(env: LinkEnv | None, model: str, system: str,
+                      plan: Plan) -> tuple[list[str], dict[str, str]]:
     app_args = ["--model", model, "--iters", str(plan.iters), "--warmup", str(plan.warmup),
                 "--budget-s", str(plan.budget_s), "--sync", "--sync-end"]
     if system == "local":
@@ -565,7 +579,7 @@ def run(plan: Plan, log: Any = print) -> dict[str, Any]:
             continue
         with contextlib.ExitStack() as stack:
             try:
-                env = LinkEnv(spec, remote, stack)
+                env = LinkEnv(spec, remote, stack, plan.cpus)
             except Exception as e:  # noqa: BLE001
                 info["error"] = f"{type(e).__name__}: {e}"
                 log(f"[{link_name}] could not set up: {info['error']}")

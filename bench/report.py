@@ -62,6 +62,23 @@ def _energy(pi: dict[str, Any]) -> str:
     return text
 
 
+def _cpus_line(plan: dict[str, Any], m: dict[str, Any]) -> str:
+    cpus = plan.get("cpus")
+    if cpus:
+        return (f"Robot side (apps, robot daemons) pinned to CPU {_ints(cpus['robot'])}, host side "
+                f"(GPU daemon, NTO server) to CPU {_ints(cpus['host'])} (`--split-cpus`): each "
+                "side computes on its own cores, as two machines would; local runs on the robot "
+                "side's. The host is no faster than the robot here: read offloading's cost (the "
+                "ratios), not a speed-up.")
+    return (f"The \"GPU host\" computes on the same {m['cpu_count']}-CPU machine as the robot app "
+            "(no `--split-cpus`), so host compute is not faster than local here and the app's own "
+            "CPU work slows it: read offloading's cost (the ratios), not a speed-up.")
+
+
+def _ints(xs: list[int]) -> str:
+    return ",".join(map(str, xs))
+
+
 def markdown(doc: dict[str, Any], json_name: str | None = None) -> str:
     m = doc["machine"]
     plan = doc["plan"]
@@ -75,8 +92,7 @@ def markdown(doc: dict[str, Any], json_name: str | None = None) -> str:
            + " Every process ran with " + (", ".join(f"{k}={v}" for k, v in
                                                    (doc.get("process_env") or {}).items() if v) or "defaults")
            + ".",
-           "", "The \"GPU host\" computes on the same 2-core CPU as the robot app, so host compute is "
-           "not faster than local here: read offloading's cost (the ratios), not a speed-up.", ""]
+           "", _cpus_line(plan, m), ""]
     out += ["## Links (measured through the emulator at the start of each link)", "",
             "| link | RTT target | RTT measured | rate target (Mbit/s) | up measured | down measured | "
             "cells refused |", "|---|---|---|---|---|---|---|"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -298,3 +299,27 @@ def test_quick_bench_offloads_every_inference_correctly(tmp_path: Path) -> None:
     assert rrto["shim_by_inference"]["replays"] == [1] * iters, rrto["shim_by_inference"]
     assert rrto["per_inference"]["replayed"] == 1.0
     assert rrto["per_inference"]["daemon_replies"] >= 1  # the daemon's count, beside
+
+
+def test_split_cpus_gives_each_side_its_own_cpus_and_the_launcher_pins_what_it_runs() -> None:
+    from bench.cpus import Split, pinned, split
+    from bench.harness import Plan, _command
+
+    assert split({0, 1}) == Split((0,), (1,))
+    assert split({5, 1, 3, 7}) == Split((1, 3), (5, 7))
+    with pytest.raises(ValueError, match="at least 2 CPUs"):
+        split({3})
+    assert pinned(["x", "y"], None) == ["x", "y"]
+    cpu = min(os.sched_getaffinity(0))
+    show = [sys.executable, "-c",
+            "import os, threading; t = threading.Thread(target=lambda: print(sorted("
+            "os.sched_getaffinity(0)))); t.start(); t.join()"]
+    out = subprocess.run(pinned(show, (cpu,)), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"[{cpu}]"  # a thread the command starts inherits the pin
+    bad = subprocess.run(pinned(["true"], (10_000,)), capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "cannot pin" in bad.stderr
+    # every system's app runs on the robot side
+    plan = Plan(models=["mlp"], links=[], systems=["local"], cpus=Split((0,), (1,)))
+    cmd, _ = _command(None, "mlp", "local", plan)
+    assert cmd[1:5] == [str(REPO / "bench" / "cpus.py"), "0", "--", sys.executable]
