@@ -94,9 +94,13 @@ class ReplayExtension(Protocol):
         ...
 
     def run_prepared(self, prepared: Any, refs: list[int | ops_pb2.TensorRef],
-                     out_ids: list[int]) -> Iterable[ops_pb2.SessionDown]:
+                     out_ids: list[int], ints: list[tuple[list[Any], int]] | None = None,
+                     want_meta: bool = False) -> Iterable[ops_pb2.SessionDown]:
         """Run a prepared call with this inference's tensors: per tensor argument a live id or
-        a ref to resolve, and the ids its outputs take. Replies as ``handle`` would."""
+        a ref to resolve, and the ids its outputs take. ``ints``: this inference's values of
+        the call's symbolic integers, each at its path (an argument's index or keyword name,
+        then item indices in lists). ``want_meta``: the app is answered this call's result,
+        its outputs' metadata included. Replies as ``handle`` would for the same call."""
         ...
 
     def written_ids(self, call: ops_pb2.OpCall) -> list[int]:

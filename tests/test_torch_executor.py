@@ -269,6 +269,34 @@ def test_prepared_call_computes_what_forwarding_computes(tmp_path):
         ex.prepare(ops_pb2.OpCall(op="aten::from_file.default"))
 
 
+def test_prepared_call_takes_this_inferences_integers_and_answers_like_forwarding(tmp_path):
+    """Calls with symbolic integers (``view(x, [n, 4])``, n a size of this inference) and calls
+    the app is answered (``want_meta``) run on the fast path too: the integers go in at their
+    paths, the bytes the call allocates are sized per integer values, and the reply is the one
+    the forwarded call with those integers gets."""
+    ex = make(tmp_path)
+    x = torch.arange(24.0)
+    call(ex, "aten::clone.default", [up(x)], out_ids=[1])
+    recorded = ops_pb2.OpCall(op="aten::view.default", out_ids=[10], args=[
+        ref(100), ops_pb2.Value(list=ops_pb2.ValueList(items=[ops_pb2.Value(i=2),
+                                                              ops_pb2.Value(i=12)]))])
+    p = ex.prepare(recorded)
+    assert list(ex.run_prepared(p, [1], [20], ints=[([1, 0], 6), ([1, 1], 4)])) == []
+    assert torch.equal(codec.from_tensor_data(fetch(ex, 20).fetched.tensor), x.view(6, 4))
+    (fast,) = ex.run_prepared(p, [1], [21], ints=[([1, 0], 3), ([1, 1], 8)], want_meta=True)
+    slow_call = ops_pb2.OpCall()
+    slow_call.CopyFrom(recorded)
+    slow_call.args[0].tensor.id, slow_call.out_ids[0] = 1, 22
+    slow_call.args[1].list.items[0].i, slow_call.args[1].list.items[1].i = 3, 8
+    (slow,) = call(ex, "aten::view.default", slow_call.args, out_ids=[22], want_meta=True)
+    assert list(fast.result.outs) == list(slow.result.outs)
+    assert list(fast.result.outs[0].shape) == [3, 8]
+    assert list(p.args[1]) == [2, 12]  # the prepared arguments stay as recorded
+    # the integers are part of what sizes the call: a wrong count is the operator's own error
+    (bad,) = ex.run_prepared(p, [1], [23], ints=[([1, 0], 5), ([1, 1], 4)])
+    assert bad.error.code == "OP_FAILED"
+
+
 def test_schema_hash_is_compared_once_and_a_mismatch_refuses_the_operator(tmp_path):
     from rrto_plugins.torch.schemas import schema_hash
 

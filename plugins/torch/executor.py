@@ -162,6 +162,16 @@ def _fill(value: Any, tensors: list[torch.Tensor]) -> Any:
     return value
 
 
+def _with_int(value: Any, path: list[int], n: int) -> Any:
+    """``value`` (an integer, or nested lists of them) with ``n`` at ``path``; lists copied,
+    the prepared arguments stay as recorded."""
+    if not path:
+        return n
+    items = list(value)
+    items[path[0]] = _with_int(items[path[0]], path[1:], n)
+    return type(value)(items)
+
+
 class PreparedCall:
     """A recorded call decoded once: its operator, its non-tensor arguments, and a hole per
     tensor argument, numbered in ``iter_tensor_refs`` order (positional, then keyword
@@ -194,14 +204,21 @@ class PreparedCall:
     def size_key(tensors: list[torch.Tensor]) -> tuple[Any, ...]:
         return tuple((t.dtype, t.shape, t.stride(), t.storage_offset()) for t in tensors)
 
-    def fill(self, tensors: list[torch.Tensor]) -> tuple[list[Any], dict[str, Any]]:
+    def fill(self, tensors: list[torch.Tensor],
+             ints: list[tuple[list[Any], int]] | None = None) -> tuple[list[Any], dict[str, Any]]:
+        """The arguments with this inference's tensors and symbolic integers in place."""
         if self.top is not None:
-            args = list(self.args)
+            args: list[Any] = list(self.args)
             for i, j in self.top:
                 args[i] = tensors[j]
-            return args, {}
-        return ([_fill(v, tensors) for v in self.args],
-                {k: _fill(v, tensors) for k, v in self.kwargs.items()})
+            kwargs: dict[str, Any] = {}
+        else:
+            args = [_fill(v, tensors) for v in self.args]
+            kwargs = {k: _fill(v, tensors) for k, v in self.kwargs.items()}
+        for path, n in ints or ():
+            where: Any = kwargs if isinstance(path[0], str) else args
+            where[path[0]] = _with_int(where[path[0]], path[1:], n)
+        return args, kwargs
 
 
 class TorchExecutor:
@@ -441,17 +458,21 @@ class TorchExecutor:
         return PreparedCall(self.allow.resolve(call.op), call, self._map_device)
 
     def run_prepared(self, p: PreparedCall, refs: list[int | ops_pb2.TensorRef],
-                     out_ids: list[int]) -> Iterator[ops_pb2.SessionDown]:
+                     out_ids: list[int], ints: list[tuple[list[Any], int]] | None = None,
+                     want_meta: bool = False) -> Iterator[ops_pb2.SessionDown]:
         """Run a prepared call with this inference's tensors: ``refs`` per tensor argument
         (in ``iter_tensor_refs`` order), a live id or a ref to resolve; ``out_ids`` as
-        rebound. Same semantics as forwarding the rebound call (errors, poison, quota)."""
+        rebound; ``ints``, this inference's symbolic integers. Same semantics as forwarding
+        the rebound call with those integers (errors, poison, quota, ``want_meta``)."""
         what = p.what
 
         def decode() -> tuple[Any, list[Any], dict[str, Any], int, bool]:
             tensors = [self._live(r, what) if type(r) is int else self._tensor_from_ref(r, what)
                        for r in refs]
-            args, kwargs = p.fill(tensors)
-            key = p.size_key(tensors)
+            args, kwargs = p.fill(tensors, ints)
+            key: Any = p.size_key(tensors)
+            if ints:  # the bytes it allocates may depend on them (``new_zeros([n, 4])``)
+                key = (key, tuple(n for _, n in ints))
             need = p.sizes.get(key)
             if need is None:
                 need = sizing.new_bytes(p.op, args, kwargs)
@@ -460,7 +481,7 @@ class TorchExecutor:
                 p.sizes[key] = need
             return p.op, args, kwargs, need, p.written
 
-        return self._execute(decode, what, p.layouts, out_ids, 0, False, False, p.counts)
+        return self._execute(decode, what, p.layouts, out_ids, 0, False, want_meta, p.counts)
 
     def _execute(self, decode: Any, what: str, layouts: list[Layout], ids: list[int], seq: int,
                  sync: bool, want_meta: bool, counts: bool) -> Iterator[ops_pb2.SessionDown]:

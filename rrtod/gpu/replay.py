@@ -491,8 +491,11 @@ class HostReplayer:
             refs, out_ids = self._bind(act, k)
             prepared = act.seq.prepared[k] if act.seq.prepared else None
             answered = act.seq.definition.calls[k].want_meta
-            if answered or k in act.seq.symbols:
-                prepared = None  # this inference's sizes go into the call itself
+            ints = None
+            if k in act.seq.symbols:
+                ints = self._symbol_values(act, k, emit)
+                if ints is None:
+                    return
             call = None
             if act.seq.writes[k] or act.seq.mutates[k]:
                 ids = [out_ids[j] for j in act.seq.writes[k]]
@@ -501,11 +504,11 @@ class HostReplayer:
                     ids += act.seq.written(call)  # ids as rebound for this inference
                 act.snapshots.append((k, self.replay.snapshot(ids)))  # replay: checked at define
             if prepared is not None:  # only with a replay extension (``_prepare``)
-                downs = self.replay.run_prepared(prepared, refs, out_ids)
+                downs = self.replay.run_prepared(prepared, refs, out_ids, ints, answered)
             else:
                 call = call or self._rebind(act, k, refs, out_ids)
-                if k in act.seq.symbols and not self._sizes(act, k, call, emit):
-                    return
+                for path, n in ints or ():
+                    _put_int(call, path, n)
                 call.want_meta = answered
                 downs = self.handle(ops_pb2.SessionUp(call=call))
             for down in downs:
@@ -570,9 +573,11 @@ class HostReplayer:
                     self._push(act.base + j, emit)
         return True
 
-    def _sizes(self, act: Active, k: int, call: ops_pb2.OpCall, emit: Emit) -> bool:
-        """Put this inference's sizes into call ``k``'s symbolic integers. False (the replay
-        failed, reported) when a tensor they name is not there."""
+    def _symbol_values(self, act: Active, k: int,
+                       emit: Emit) -> list[tuple[list[Any], int]] | None:
+        """This inference's values of call ``k``'s symbolic integers, each with its path. None
+        (the replay failed, reported) when a tensor they name is not there."""
+        values = []
         for path, i, dim, span in act.seq.symbols[k]:
             if dim == READ_VALUE:
                 n = self.replay.scalar(act.id_of(i)) if self.replay is not None else None
@@ -587,12 +592,9 @@ class HostReplayer:
                               f"no {what} of tensor {act.id_of(i)}", act.seq.definition.id)
                 down.error.base_id, down.error.position = act.base, k
                 emit(down)
-                return False
-            v = call.kwargs[path[0]] if isinstance(path[0], str) else call.args[path[0]]
-            for j in path[1:]:
-                v = getattr(v, v.WhichOneof("kind")).items[j]
-            v.i = n
-        return True
+                return None
+            values.append((path, n))
+        return values
 
     def _constants_released(self, release: ops_pb2.Release) -> None:
         """The app let go of tensors: a sequence call that reads one as its recorded constant
@@ -726,6 +728,14 @@ def _bad_join(seq: Compiled, start: ops_pb2.ReplayStart) -> str | None:
     if any(i >= n for i in start.joined):
         return f"sequence {start.sequence}: a joined value is not one of its {n} local values"
     return None
+
+
+def _put_int(call: ops_pb2.OpCall, path: list[Any], n: int) -> None:
+    """Set the integer at ``path`` of ``call``'s arguments (a symbolic integer's value)."""
+    v = call.kwargs[path[0]] if isinstance(path[0], str) else call.args[path[0]]
+    for j in path[1:]:
+        v = getattr(v, v.WhichOneof("kind")).items[j]
+    v.i = n
 
 
 def _with_bind(ref: ops_pb2.TensorRef, bind_id: int) -> ops_pb2.TensorRef:

@@ -201,8 +201,10 @@ class _PacedReplay:
         self._run_prepared = ext.run_prepared
         self._run = run
 
-    def run_prepared(self, prepared: Any, refs: list[Any], out_ids: list[int]) -> Any:
-        return self._run(self._run_prepared, prepared, refs, out_ids)
+    def run_prepared(self, prepared: Any, refs: list[Any], out_ids: list[int],
+                     ints: list[tuple[list[Any], int]] | None = None,
+                     want_meta: bool = False) -> Any:
+        return self._run(self._run_prepared, prepared, refs, out_ids, ints, want_meta)
 
 
 def _down(replies: list[ops_pb2.SessionDown]) -> ops_pb2.SessionDown:
