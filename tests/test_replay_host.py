@@ -31,7 +31,7 @@ class NumberExecutor:
     def prepare(self, c: ops_pb2.OpCall) -> None:
         return None  # the generic path
 
-    def run_prepared(self, prepared, refs, out_ids):
+    def run_prepared(self, prepared, refs, out_ids, ints=None, want_meta=False):
         raise AssertionError("never prepared")
 
     def __init__(self) -> None:
