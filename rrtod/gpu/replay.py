@@ -68,6 +68,9 @@ class Compiled:
     # per call, per tensor argument: (slot, recorded ref, its kind, local index of the upload's
     # bind id, local index of the producing call's output) - precomputed for ``_bind``
     binding: list[list[tuple[int, ops_pb2.TensorRef, str, int | None, int | None]]]
+    # per call, per output: its local index, or None for an id the inference did not make
+    # (an argument written in place and returned) - precomputed for ``_bind``
+    out_local: list[list[int | None]]
     last_use: dict[int, int]  # local index -> the last call that reads or writes it
     free_after: list[list[int]]  # per call: local indices it is the last to read or write
     written: Callable[[ops_pb2.OpCall], list[int]] | None = None
@@ -188,7 +191,8 @@ def compile_sequence(d: ops_pb2.SequenceDef,
                              "after it")
     first = d.varies_from if d.HasField("varies_from") else len(d.calls)
     varying = frozenset(k for k, call in enumerate(d.calls) if k >= first or call.want_meta)
-    return Compiled(d, local, inputs, outputs, pushes, writes, mutates, binding,
+    out_local = [[local.get(r) for r in call.out_ids] for call in d.calls]
+    return Compiled(d, local, inputs, outputs, pushes, writes, mutates, binding, out_local,
                     last_use, free_after, written=written, constants=constants,
                     constants_at=constants_at, symbols=symbols, varying=varying)
 
@@ -666,8 +670,16 @@ class HostReplayer:
                 refs.append(_with_bind(rec, base + bind))
             else:
                 refs.append(rec.id if kind == "id" else rec)
-        out_ids = [act.id_of(seq.local[r]) if r in seq.local else r
-                   for r in seq.definition.calls[k].out_ids]
+        if act.joined:
+            out_ids = [act.id_of(i) if i is not None else r for i, r in
+                       zip(seq.out_local[k], seq.definition.calls[k].out_ids, strict=True)]
+        else:  # the common case: every output a value of this inference, at base + index
+            outs = seq.out_local[k]
+            if None in outs:
+                out_ids = [base + i if i is not None else r for i, r in
+                           zip(outs, seq.definition.calls[k].out_ids, strict=True)]
+            else:
+                out_ids = [base + i for i in outs]
         if renamed:  # written in place and returned: the result is the rebound tensor too
             out_ids = [renamed.get(r, r) for r in out_ids]
         return refs, out_ids
