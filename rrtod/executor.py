@@ -137,6 +137,10 @@ class ReplayExtension(Protocol):
         """Those of ``ids`` that are not live in this session (released, or never made)."""
         ...
 
+    # Optional: ``release(ids)`` frees live tensors as a ``Release`` frame of ``ids`` would,
+    # without one (a replay frees each value after its last use: a frame each cost as much as
+    # a small operator). Without it the replayer sends the executor ``Release`` frames.
+
 
 @runtime_checkable
 class ReplyMemory(Protocol):

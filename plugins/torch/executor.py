@@ -603,6 +603,8 @@ class TorchExecutor:
             self.store.pop(i)
             self.poisoned.pop(i, None)
 
+    release = _release  # ReplayExtension.release: a replay frees values after their last use
+
     def _blob_put(self, put: ops_pb2.BlobPut) -> Iterator[ops_pb2.SessionDown]:
         key = bytes(put.hash)
         if hash_of(put.tensor) != key:

@@ -88,6 +88,7 @@ class Compiled:
     symbols: dict[int, list[tuple[list[Any], int, int, int]]] = field(default_factory=dict)
     # calls whose output sizes may follow the data: answered ones, and from ``varies_from`` on
     varying: frozenset[int] = frozenset()
+    answered: frozenset[int] = frozenset()  # calls whose result the app is answered (want_meta)
     # A definition with loops (``rrtod.loops``): this is its head; at the head's end the replay
     # goes on with ``unrolled[count]`` (``HostReplayer._unroll``), where ``counted`` is the
     # (local index, dimension) of the size that counts the loop.
@@ -190,11 +191,13 @@ def compile_sequence(d: ops_pb2.SequenceDef,
             raise ValueError(f"sequence {d.id}: call {sym.call} uses a size of a tensor made "
                              "after it")
     first = d.varies_from if d.HasField("varies_from") else len(d.calls)
-    varying = frozenset(k for k, call in enumerate(d.calls) if k >= first or call.want_meta)
+    answered = frozenset(k for k, call in enumerate(d.calls) if call.want_meta)
+    varying = frozenset(k for k in range(first, len(d.calls))) | answered
     out_local = [[local.get(r) for r in call.out_ids] for call in d.calls]
     return Compiled(d, local, inputs, outputs, pushes, writes, mutates, binding, out_local,
                     last_use, free_after, written=written, constants=constants,
-                    constants_at=constants_at, symbols=symbols, varying=varying)
+                    constants_at=constants_at, symbols=symbols, varying=varying,
+                    answered=answered)
 
 
 def pinned_by(seq: Compiled) -> str | None:
@@ -494,7 +497,7 @@ class HostReplayer:
                 return  # reads a constant the app let go of: the app's abort follows
             refs, out_ids = self._bind(act, k)
             prepared = act.seq.prepared[k] if act.seq.prepared else None
-            answered = act.seq.definition.calls[k].want_meta
+            answered = k in act.seq.answered
             ints = None
             if k in act.seq.symbols:
                 ints = self._symbol_values(act, k, emit)
@@ -633,6 +636,10 @@ class HostReplayer:
             self._free(free)
 
     def _free(self, ids: list[int]) -> None:
+        release = getattr(self.replay, "release", None)
+        if release is not None:
+            release(ids)
+            return
         for _ in self.handle(ops_pb2.SessionUp(release=ops_pb2.Release(ids=ids))):
             pass
 

@@ -196,6 +196,7 @@ class _PacedReplay:
         self.snapshot = ext.snapshot
         self.restore = ext.restore
         self.missing = ext.missing
+        self.release = getattr(ext, "release", None)  # optional (rrtod.executor)
         self.shape = ext.shape
         self.scalar = ext.scalar
         self._run_prepared = ext.run_prepared
