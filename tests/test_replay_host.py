@@ -358,10 +358,25 @@ def release(*ids: int) -> ops_pb2.SessionUp:
     return ops_pb2.SessionUp(release=ops_pb2.Release(ids=ids))
 
 
-def test_values_the_app_released_are_freed_after_their_last_use():
+class ReleasingExecutor(NumberExecutor):
+    """Declares the replay extension's optional ``release``: frees without a frame."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released: list[list[int]] = []
+
+    def release(self, ids: list[int]) -> None:
+        self.released.append(list(ids))
+        for i in ids:
+            self.store.pop(i, None)
+
+
+@pytest.mark.parametrize("executor", [NumberExecutor, ReleasingExecutor])
+def test_values_the_app_released_are_freed_after_their_last_use(executor):
     """The app drops a and b while the host waits for in1: a is freed as soon as the host runs
-    on, b only after d read it, before their release frame is processed."""
-    ex = NumberExecutor()
+    on, b only after d read it, before their release frame is processed. An executor with
+    ``release`` frees them through it, one without gets Release frames."""
+    ex = executor()
     ex.store[5] = 1.0  # not this inference's: left to the release frame itself
     r = HostReplayer(ex)
     daemon(r, ops_pb2.SessionUp(define=waiting_sequence()),
@@ -372,6 +387,8 @@ def test_values_the_app_released_are_freed_after_their_last_use():
     out = run(r, ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=5, tensor=upload(5.0))))
     assert [value(x) for x in out] == [(1002, 149.0)]  # b was still there for d
     assert 1000 not in ex.store and 1001 not in ex.store and ex.store[5] == 1.0
+    if isinstance(ex, ReleasingExecutor):
+        assert sorted(i for ids in ex.released for i in ids) == [1000, 1001]
     run(r, release(1000, 1001, 5))
     assert 5 not in ex.store
 

@@ -84,6 +84,24 @@ def test_views_share_quota_bytes_and_release_frees(tmp_path):
     assert ex.stats()["bytes_live"] == 0 and ex.stats()["tensors"] == 0
 
 
+def test_replay_release_frees_like_a_release_frame(tmp_path):
+    """``replay.release(ids)``, how a replay frees values after their last use, does what a
+    ``Release`` frame of those ids does: the storage is uncharged once no id holds it, a
+    poisoned id is forgotten, an unknown id is ignored."""
+    ex = make(tmp_path)
+    call(ex, "aten::view.default", [up(torch.zeros(256), bind=1),
+                                    ops_pb2.Value(list=ops_pb2.ValueList(
+                                        items=[ops_pb2.Value(i=16), ops_pb2.Value(i=16)]))],
+         out_ids=[2])
+    call(ex, "aten::from_file.default", [], out_ids=[3])  # refused: 3 is poisoned
+    assert fetch(ex, 3).error.code == "POISONED"
+    ex.replay.release([1, 3, 99])
+    assert ex.stats()["bytes_live"] == 1024 and ex.stats()["tensors"] == 1
+    assert fetch(ex, 3).error.code == "UNKNOWN_TENSOR"
+    ex.replay.release([2])
+    assert ex.stats()["bytes_live"] == 0 and ex.stats()["tensors"] == 0
+
+
 @pytest.mark.parametrize("op", ["aten::from_file.default", "torchvision::nms.default",
                                 "aten::set_.source_Storage", "not an op"])
 def test_refused_operator_says_so_and_poisons_outputs(tmp_path, op):
