@@ -240,9 +240,12 @@ def summary(doc: dict[str, Any]) -> str:
     median.update({(c["link"], c["model"], c["system"]): "FAILED (outputs ≠ local)"
                    for c in doc["cells"] if wrong_outputs(c)})
     m = doc["machine"]
+    cpus = doc["plan"].get("cpus")
+    where = (f"robot side on CPU {_ints(cpus['robot'])}, GPU host on CPU {_ints(cpus['host'])}"
+             if cpus else "the GPU host computes on the same CPU")
     out = [f"Full run of {doc['started']} (commit {str(m.get('git_commit'))[:10]}, "
-           f"{m['cpu_count']} CPUs, torch {m['versions']['torch']}; the GPU host computes on the "
-           "same CPU): median ms per inference, batch 1. Every cell, p90/p99, bytes, energy "
+           f"{m['cpu_count']} CPUs, torch {m['versions']['torch']}; {where}"
+           "): median ms per inference, batch 1. Every cell, p90/p99, bytes, energy "
            f"— {energy_label(doc)} — and the targets: "
            "[bench/results/latest.md](bench/results/latest.md).", "",
            "![median latency per system and link](bench/results/latest.png)", "",

@@ -323,3 +323,8 @@ def test_split_cpus_gives_each_side_its_own_cpus_and_the_launcher_pins_what_it_r
     plan = Plan(models=["mlp"], links=[], systems=["local"], cpus=Split((0,), (1,)))
     cmd, _ = _command(None, "mlp", "local", plan)
     assert cmd[1:5] == [str(REPO / "bench" / "cpus.py"), "0", "--", sys.executable]
+    # and the report says where each side ran
+    from bench.report import _cpus_line
+
+    assert "pinned to CPU 0" in _cpus_line(plan.to_dict(), {"cpu_count": 2})
+    assert "same 2-CPU machine" in _cpus_line({"cpus": None}, {"cpu_count": 2})
