@@ -6,7 +6,10 @@ runs each call first on meta tensors (same dtypes, shapes, strides; no data, no 
 charges what that allocates: every output storage that is not one of the inputs', plus the
 growth of input storages (``resize_``, ``out=`` arguments). Meta execution costs 80-600 us
 (measured here), so results are cached per operator and argument signature: a repeated call
-costs one dictionary lookup after its signature (~1 us per tensor argument).
+costs one dictionary lookup after its signature (~1 us per tensor argument). Two kinds need no
+meta execution at all, which matters where sizes change every inference (a detector's box count
+makes every call after it a new signature): views allocate nothing, and a pointwise operator's
+output is the broadcast shape of its arguments in an item size known per dtypes.
 
 Operators whose output size depends on data (``nonzero``, boolean masks, ``unique``) cannot be
 executed on meta tensors; their outputs are bounded by their inputs instead (``nonzero``:
@@ -83,6 +86,11 @@ def measure(op: torch._ops.OpOverload, args: list[Any],
     try:
         if bound is not None:
             return bound(op, args, kwargs)
+        if _is_view(op):
+            return 0
+        fast = _pointwise_bytes(op, args, kwargs)
+        if fast is not None:
+            return fast
         return _meta_bytes(op, args, kwargs)
     except (Unsizable, MetaFailed) as exc:
         return exc
@@ -174,6 +182,108 @@ def _meta_bytes(op: torch._ops.OpOverload, args: list[Any], kwargs: dict[str, An
         counted.add(st._cdata)
         total += max(0, st.nbytes() - before.get(st._cdata, 0))
     return total
+
+
+# -- views and pointwise operators: sized without meta execution -------------------------------
+# A functional pointwise operator (``torch.Tag.pointwise``, one Tensor returned, nothing written)
+# makes one dense output of the broadcast shape of its tensor arguments, in a dtype that follows
+# the arguments' dtypes, whether each is 0-dim (type promotion's categories), the types of its
+# Python numbers and the values of its other arguments (``dtype=``, ``rounding_mode=``), never
+# their sizes. That dtype's item size is worked out once per such key on 1-element meta tensors;
+# a call whose sizes change from one inference to the next (a detector's box count) then costs
+# a broadcast of shapes instead of a meta execution (80-600 us). The bytes are exactly what meta
+# execution gives (tests/test_sizing.py compares them).
+_POINTWISE: dict[Any, bool] = {}
+_VIEWS: dict[Any, bool] = {}
+_ITEMSIZE: dict[Any, int | None] = {}
+_NUMBERS = (int, float, complex)
+
+
+def _is_view(op: torch._ops.OpOverload) -> bool:
+    """An aten view (``slice``, ``select``, ``view``, ``permute``, ``split``...): every output
+    aliases an input and nothing is written, so it allocates nothing. Composite operators
+    whose schema says alias but that may copy (``reshape``, ``contiguous``, ``to``) are not
+    views here, nor another library's operators (their schema is their author's word)."""
+    known = _VIEWS.get(op)
+    if known is None:
+        schema = op._schema
+        known = _VIEWS[op] = (
+            op.namespace == "aten" and not schema.is_mutable and bool(schema.returns)
+            and all(r.alias_info is not None and not r.alias_info.is_write
+                    for r in schema.returns)
+            and not torch._C._dispatch_has_kernel_for_dispatch_key(
+                op.name(), "CompositeImplicitAutograd"))
+    return known
+
+
+def _is_pointwise(op: torch._ops.OpOverload) -> bool:
+    known = _POINTWISE.get(op)
+    if known is None:
+        schema = op._schema
+        known = _POINTWISE[op] = (
+            op.namespace == "aten" and torch.Tag.pointwise in op.tags and not schema.is_mutable
+            and torch.Tag.nondeterministic_seeded not in op.tags
+            and len(schema.returns) == 1 and str(schema.returns[0].type) == "Tensor")
+    return known
+
+
+def _pointwise_bytes(op: torch._ops.OpOverload, args: list[Any],
+                     kwargs: dict[str, Any]) -> int | None:
+    """The bytes of a functional pointwise call's output, or None (meta execution decides)."""
+    if not _is_pointwise(op):
+        return None
+    shapes: list[torch.Size] = []
+    key: list[Any] = [op]
+    items: list[tuple[str | None, Any]] = [(None, v) for v in args]
+    if kwargs:
+        items += kwargs.items()
+    for name, v in items:
+        if isinstance(v, torch.Tensor):
+            if v.layout is not torch.strided:
+                return None
+            shapes.append(v.shape)
+            key.append((name, v.dtype, v.dim() == 0))
+        elif isinstance(v, (list, tuple)):
+            return None  # a list argument: not the simple case
+        elif isinstance(v, _NUMBERS) and not isinstance(v, bool):
+            key.append((name, type(v)))
+        else:
+            try:
+                hash(v)
+            except TypeError:
+                return None
+            key.append((name, v))
+    if not shapes:
+        return None
+    try:
+        shape = torch.broadcast_shapes(*shapes)
+    except RuntimeError:
+        return None  # meta execution reports it as the operator would
+    k = tuple(key)
+    itemsize = _ITEMSIZE.get(k, 0)
+    if itemsize == 0:
+        itemsize = _ITEMSIZE[k] = _item_size(op, args, kwargs)
+        if len(_ITEMSIZE) >= _CACHE_MAX:
+            _ITEMSIZE.clear()
+    if itemsize is None:
+        return None
+    return math.prod(shape) * itemsize
+
+
+def _item_size(op: torch._ops.OpOverload, args: list[Any], kwargs: dict[str, Any]) -> int | None:
+    """The output's item size for these dtypes and kinds, from 1-element meta tensors."""
+    def tiny(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return torch.empty(() if v.dim() == 0 else (1,), dtype=v.dtype, device="meta")
+        return v
+    try:
+        with torch.inference_mode():
+            out = op(*[tiny(a) for a in args], **{k: tiny(v) for k, v in kwargs.items()})
+    except Exception:  # noqa: BLE001 - the full meta execution then decides, and reports
+        return None
+    if not isinstance(out, torch.Tensor) or out.device.type != "meta":
+        return None
+    return out.element_size()
 
 
 # -- operators whose output size depends on data: bounds from their inputs -------------------
