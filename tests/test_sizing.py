@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rrto_plugins.torch import sizing
+from rrto_plugins.torch import pointwise, sizing
 
 aten = torch.ops.aten
 f32, i64 = torch.float32, torch.int64
@@ -65,7 +65,7 @@ def test_a_pointwise_call_whose_sizes_change_is_sized_per_call_without_meta_exec
     """A detector's box count changes every frame: each count is a new signature, sized by a
     product of sizes once the dtype's item size is known."""
     sizing._cache.clear()
-    sizing._ITEMSIZE.clear()
+    monkeypatch.setattr(sizing, "_DTYPES", pointwise.Dtypes())
     assert sizing.new_bytes(aten.mul.Tensor, [t(3, 4), t(4)], {}) == 3 * 4 * 4
     calls = []
     monkeypatch.setattr(sizing, "_meta_bytes", lambda *a: calls.append(a) or 0)

@@ -20,7 +20,7 @@ import torch.utils._mode_utils
 from torch._prims_common import suggest_memory_format
 from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensor, FakeTensorMode
 
-from . import libops
+from . import libops, pointwise
 from .proxy import new_proxy
 
 # Operators answered without the host: they only relabel a handle.
@@ -171,7 +171,7 @@ class MetaCache:
 
     def __init__(self, counters: Counter[str]):
         self._cache: dict[Any, Any] = {}
-        self._dtypes: dict[Any, torch.dtype | None] = {}  # pointwise calls (``_pointwise``)
+        self._dtypes = pointwise.Dtypes()  # of pointwise calls (``_pointwise``)
         self._counters = counters  # the session's: counts ``meta_fallbacks``
 
     def output_template(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -210,68 +210,26 @@ class MetaCache:
 
 
     def _pointwise(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        """The template of a functional aten pointwise call whose tensor arguments all have
-        one shape and C-contiguous strides: PyTorch's TensorIterator gives such operands one
-        C-contiguous output of that shape (its contiguous fast setup). Its dtype follows the
-        arguments' dtypes, the types of Python numbers and the values of other arguments,
-        never the sizes: worked out once per such key on 1-element meta tensors. None: not
-        this case (meta execution decides). A detector's box arithmetic makes a new signature
-        every frame (the count changes); this spares it a meta execution per call."""
-        if not _is_pointwise(func):
+        """The template of a functional pointwise call (``pointwise``) whose tensor arguments
+        all have one shape and C-contiguous strides: PyTorch's TensorIterator gives such
+        operands one C-contiguous output of that shape (its contiguous fast setup), in a dtype
+        worked out once per argument dtypes and kinds. None: not this case (meta execution
+        decides). A detector's box arithmetic makes a new signature every frame (the count
+        changes); this spares it a meta execution per call."""
+        described = pointwise.describe(func, args, kwargs)
+        if described is None:
             return None
-        shape: tuple[int, ...] | None = None
-        key: list[Any] = [func]
-        items: list[tuple[str | None, Any]] = [(None, v) for v in args]
-        if kwargs:
-            items += kwargs.items()
-        for name, v in items:
-            if isinstance(v, torch.Tensor):
-                s = tuple(v.shape)
-                if shape is None:
-                    shape = s
-                elif s != shape:
-                    return None
-                if v.layout is not torch.strided or v.stride() != _contiguous(s):
-                    return None
-                key.append((name, v.dtype, v.dim() == 0))
-            elif isinstance(v, (list, tuple)):
-                return None
-            elif isinstance(v, torch.memory_format) and v not in _KEEPS_CONTIGUOUS:
-                return None  # ``clone(memory_format=channels_last)``: another layout
-            elif isinstance(v, (int, float, complex)) and not isinstance(v, bool):
-                key.append((name, type(v)))
-            else:
-                try:
-                    hash(v)
-                except TypeError:
-                    return None
-                key.append((name, v))
-        if shape is None:
+        key, tensors = described
+        shape = tuple(tensors[0].shape)
+        strides = _contiguous(shape)
+        if any(tuple(t.shape) != shape or t.stride() != strides for t in tensors):
             return None
-        k = tuple(key)
-        dtype = self._dtypes.get(k, False)
-        if dtype is False:
-            dtype = self._dtypes[k] = _pointwise_dtype(func, args, kwargs)
+        dtype = self._dtypes.of(key, func, args, kwargs)
         if dtype is None:
             return None
         out = Out.__new__(Out)
-        out.k, out.shape, out.stride, out.offset, out.dtype = 0, shape, _contiguous(shape), 0, dtype
+        out.k, out.shape, out.stride, out.offset, out.dtype = 0, shape, strides, 0, dtype
         return (out, [out])
-
-
-_KEEPS_CONTIGUOUS = (torch.contiguous_format, torch.preserve_format)
-_POINTWISE: dict[Any, bool] = {}
-
-
-def _is_pointwise(func: Any) -> bool:
-    known = _POINTWISE.get(func)
-    if known is None:
-        schema = func._schema
-        known = _POINTWISE[func] = (
-            func.namespace == "aten" and torch.Tag.pointwise in func.tags
-            and torch.Tag.nondeterministic_seeded not in func.tags and not schema.is_mutable
-            and len(schema.returns) == 1 and str(schema.returns[0].type) == "Tensor")
-    return known
 
 
 def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -281,21 +239,6 @@ def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
         strides.append(step)
         step *= max(n, 1)
     return tuple(reversed(strides))
-
-
-def _pointwise_dtype(func: Any, args: tuple, kwargs: dict) -> torch.dtype | None:
-    """The output dtype for these argument dtypes and kinds, from 1-element meta tensors (a
-    0-dim tensor stays 0-dim: type promotion treats it apart)."""
-    def tiny(v: Any) -> Any:
-        if isinstance(v, torch.Tensor):
-            return torch.empty(() if v.dim() == 0 else (1,) * v.dim(), dtype=v.dtype,
-                               device="meta")
-        return v
-    try:
-        out = func(*[tiny(a) for a in args], **{k: tiny(v) for k, v in kwargs.items()})
-    except Exception:  # noqa: BLE001 - meta execution then decides, and reports
-        return None
-    return out.dtype if isinstance(out, torch.Tensor) else None
 
 
 def app_device(args: tuple, kwargs: dict) -> torch.device:

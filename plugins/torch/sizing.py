@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from . import libops
+from . import libops, pointwise
 
 
 class Unsizable(Exception):
@@ -185,18 +185,8 @@ def _meta_bytes(op: torch._ops.OpOverload, args: list[Any], kwargs: dict[str, An
 
 
 # -- views and pointwise operators: sized without meta execution -------------------------------
-# A functional pointwise operator (``torch.Tag.pointwise``, one Tensor returned, nothing written)
-# makes one dense output of the broadcast shape of its tensor arguments, in a dtype that follows
-# the arguments' dtypes, whether each is 0-dim (type promotion's categories), the types of its
-# Python numbers and the values of its other arguments (``dtype=``, ``rounding_mode=``), never
-# their sizes. That dtype's item size is worked out once per such key on 1-element meta tensors;
-# a call whose sizes change from one inference to the next (a detector's box count) then costs
-# a broadcast of shapes instead of a meta execution (80-600 us). The bytes are exactly what meta
-# execution gives (tests/test_sizing.py compares them).
-_POINTWISE: dict[Any, bool] = {}
 _VIEWS: dict[Any, bool] = {}
-_ITEMSIZE: dict[Any, int | None] = {}
-_NUMBERS = (int, float, complex)
+_DTYPES = pointwise.Dtypes()
 
 
 def _is_view(op: torch._ops.OpOverload) -> bool:
@@ -216,78 +206,27 @@ def _is_view(op: torch._ops.OpOverload) -> bool:
     return known
 
 
-def _is_pointwise(op: torch._ops.OpOverload) -> bool:
-    known = _POINTWISE.get(op)
-    if known is None:
-        schema = op._schema
-        known = _POINTWISE[op] = (
-            op.namespace == "aten" and torch.Tag.pointwise in op.tags and not schema.is_mutable
-            and torch.Tag.nondeterministic_seeded not in op.tags
-            and len(schema.returns) == 1 and str(schema.returns[0].type) == "Tensor")
-    return known
-
-
 def _pointwise_bytes(op: torch._ops.OpOverload, args: list[Any],
                      kwargs: dict[str, Any]) -> int | None:
-    """The bytes of a functional pointwise call's output, or None (meta execution decides)."""
-    if not _is_pointwise(op):
+    """The bytes of a functional pointwise call's one dense output (``pointwise``): its
+    broadcast shape times its dtype's item size. None: meta execution decides. The bytes are
+    exactly what meta execution gives (tests/test_sizing.py compares them)."""
+    described = pointwise.describe(op, args, kwargs)
+    if described is None:
         return None
-    shapes: list[torch.Size] = []
-    key: list[Any] = [op]
-    items: list[tuple[str | None, Any]] = [(None, v) for v in args]
-    if kwargs:
-        items += kwargs.items()
-    for name, v in items:
-        if isinstance(v, torch.Tensor):
-            if v.layout is not torch.strided:
-                return None
-            shapes.append(v.shape)
-            key.append((name, v.dtype, v.dim() == 0))
-        elif isinstance(v, (list, tuple)):
-            return None  # a list argument: not the simple case
-        elif isinstance(v, _NUMBERS) and not isinstance(v, bool):
-            key.append((name, type(v)))
-        else:
-            try:
-                hash(v)
-            except TypeError:
-                return None
-            key.append((name, v))
-    if not shapes:
-        return None
-    first = shapes[0]
-    if all(x == first for x in shapes):
+    key, tensors = described
+    first = tensors[0].shape
+    if all(t.shape == first for t in tensors):
         shape = first  # the common case, without broadcasting (~20 us)
     else:
         try:
-            shape = torch.broadcast_shapes(*shapes)
+            shape = torch.broadcast_shapes(*(t.shape for t in tensors))
         except RuntimeError:
             return None  # meta execution reports it as the operator would
-    k = tuple(key)
-    itemsize = _ITEMSIZE.get(k, 0)
-    if itemsize == 0:
-        itemsize = _ITEMSIZE[k] = _item_size(op, args, kwargs)
-        if len(_ITEMSIZE) >= _CACHE_MAX:
-            _ITEMSIZE.clear()
-    if itemsize is None:
+    dtype = _DTYPES.of(key, op, args, kwargs)
+    if dtype is None:
         return None
-    return math.prod(shape) * itemsize
-
-
-def _item_size(op: torch._ops.OpOverload, args: list[Any], kwargs: dict[str, Any]) -> int | None:
-    """The output's item size for these dtypes and kinds, from 1-element meta tensors."""
-    def tiny(v: Any) -> Any:
-        if isinstance(v, torch.Tensor):
-            return torch.empty(() if v.dim() == 0 else (1,), dtype=v.dtype, device="meta")
-        return v
-    try:
-        with torch.inference_mode():
-            out = op(*[tiny(a) for a in args], **{k: tiny(v) for k, v in kwargs.items()})
-    except Exception:  # noqa: BLE001 - the full meta execution then decides, and reports
-        return None
-    if not isinstance(out, torch.Tensor) or out.device.type != "meta":
-        return None
-    return out.element_size()
+    return math.prod(shape) * dtype.itemsize
 
 
 # -- operators whose output size depends on data: bounds from their inputs -------------------
