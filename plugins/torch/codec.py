@@ -66,7 +66,7 @@ def wire_layout(t: torch.Tensor) -> tuple[int, ...] | None:
     """The strides an upload of ``t`` names: those of a dense (non-overlapping, gap-free)
     layout that differs from the C-contiguous strides, else None (the default layout)."""
     stride = t.stride()
-    if t.numel() == 0 or stride == _contiguous_strides(tuple(t.shape)):
+    if t.numel() == 0 or stride == contiguous_strides(tuple(t.shape)):
         return None
     try:
         return _wire_stride(tuple(t.shape), stride)
@@ -74,7 +74,8 @@ def wire_layout(t: torch.Tensor) -> tuple[int, ...] | None:
         return None
 
 
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """C-contiguous strides, as ``torch.empty(shape)`` has them (size-1 dimensions included)."""
     out, step = [], 1
     for size in reversed(shape):
         out.append(step)

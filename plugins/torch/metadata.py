@@ -20,7 +20,7 @@ import torch.utils._mode_utils
 from torch._prims_common import suggest_memory_format
 from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensor, FakeTensorMode
 
-from . import libops, pointwise
+from . import codec, libops, pointwise
 from .proxy import new_proxy
 
 # Operators answered without the host: they only relabel a handle.
@@ -208,7 +208,6 @@ class MetaCache:
         outs: list[Out] = []
         return (_template(result, outs), outs)
 
-
     def _pointwise(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """The template of a functional pointwise call (``pointwise``) whose tensor arguments
         all have one shape and C-contiguous strides: PyTorch's TensorIterator gives such
@@ -221,7 +220,7 @@ class MetaCache:
             return None
         key, tensors = described
         shape = tuple(tensors[0].shape)
-        strides = _contiguous(shape)
+        strides = codec.contiguous_strides(shape)
         if any(tuple(t.shape) != shape or t.stride() != strides for t in tensors):
             return None
         dtype = self._dtypes.of(key, func, args, kwargs)
@@ -230,15 +229,6 @@ class MetaCache:
         out = Out.__new__(Out)
         out.k, out.shape, out.stride, out.offset, out.dtype = 0, shape, strides, 0, dtype
         return (out, [out])
-
-
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """C-contiguous strides, as ``torch.empty(shape)`` has them (size-1 dimensions included)."""
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
 
 
 def app_device(args: tuple, kwargs: dict) -> torch.device:

@@ -98,25 +98,17 @@ class TensorStore:
     def put_many(self, items: list[tuple[Hashable, torch.Tensor]], what: str,
                  admitted: int = 0) -> None:
         """Store all of ``items`` or none (QuotaExceeded, and the reservation ends too)."""
-        if len(items) == 1:  # the common case: one output
-            key, t = items[0]
-            k = _storage_key(t)
-            self.pending -= admitted
-            try:
-                self._charge((0 if k in self._refs else k[1]) - admitted, what)
-            except QuotaExceeded:
-                if self.host is not None:
-                    self.host.refund(admitted)
-                raise
-            self._put(key, t, k)
-            return
         keyed = [(key, t, _storage_key(t)) for key, t in items]
-        seen: set[tuple[int, int]] = set()
         extra = 0  # bytes of storages not yet charged
-        for _, _, k in keyed:
-            if k not in self._refs and k not in seen:
-                seen.add(k)
-                extra += k[1]
+        if len(keyed) == 1:  # the common case: one output, no storage to count once
+            k = keyed[0][2]
+            extra = 0 if k in self._refs else k[1]
+        else:
+            seen: set[tuple[int, int]] = set()
+            for _, _, k in keyed:
+                if k not in self._refs and k not in seen:
+                    seen.add(k)
+                    extra += k[1]
         self.pending -= admitted
         try:
             self._charge(extra - admitted, what)

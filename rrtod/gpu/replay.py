@@ -192,7 +192,7 @@ def compile_sequence(d: ops_pb2.SequenceDef,
                              "after it")
     first = d.varies_from if d.HasField("varies_from") else len(d.calls)
     answered = frozenset(k for k, call in enumerate(d.calls) if call.want_meta)
-    varying = frozenset(k for k in range(first, len(d.calls))) | answered
+    varying = frozenset(range(first, len(d.calls))) | answered
     out_local = [[local.get(r) for r in call.out_ids] for call in d.calls]
     return Compiled(d, local, inputs, outputs, pushes, writes, mutates, binding, out_local,
                     last_use, free_after, written=written, constants=constants,
@@ -251,6 +251,8 @@ class HostReplayer:
     def __init__(self, executor: Runner):
         self.handle = executor.handle
         self.replay: ReplayExtension | None = executor.replay  # None: replays through handle
+        # optional (rrtod.executor): frees without a Release frame per value
+        self._release: Callable[[list[int]], None] | None = getattr(self.replay, "release", None)
         self.sequences: dict[int, Compiled] = {}
         self.active: Active | None = None
         # A replay the host completed ahead of the app: it may still be aborted, until the app
@@ -636,9 +638,8 @@ class HostReplayer:
             self._free(free)
 
     def _free(self, ids: list[int]) -> None:
-        release = getattr(self.replay, "release", None)
-        if release is not None:
-            release(ids)
+        if self._release is not None:
+            self._release(ids)
             return
         for _ in self.handle(ops_pb2.SessionUp(release=ops_pb2.Release(ids=ids))):
             pass
@@ -677,16 +678,12 @@ class HostReplayer:
                 refs.append(_with_bind(rec, base + bind))
             else:
                 refs.append(rec.id if kind == "id" else rec)
-        if act.joined:
+        outs = seq.out_local[k]
+        if act.joined or None in outs:
             out_ids = [act.id_of(i) if i is not None else r for i, r in
-                       zip(seq.out_local[k], seq.definition.calls[k].out_ids, strict=True)]
+                       zip(outs, seq.definition.calls[k].out_ids, strict=True)]
         else:  # the common case: every output a value of this inference, at base + index
-            outs = seq.out_local[k]
-            if None in outs:
-                out_ids = [base + i if i is not None else r for i, r in
-                           zip(outs, seq.definition.calls[k].out_ids, strict=True)]
-            else:
-                out_ids = [base + i for i in outs]
+            out_ids = [base + i for i in outs]
         if renamed:  # written in place and returned: the result is the rebound tensor too
             out_ids = [renamed.get(r, r) for r in out_ids]
         return refs, out_ids
