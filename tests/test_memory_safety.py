@@ -185,6 +185,23 @@ def test_shape_errors_found_on_meta_tensors_are_op_failed(tmp_path):
     assert err.error.code == "OP_FAILED" and "aten::mm.default (call 9)" in err.error.message
 
 
+@pytest.mark.parametrize("op, second", [
+    ("aten::view.default", ops_pb2.Value(list=ops_pb2.ValueList(items=[ops_pb2.Value(i=7)]))),
+    ("aten::add.Tensor", None),  # pointwise, operands that do not broadcast
+])
+def test_calls_sized_without_meta_execution_still_fail_as_the_operator_does(tmp_path, op,
+                                                                            second):
+    """Views and pointwise calls skip meta execution (``sizing``): a call that cannot run is
+    still OP_FAILED, naming it, its output poisoned, and the session goes on serving."""
+    ex = make(tmp_path)
+    args = [up(torch.zeros(2, 3)), second if second is not None else up(torch.zeros(4))]
+    (err,) = call(ex, op, args, out_ids=[1], seq=9)
+    assert err.error.code == "OP_FAILED" and f"{op} (call 9)" in err.error.message
+    assert fetch(ex, 1).error.code == "POISONED"
+    assert call(ex, "aten::add.Tensor", [up(torch.ones(2)), up(torch.ones(2))], out_ids=[2],
+                seq=10) == []
+
+
 def test_replayed_call_is_sized_by_its_inputs_metadata(tmp_path):
     """A prepared (replayed) call caches its size per metadata of its tensor arguments: the
     same call with a larger input is sized again, not taken from the recorded call."""
