@@ -311,11 +311,49 @@ def test_session_implements_the_interface_its_parts_use(tmp_path):
         itc.uninstall()
 
 
+def test_to_cpu_reads_in_the_app_and_keeps_the_proxy_in_a_forward(offload):
+    """``.to("cpu")`` in the app's own code asks for the data (a real tensor, a round trip);
+    in a model's forward it keeps a tensor on its input's device (RAFT's ``grid.to(x.device)``,
+    a proxy's device reading "cpu"): the proxy goes on, with no more round trips than the same
+    forward without ``.to``, and the same values."""
+
+    class Grid(nn.Module):
+        def __init__(self, to: bool) -> None:
+            super().__init__()
+            self.to_device = to
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            grid = torch.arange(8.0)  # made on the host (factories.py)
+            if self.to_device:
+                grid = grid.to(x.device)
+            return (x + grid) * 2
+
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        ref = Grid(True)(x)
+    itc = offload()
+    trips = {}
+    with torch.no_grad():
+        for to in (False, True):
+            model = Grid(to)
+            model(x)  # the first call sets the session up
+            before = itc.session.counters["round_trips"]
+            y = model(x)
+            trips[to] = itc.session.counters["round_trips"] - before
+            assert isinstance(y, RemoteTensor)
+        before = itc.session.counters["round_trips"]
+        out = y.to("cpu")
+    assert trips[True] == trips[False], trips
+    assert type(out) is torch.Tensor and torch.equal(out, ref)
+    assert itc.session.counters["round_trips"] > before
+
+
 def test_a_tensor_read_back_mid_model_keeps_its_layout_on_the_host(tmp_path):
-    """hf-clip's ``text @ image.t().to(text.device)``: ``.to("cpu")`` of a proxy is a read, so
-    the transposed operand is downloaded and uploaded again. The host must rebuild it with the
-    app's strides (``(1, 32)``, not the canonical ``(1, 1)`` of a C-contiguous ``[32, 1]``):
-    the CPU matmul picks its kernel by strides, and the logits differed in the last bit."""
+    """hf-clip's ``text @ image.t().to(text.device)``. Before ``.to`` in a forward kept the
+    proxy, the transposed operand was downloaded and uploaded again, and the host must rebuild
+    such an upload with the app's strides (``(1, 32)``, not the canonical ``(1, 1)`` of a
+    C-contiguous ``[32, 1]``): the CPU matmul picks its kernel by strides, and the logits
+    differed in the last bit. Now the host computes it from its own view; equal either way."""
 
     class Logits(nn.Module):
         def __init__(self) -> None:

@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from time import thread_time_ns
 from typing import Any
 
@@ -73,6 +74,10 @@ def _names(args: tuple, kwargs: dict, ids: set[int]) -> bool:
                 return True
         elif isinstance(a, (list, tuple)) and _names(tuple(a), {}, ids):
             return True
+    return False
+
+
+def _never() -> bool:
     return False
 
 
@@ -170,6 +175,7 @@ class RemoteSession:
         self._metadata = MetaCache(self.counters)
         # Told of every proxy the app reads (the interceptor ends inference marks with them).
         self.on_read: Any = None
+        self.in_forward: Callable[[], bool] = _never  # the interceptor's, once installed
         # Record/replay (replay.py): sequences pushed by the robot daemon.
         self.replay = ReplayClient(self) if replay else None
         channel.start(self._on_down, self._on_lost)

@@ -87,6 +87,7 @@ class TorchInterceptor:
 
     def install(self) -> None:
         self.session.on_read = self._read
+        self.session.in_forward = self._inside
         if self.stats_enabled:
             atexit.register(self.print_stats)
         atexit.register(self.close_marks)  # registered last, so it runs before print_stats

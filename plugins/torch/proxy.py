@@ -102,7 +102,13 @@ class RemoteTensor(torch.Tensor):
         with torch._C.DisableTorchFunctionSubclass():
             out = func(*args, **kwargs)
         if func is _TO and isinstance(out, RemoteTensor) and _names_cpu(args[1:], kwargs):
-            return out._rrto_handle.session.download(out)
+            # ``.to("cpu")`` in the app's own code asks for the data, as ``.cpu()`` does. In a
+            # model's forward it keeps a tensor on its input's device (``grid.to(x.device)``,
+            # and a proxy's device reads "cpu"): downloading there cost a round trip per call,
+            # and made a block of them look like an inference of its own to the search.
+            session = out._rrto_handle.session
+            if not session.in_forward():
+                return session.download(out)
         return out
 
 

@@ -10,6 +10,7 @@ nothing on ``client.py``'s internals. ``RemoteSession`` implements it.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -40,6 +41,9 @@ class Session(Protocol):
     diverged: set[int]  # proxies written here after a loss or a deadline: the host's is older
     fallback: str  # "local": run here what the host cannot; "error": raise instead
     replay: PushedOutputs | None
+    # Whether this thread is inside an offloaded module's forward (the interceptor sets it):
+    # there ``.to("cpu")`` is device plumbing, not the app asking for the data (``proxy``).
+    in_forward: Callable[[], bool]
 
     # -- the wire -----------------------------------------------------------------------------
     def submit(self, up: ops_pb2.SessionUp, numbered: bool = False, wait: bool = False,
