@@ -101,6 +101,25 @@ def test_failed_searches_back_off_and_the_log_stays_bounded(tmp_path):
     assert rec.describe()["search_budget"]["failed"] == len(app.searches)
 
 
+def test_an_inference_mark_starts_a_search_only_if_nothing_was_downloaded(tmp_path):
+    """The shim marks each inference's end. One that downloaded something was searched at
+    its downloads; one that downloaded nothing (the app read only counts) is searched at the
+    mark, else it would never be. Its calls are the period a sequence that returns no value
+    must have."""
+    rec = recorder(tmp_path)
+    app = Relay(rec)
+    cnn(app)  # downloads: searched there
+    assert len(app.searches) == 3 and not rec.inference_ended()
+    assert rec.quiet_period is None
+    app.call("aten::conv2d", "img", W1)
+    app.call("aten::relu", "img")
+    assert rec.inference_ended() and rec.quiet_period == 2  # downloaded nothing: 2 calls
+    app.call("aten::conv2d", "img", W1)
+    assert rec.inference_ended() and rec.quiet_period == 1
+    app.fetch(app.call("aten::relu", "img")[0])
+    assert not rec.inference_ended() and rec.quiet_period is None
+
+
 def test_a_cleared_log_starts_the_budget_afresh(tmp_path):
     rec = recorder(tmp_path, eager_work=100, growth=4.0)
     app = Relay(rec)

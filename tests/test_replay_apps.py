@@ -312,6 +312,23 @@ def test_shapes_that_follow_the_data_replay_with_one_reply_per_inference(fresh, 
     assert stats.get("local_ops", 0) == 0, stats  # its buffer was made on the host
 
 
+def test_an_app_that_reads_only_counts_replays(fresh, tmp_path):
+    """``count_only``: the app looks at how many boxes each frame has and never downloads a
+    value, so no inference ends with a download. The shim's inference marks start the
+    searches, which anchor on the answered ``nonzero`` (the app waited for its shape): the
+    sequence is found and replayed, each replayed inference waiting for one reply (the count),
+    with the counts equal to local."""
+    stats = same_as_local("count_only", fresh, "--runs", "10", "--pace", "20", tmp=tmp_path)
+    by = stats["by_inference"]
+    replayed = [i for i, r in enumerate(by["replays"]) if r]
+    assert replayed and replayed[0] <= 3, stats
+    assert replayed == list(range(replayed[0], 10)), stats
+    assert stats["mismatches"] == 0 and stats["failed"] == 0, stats
+    assert all(by["round_trips"][i] <= 1 for i in replayed[stats["joined"]:]), stats
+    (seq,) = fresh.ask("sequences")["sequences"]
+    assert seq["app"] == "count_only.py" and seq["outputs"] == 0, seq
+
+
 def test_a_size_that_is_not_the_one_the_host_found_is_a_mismatch(fresh, tmp_path):
     """Forced: in inference 7 the app sizes its buffer one larger than the count the host
     found, so the sequence's symbolic size does not match the app's call. That inference is

@@ -283,9 +283,11 @@ def _upload() -> ops_pb2.Value:
     return ops_pb2.Value(tensor=ops_pb2.TensorRef(upload=ops_pb2.TensorData(meta=_meta(8))))
 
 
-def _dynamic_inferences(log: OpLog, counts: list[int], size_of=lambda k: k) -> None:
+def _dynamic_inferences(log: OpLog, counts: list[int], size_of=lambda k: k,
+                        download: bool = True) -> None:
     """Per inference: ``mask = gt(x)``, ``idx = nonzero(mask)`` (its shape is the host's
-    answer: ``want_meta``), ``y = view(idx, [size_of(k), -1])``, then ``y`` is downloaded."""
+    answer: ``want_meta``), ``y = view(idx, [size_of(k), -1])``, then ``y`` is downloaded
+    (unless not ``download``: the app looks only at the count it was answered)."""
     f = _Frames(log)
     for k in counts:
         mask = f.call("aten::gt.Scalar", _upload(), ops_pb2.Value(f=0.5), out_meta=_meta(8))
@@ -293,7 +295,9 @@ def _dynamic_inferences(log: OpLog, counts: list[int], size_of=lambda k: k) -> N
         idx = f.answer(_meta(k, 1))
         shape = ops_pb2.Value(list=ops_pb2.ValueList(items=[ops_pb2.Value(i=size_of(k)),
                                                              ops_pb2.Value(i=-1)]))
-        f.fetch(f.call("aten::view.default", _t(idx), shape, out_meta=_meta(k, 1)))
+        y = f.call("aten::view.default", _t(idx), shape, out_meta=_meta(k, 1))
+        if download:
+            f.fetch(y)
 
 
 def test_sizes_that_follow_the_data_become_symbols():
@@ -305,6 +309,61 @@ def test_sizes_that_follow_the_data_become_symbols():
     assert found is not None and found.period == 3
     assert found.shapes.varies_from == 1  # from the nonzero on
     assert found.shapes.symbols == {(2, ("arg", 1, 0)): (1, 0, 0, 1)}  # nonzero's size 0
+
+
+def test_inferences_that_download_nothing_are_found_by_the_shapes_the_app_waited_for():
+    """The app reads only the count (the answered ``nonzero``), never a value: the answered
+    calls anchor the period, and a sequence with no downloaded output is still one (the app
+    saw something of every inference: its shapes) if its period is the calls per inference
+    that the app's marks showed."""
+    log = OpLog()
+    log.record(ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=0, id=1)))  # set-up downloads before
+    _dynamic_inferences(log, [3, 5, 2, 4], download=False)
+    assert best(log.entries(0), DataDependencySearch())[0] is None  # not seen to be quiet
+    # quiet, but the app's inferences (from its marks) are longer: a block is part of one
+    assert best(log.entries(0), DataDependencySearch(), quiet_period=5)[0] is None
+    found, _ = best(log.entries(0), DataDependencySearch(), quiet_period=3)
+    assert found is not None and found.period == 3 and found.outputs == []
+    assert found.shapes.symbols == {(2, ("arg", 1, 0)): (1, 0, 0, 1)}
+
+
+def test_answered_blocks_before_a_download_are_part_of_an_inference():
+    """Per inference, three classes each answered a ``nonzero`` (a per-class loop), then the
+    result is downloaded. A search whose log ends inside the loop (its snapshot taken after
+    the relay logged more) finds each class's block repeating, with an answered call and no
+    download; the app downloads, so that block is not an inference: the whole inference is
+    found (as it is once the fifth is whole)."""
+    log = OpLog()
+    f = _Frames(log)
+    for n in range(5):
+        views = []
+        for k in (3, 3, 3):
+            mask = f.call("aten::gt.Scalar", _upload(), ops_pb2.Value(f=0.5), out_meta=_meta(8))
+            f.call("aten::nonzero.default", _t(mask), want_meta=True)
+            idx = f.answer(_meta(k, 1))
+            views.append(f.call("aten::relu.default", _t(idx), out_meta=_meta(k, 1)))
+        if n == 4:  # the search's snapshot: three classes of the fifth inference
+            found, _ = best(log.entries(0), DataDependencySearch())
+            assert found is not None and found.period == 10  # the whole inference, not a class
+            # what an app whose marked inferences were 3 calls long would allow
+            with_quiet, _ = best(log.entries(0), DataDependencySearch(), quiet_period=3)
+            assert with_quiet is not None and with_quiet.period == 3
+        items = ops_pb2.Value(list=ops_pb2.ValueList(items=[_t(v) for v in views]))
+        f.fetch(f.call("aten::cat.default", items, out_meta=_meta(9, 1)))
+    found, _ = best(log.entries(0), DataDependencySearch())
+    assert found is not None and found.period == 10 and found.outputs
+
+
+def test_calls_nobody_waited_for_are_no_sequence():
+    """The same calls with neither a download nor an answered call: nothing of them reached
+    the app, so nothing anchors a period and nothing is found."""
+    log = OpLog()
+    f = _Frames(log)
+    for _ in range(4):
+        mask = f.call("aten::gt.Scalar", _upload(), ops_pb2.Value(f=0.5), out_meta=_meta(8))
+        f.call("aten::relu.default", _t(mask), out_meta=_meta(8))
+    found, _ = best(log.entries(0), DataDependencySearch())
+    assert found is None
 
 
 def test_an_integer_that_is_no_size_refuses_the_candidate():
@@ -347,6 +406,20 @@ def test_inferences_of_different_lengths_replay_the_calls_they_begin_with():
     assert found is not None and (found.start, found.period, found.repeats) == (22, 23, 2)
     # the 3-loop inference downloaded its last call: pushed when a replay gets there
     assert found.outputs == [(22, 0)]
+
+
+def test_a_common_prefix_the_app_waits_for_nothing_in_is_no_segment():
+    """As above, but every inference ends with one more call whose value is downloaded, so
+    the calls the inferences begin with hold no download and no answered call: forwarding
+    them costs the app no round trip, and a segment of them would only add one."""
+    log = OpLog()
+    f = _Frames(log)
+    for loops in (2, 5, 3, 4):
+        x = f.call("aten::relu.default", _upload(), out_meta=_meta(8))
+        for _ in range(19 + loops):
+            x = f.call("aten::sigmoid.default", _t(x), out_meta=_meta(8))
+        f.fetch(f.call("aten::abs.default", _t(x), out_meta=_meta(8)))
+    assert best(log.entries(0), DataDependencySearch())[0] is None
 
 
 def _read_then_passed(log: OpLog, values: list[float], passed=int, reply_first=False) -> None:

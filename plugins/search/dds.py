@@ -1,7 +1,11 @@
 """Data Dependency Search (the RRTO paper's sequence search), as candidates for verification.
 
 Downloads cut the search space: an inference ends by handing values to the app, so the period of
-the steady state is a distance between two downloads of the same operator. For each such
+the steady state is a distance between two downloads of the same operator. An app may download
+nothing in its steady state (a detector that found nothing, whose app reads only the count it
+was answered): calls whose shapes the app waited for (answered ``nonzero``) after the log's last
+download anchor periods the same way; only after it, so that a model with downloads keeps the
+periods it had (its answered calls would add many short ones). For each such
 period, shortest first, the periodic tail of the log is found with one vectorised comparison;
 within it, block starts are limited to start candidates, calls whose tensors are all fresh
 uploads, persistent tensors or values that existed before the steady state (never values the
@@ -29,11 +33,17 @@ class DataDependencySearch:
     def candidates(self, log: Sequence[LoggedCall]) -> Iterator[Candidate]:
         n = len(log)
         downloads = [i for i, e in enumerate(log) if e.downloaded]
-        if len(downloads) < 2:
+        after = downloads[-1] + 1 if downloads else 0
+        answered = [i for i in range(after, n) if log[i].result is not None]
+        if len(downloads) < 2 and len(answered) < 2:
             return
         keys = np.fromiter((e.key for e in log), dtype=np.int64, count=n)
-        last = downloads[-1]
-        periods = sorted({last - d for d in downloads[:-1] if keys[d] == keys[last]})
+        found: set[int] = set()
+        for anchors in (downloads, answered):
+            if len(anchors) >= 2:
+                last = anchors[-1]
+                found.update(last - d for d in anchors[:-1] if keys[d] == keys[last])
+        periods = sorted(found)
         if any(len(e.reads) != len(e.refs) for e in log[:1]):
             resolve_reads(log)
         boundary = [e.after_fetch for e in log]

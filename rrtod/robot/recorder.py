@@ -395,6 +395,12 @@ class Recorder:
         # they scanned, and the log position (frames recorded) before which none is due.
         self.failed = self.failed_work = self.next_search = 0
         self.hinted_s = 0.0  # time of the searches the app was told to wait for (``hint_wait``)
+        self._quiet = True  # no download since the app's last inference mark
+        # Frames recorded at the last mark; the calls of the inference that mark ended, if it
+        # downloaded nothing (frames between marks, no fetch among them): a sequence that
+        # returns no value must have this period (``verify``).
+        self._mark_at = 0
+        self.quiet_period: int | None = None
         self._cleared = 0
         self.sequences: dict[int, dict[str, Any]] = {}  # id -> summary, for those in use
         self.active_threads: set[int] = set()
@@ -443,6 +449,8 @@ class Recorder:
             if kind == "call" and self.active_threads:
                 self._stray(frame.call)
             self.log.record(frame)
+            if kind == "fetch":
+                self._quiet = False
             if kind == "fetch" and (not self.active_threads or self.variant_threads):
                 self.inferences += 1
                 return self.search_due()
@@ -481,6 +489,23 @@ class Recorder:
         elif kind == "query":
             self.seen_hashes.update(bytes(h) for h in frame.query.hashes)
         return False
+
+    def inference_ended(self) -> bool:
+        """The app's shim says an inference ended (its ``InferenceMark``; the relay has logged
+        the frames before it). True when a search is due on it: only if the app downloaded
+        nothing since the last mark. A download is where searches run (an inference ends by
+        handing values to the app), but an inference may end without one: a detector that
+        found nothing, whose app only looks at the count it was answered (``want_meta``),
+        reads no value. Such an app would never be searched. The calls between the last two
+        marks are what a sequence returning no value must be (``quiet_period``): a shorter
+        block is a part of an inference."""
+        self.search_due()  # a cleared log starts afresh (the marks' positions too)
+        quiet, self._quiet = self._quiet, True
+        span, self._mark_at = self.log.recorded - self._mark_at, self.log.recorded
+        self.quiet_period = span if quiet and span > 0 else None
+        if not quiet or (self.active_threads and not self.variant_threads):
+            return False
+        return self.search_due()
 
     def _arg(self, r: _Replaying, arg: ops_pb2.ReplayArg) -> None:
         """What the app sent for a slot of the replay in progress (a repeat by ``same_as`` is
@@ -630,7 +655,8 @@ class Recorder:
         """Within the search budget: no backoff pending (a cleared log starts afresh)."""
         if self.log.cleared != self._cleared:
             self._cleared = self.log.cleared
-            self.failed = self.failed_work = self.next_search = 0
+            self.failed = self.failed_work = self.next_search = self._mark_at = 0
+            self.quiet_period = None
             self.hinted_s = 0.0
             self.variant_threads.clear()  # their logged variants went with the log
             self._variant_from.clear()
@@ -666,7 +692,8 @@ class Recorder:
             if thread in self.active_threads:  # a variant: search from its first inference on
                 entries = _from_call(entries, self._variant_from.get(thread))
             found, rejected, timed_out = search_log(entries, self.search,
-                                                    budget_s=self.budget.time_s)
+                                                    budget_s=self.budget.time_s,
+                                                    quiet_period=self.quiet_period)
             elapsed = time.perf_counter() - t0
             work += len(entries)
             self.search_stats.append({"log": len(entries), "seconds": elapsed,

@@ -343,6 +343,10 @@ class AppRelay:
             elif kind == "mark":
                 session.inferences += 1
                 energy.append(request.mark)
+                if rec is not None:  # where the inference ended: after the frames before it
+                    await out.flush()
+                    if rec.inference_ended():
+                        rec.request_search(self.push_sequence, self._search_ended)
             else:
                 bad = kind or "empty"
                 break

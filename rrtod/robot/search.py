@@ -82,7 +82,12 @@ class Outcome(NamedTuple):
     timed_out: bool  # the time budget ran out before a candidate verified
 
 
-def verify(log: list[LoggedCall], cand: Candidate, min_repeats: int = 2) -> Found | None:
+def verify(log: list[LoggedCall], cand: Candidate, min_repeats: int = 2,
+           quiet_period: int | None = None) -> Found | None:
+    """The sequence ``cand`` proposes, if every block is the same calls with the same dataflow
+    and every difference is explained; else None. ``quiet_period``: the app downloaded nothing
+    in its last inference, of this many calls (``Recorder``, from its inference marks), so a
+    block of that length may return nothing but the shapes it was answered."""
     s, period = cand.start, cand.period
     if period <= 0 or s < 0:
         return None
@@ -100,8 +105,12 @@ def verify(log: list[LoggedCall], cand: Candidate, min_repeats: int = 2) -> Foun
         sources.update(here)
     outputs = {(i, log[b + i].outputs.index(oid)) for b in blocks for i in range(period)
                for oid in log[b + i].downloads}
-    if not outputs:
-        return None  # an inference returns something to the app
+    if not outputs and not (period == quiet_period and any(log[s + i].result is not None
+                                                           for i in range(period))):
+        # An inference returns something to the app: values, or, for an app seen to download
+        # nothing in its inferences, the shapes it was answered. Else a block with no
+        # download is part of an inference (one class of a per-class loop).
+        return None
     try:
         shapes = explain(log, blocks, period)
     except Unexplained:
@@ -187,6 +196,8 @@ def common_prefix(log: list[LoggedCall], inferences: int = 3,
     shapes.symbols = {k: v for k, v in shapes.symbols.items() if k[0] < length}
     outputs = {(i, log[b + i].outputs.index(oid)) for b in blocks for i in range(length)
                for oid in log[b + i].downloads}
+    if not outputs and not any(log[first + i].result is not None for i in range(length)):
+        return None  # the app waits for nothing in it: forwarding it costs no round trip
     inputs = [pos for pos, src in sources.items() if src[0] == "input"]
     return Found(first, length, len(blocks), sources, sorted(inputs), sorted(outputs),
                  [e.key for e in log[first: first + length]],
@@ -253,10 +264,11 @@ def _looser(log: list[LoggedCall]) -> bool:
 
 
 def search_log(log: list[LoggedCall], search: SequenceSearch, min_repeats: int = 2,
-               budget_s: float | None = None) -> Outcome:
+               budget_s: float | None = None, quiet_period: int | None = None) -> Outcome:
     """The first verified candidate. With ``budget_s``, gives up (``timed_out``) when that
     many seconds have passed and no candidate verified; the budget is checked between
-    candidates, so a plugin that yields them lazily is cut short too."""
+    candidates, so a plugin that yields them lazily is cut short too. ``quiet_period``: see
+    ``verify``."""
     deadline = None if budget_s is None else time.perf_counter() + budget_s
     rejected = 0
     loose: list[LoggedCall] | None = None
@@ -271,7 +283,7 @@ def search_log(log: list[LoggedCall], search: SequenceSearch, min_repeats: int =
                 return Outcome(None, rejected, True)
             screen = screen or Screen(keyed)
             found = (None if screen.rejects(cand, min_repeats)
-                     else verify(keyed, cand, min_repeats))
+                     else verify(keyed, cand, min_repeats, quiet_period))
             if found is not None:
                 return Outcome(found, rejected, False)
             rejected += 1
@@ -285,7 +297,7 @@ def search_log(log: list[LoggedCall], search: SequenceSearch, min_repeats: int =
                 return Outcome(None, rejected, True)
             screen = screen or Screen(folded.entries)
             found = (None if screen.rejects(cand, min_repeats)
-                     else verify(folded.entries, cand, min_repeats))
+                     else verify(folded.entries, cand, min_repeats, quiet_period))
             loops = None if found is None else loops_of(folded, found.start, found.period,
                                                         found.repeats)
             if found is not None and loops:
@@ -300,7 +312,8 @@ def search_log(log: list[LoggedCall], search: SequenceSearch, min_repeats: int =
     return Outcome(segment, rejected, False)
 
 
-def best(log: list[LoggedCall], search: SequenceSearch, min_repeats: int = 2) -> tuple[Found | None, int]:
+def best(log: list[LoggedCall], search: SequenceSearch, min_repeats: int = 2,
+         quiet_period: int | None = None) -> tuple[Found | None, int]:
     """The first verified candidate, and how many candidates verification rejected."""
-    found, rejected, _ = search_log(log, search, min_repeats)
+    found, rejected, _ = search_log(log, search, min_repeats, quiet_period=quiet_period)
     return found, rejected
