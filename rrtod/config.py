@@ -289,6 +289,14 @@ class HealthConfig(_Section):
     down_after: int = Field(default=2, ge=1)  # consecutive lost pings before a host is down
 
 
+class RecordConfig(_Section):
+    """robot role: how long an app waits for the sequence search of its first inferences, so
+    that the sequence found replays its next inference rather than a later one."""
+
+    search_wait: float = Field(default=0.1, ge=0, le=10)  # one inference start, at most (s)
+    hint_budget: float = Field(default=0.2, ge=0, le=60)  # all such waits of a session's log (s)
+
+
 class PowerConfig(_Section):
     meter: str = "auto"
     sample_hz: float = Field(default=10.0, gt=0, le=1000)
@@ -331,6 +339,7 @@ class Config(_Section):
     weight_cache: WeightCacheConfig = WeightCacheConfig()
     health: HealthConfig = HealthConfig()
     search: str = "dds"
+    record: RecordConfig = RecordConfig()
     scheduler: str = "remote-all"
     balancer: str = "least-loaded"
     # robot role: "inference" places each replayed inference of a stateless sequence on the

@@ -26,13 +26,18 @@ ECHO_PLUGIN = Path(__file__).resolve().parent / "echo_plugin"
 # Config of a daemon whose apps and sessions use that ``echo`` backend.
 ECHO = {"intercept": {"backend": "echo"}, "executor": {"backend": "echo"}}
 
-# The test suite's daemons: fast health checks, debug logs, a short drain. A host is down after
-# two pings unanswered for 2 s each: a killed one fails at once (connection refused), and a
-# loaded CI machine answering slowly does not end sessions (a down host fails its sessions).
+# The test suite's daemons: fast health checks, debug logs, a short drain, waits for searches.
+# A host is down after two pings unanswered for 2 s each: a killed one fails at once
+# (connection refused), and a loaded CI machine answering slowly does not end sessions (a down
+# host fails its sessions).
 TEST_DEFAULTS: dict[str, Any] = {
     "health": {"interval": 0.2, "timeout": 2.0, "down_after": 2},
     "log": {"format": "json", "level": "debug"},
     "drain_timeout": 3,
+    # An app's inference start waits for the search of the inferences before it until it ends
+    # (tests check that replay starts with the third inference back to back; the default
+    # 0.1 s is short on a loaded CI machine: search, then the host's acceptance).
+    "record": {"search_wait": 5.0, "hint_budget": 10.0},
 }
 
 

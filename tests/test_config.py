@@ -144,6 +144,17 @@ def test_tcp_needs_certificates_unless_insecure_is_written() -> None:
     assert unix.tls.mode == "mtls" and unix.peer_hosts()[0].address == "unix:/r/p.sock"
 
 
+def test_record_waits_validate() -> None:
+    c = from_mapping({"record": {"search_wait": 0.5}})
+    assert (c.record.search_wait, c.record.hint_budget) == (0.5, 0.2)
+    with pytest.raises(ConfigError) as err:
+        from_mapping({"record": {"search_wait": 11}})
+    assert err.value.key == "record.search_wait" and "10" in err.value.reason
+    with pytest.raises(ConfigError) as err:
+        from_mapping({"record": {"hint_budget": -1}})
+    assert err.value.key == "record.hint_budget"
+
+
 def test_dns_hosts_entry() -> None:
     """A pool behind one name: TCP (so certificates are required), refreshed every 10 s."""
     entry = {"name": "gpu-pool", "address": "dns:///rrto-gpu.rrto.svc.cluster.local:7730"}

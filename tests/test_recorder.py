@@ -316,6 +316,17 @@ def test_the_app_is_told_to_wait_only_for_first_searches_within_a_time_budget(tm
     assert rec.hint_wait() is None  # a variant search never holds the app
 
 
+def test_the_wait_and_its_budget_are_the_configs(tmp_path):
+    """``record.search_wait`` and ``record.hint_budget`` (the robot's config) bound the hints."""
+    rec = recorder(tmp_path, search_wait=2.0, hint_budget=3.0)
+    carried(Relay(rec), 0)
+    assert rec.hint_wait() == 2.0
+    rec.hinted_s = 2.5
+    assert rec.hint_wait() == pytest.approx(0.5)
+    rec.hinted_s = 3.0
+    assert rec.hint_wait() is None
+
+
 def test_an_aborted_replay_is_logged_with_this_inferences_integers_answers_and_downloads(tmp_path):
     """What the host sent during a replay the app aborted at call 3 goes into the log as
     forwarding would have logged it: the answered ``nonzero`` as a ``want_meta`` call with

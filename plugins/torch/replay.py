@@ -73,7 +73,9 @@ MAX_TAIL_BYTES = 64 << 20  # nor one whose forwarded frames (uploads included) e
 JOIN_TRIES = 4  # places in the kept calls where the inference under way may have begun
 MAX_PER_THREAD = 8  # sequences a thread keeps (variants: other input shapes, models, branches)
 RELEASE_EARLY_AT = 32  # released values worth a frame of their own while waiting for a push
-SEARCH_WAIT_MAX_S = 0.1  # the longest an inference start waits for a search (``SearchHint``)
+# The longest an inference start waits for a search (``SearchHint``): the robot's
+# ``record.search_wait`` bounds it (at most this); a guard against a robot's wrong value.
+SEARCH_WAIT_MAX_S = 10.0
 
 
 class _Unreplayable(Exception):

@@ -48,7 +48,7 @@ _REBUILT_SEQS = itertools.count(REBUILT_SEQS)
 # no sequence in use, and while the searches it was told of since the log was cleared have taken
 # less than this in all (from hint to end, an upper bound of the app's waits): an inference may
 # download several values, each starting a search, and a model that never replays must not
-# wait at every download.
+# wait at every download. Defaults of the config's ``record.hint_budget``, ``record.search_wait``.
 HINT_BUDGET_S = 0.2
 SEARCH_WAIT_S = 0.1
 
@@ -375,6 +375,8 @@ class SearchBudget:
     growth: float = 1.0  # backoff: wait for this many times the frames recorded so far...
     max_gap: int = 200_000  # ...but never for more frames than this
     time_s: float = 1.0  # one search gives up (and counts as failed) after this long
+    search_wait: float = SEARCH_WAIT_S  # an inference start waits at most this for a search...
+    hint_budget: float = HINT_BUDGET_S  # ...while the hinted searches took less in all
 
 
 class Recorder:
@@ -597,17 +599,17 @@ class Recorder:
     # ----- search scheduling (on the event loop) -----
     def hint_wait(self) -> float | None:
         """Asked before a download is logged: seconds the app's next inference start may wait
-        for the search that download starts (``SearchHint``): ``SEARCH_WAIT_S``, or what is
-        left of ``HINT_BUDGET_S``. The robot says when the search is over, so this bounds only
+        for the search that download starts (``SearchHint``): the budget's ``search_wait``, or
+        what is left of its ``hint_budget``. The robot says when the search is over, so this bounds only
         a search or a host answer that is slow. None when it is not worth waiting for: a
         sequence is in use (a variant search), this is the first download, the search budget
         makes this one wait, or the hint budget is spent."""
         self.search_due()  # a cleared log starts the budgets afresh
-        left = HINT_BUDGET_S - self.hinted_s
+        left = self.budget.hint_budget - self.hinted_s
         if self.active_threads or self.inferences < 1 or left <= 0 \
                 or self.log.recorded + 1 < self.next_search:
             return None
-        return min(SEARCH_WAIT_S, left)
+        return min(self.budget.search_wait, left)
 
     def awaiting_host(self) -> bool:
         """A definition is on its way to the host, or a search is running."""

@@ -343,8 +343,9 @@ class AppRelay:
             elif kind == "mark":
                 session.inferences += 1
                 energy.append(request.mark)
-                if rec is not None:  # where the inference ended: after the frames before it
-                    await out.flush()
+                if rec is not None:
+                    if not rec.active_threads or rec.variant_threads:  # recording: the search
+                        await out.flush()  # sees the inference whole, the frames before it
                     if rec.inference_ended():
                         rec.request_search(self.push_sequence, self._search_ended)
             else:

@@ -30,7 +30,7 @@ from rrtod.robot.balancing import build_balancer, close_balancer
 from rrtod.robot.host_link import HostLink
 from rrtod.robot.host_source import HostSource, Resolver, source_for, system_resolver
 from rrtod.robot.placement import Lane, Placement
-from rrtod.robot.recorder import Recorder
+from rrtod.robot.recorder import Recorder, SearchBudget
 from rrtod.robot.relay import AppRelay, AppSession, error_reply
 
 log = structlog.get_logger("rrtod.robot")
@@ -160,8 +160,11 @@ class RobotRole:
             await _refuse(writer, "NO_HOST", f"no GPU host is up ({states})")
             return
         sid = f"s{next(self._ids)}"
+        record = self.config.record
         recorder = Recorder(hello.app, sid, self.search_factory(),
-                            Path(self.config.state_dir) / "sequences")
+                            Path(self.config.state_dir) / "sequences",
+                            SearchBudget(search_wait=record.search_wait,
+                                         hint_budget=record.hint_budget))
         session = AppSession(sid, hello, cred, link, recorder)
         frames = FrameReader(reader, local_pb2.LocalRequest, self.config.socket_limits.max_frame,
                              budget)
