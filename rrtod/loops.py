@@ -13,7 +13,9 @@ Unrolled, iteration ``i`` of the loop is its recorded calls with:
 - the local ids its calls make renamed (iteration 0 keeps the recorded ones; ``_renamed``);
 - its reads of its own values renamed alike; reads of values made before the loop unchanged;
 - integer arguments that are the loop index (``SymbolicInt.index``) set to ``i``;
-- its other symbolic integers kept, naming the iteration's own tensors.
+- its other symbolic integers kept, naming the iteration's own tensors;
+- its reads of a scattered call's output (``SeqLoop.scatters``: ``for c in t`` unbinds ``t``
+  before the loop) naming that call's output ``i``; the call makes ``count`` outputs.
 
 The calls after the loop move by ``(count - 1) * body``; a list argument that gathers one
 tensor per iteration (``SeqLoop.gathers``: ``torch.stack(points)``) gets ``count`` items.
@@ -64,19 +66,42 @@ def _slots(calls: list[ops_pb2.OpCall]) -> int:
     return sum(1 for call in calls for _ in iter_tensor_refs(call))
 
 
+def _first(loop: ops_pb2.SeqLoop) -> int:
+    """Where a loop's unrolled calls begin: its first scattered call, else its body."""
+    return min([loop.start, *loop.scatters])
+
+
+def head_end(d: ops_pb2.SequenceDef) -> int:
+    """The number of calls of ``d``'s head: those before its first loop (and that loop's
+    scattered calls, whose outputs are as many as the count)."""
+    return _first(d.loops[0]) if d.loops else len(d.calls)
+
+
 def check(d: ops_pb2.SequenceDef) -> None:
     """ValueError unless ``d``'s loops can be unrolled: in order, inside the definition, each
-    counted by a tensor made before it, reading (with everything after them) only values of the
-    inference and fixed inputs, symbols of a loop naming tensors of the head or of its own
-    iteration, gathers after their loop."""
+    counted by a tensor made before it (and its scattered calls), reading (with everything
+    after them) only values of the inference and fixed inputs, symbols of a loop naming
+    tensors of the head or of its own iteration, gathers after their loop, scattered calls
+    of one output between the previous loop and this one."""
     local = set(d.local_ids)
     end = 0
     for n, loop in enumerate(d.loops):
-        if loop.body == 0 or loop.start < end or loop.start + loop.body > len(d.calls):
+        if loop.body == 0 or _first(loop) < end or loop.start + loop.body > len(d.calls):
             raise ValueError(f"sequence {d.id}: loop {n} is not within the calls after the "
                              "previous one")
         end = loop.start + loop.body
-        if loop.tensor not in local or loop.tensor not in _made(list(d.calls[: loop.start])):
+        if len(set(loop.scatters)) != len(loop.scatters) or any(
+                c >= loop.start or len(d.calls[c].out_ids) != 1 for c in loop.scatters):
+            raise ValueError(f"sequence {d.id}: loop {n} scatters a call that is not one "
+                             "of one output before it")
+        scattered = {d.calls[c].out_ids[0] for c in loop.scatters}
+        if scattered and any(ref.WhichOneof("ref") == "id" and ref.id in scattered
+                             for k, call in enumerate(d.calls)
+                             if not loop.start <= k < loop.start + loop.body
+                             for ref in iter_tensor_refs(call)):
+            raise ValueError(f"sequence {d.id}: loop {n} scatters a call whose outputs are read "
+                             "outside its body")
+        if loop.tensor not in local or loop.tensor not in _made(list(d.calls[: _first(loop)])):
             raise ValueError(f"sequence {d.id}: loop {n} is counted by a tensor not made "
                              "before it")
         for g in loop.gathers:
@@ -84,7 +109,7 @@ def check(d: ops_pb2.SequenceDef) -> None:
                 raise ValueError(f"sequence {d.id}: loop {n} gathers into no call after it")
     if not d.loops:
         return
-    first = _slots(list(d.calls[: d.loops[0].start]))
+    first = _slots(list(d.calls[: head_end(d)]))
     for slot in range(first, len(d.sources)):
         src = d.sources[slot]
         if not (src.kind in (SRC.PRODUCED, SRC.PERSISTENT) or (src.kind == SRC.INPUT
@@ -103,7 +128,7 @@ def head(d: ops_pb2.SequenceDef) -> ops_pb2.SequenceDef:
     (a buffer filled row by row), so nothing is pushed before the whole is unrolled."""
     if not d.loops:
         return d
-    s = d.loops[0].start
+    s = head_end(d)
     calls = list(d.calls[:s])
     made = set(_made(calls))
     out = ops_pb2.SequenceDef(id=d.id, thread=d.thread, calls=calls,
@@ -139,8 +164,10 @@ def unroll(d: ops_pb2.SequenceDef, count: int,
     loop, later = d.loops[0], list(d.loops[1:])
     s, b = loop.start, loop.body
     prefix, body, suffix = list(d.calls[:s]), list(d.calls[s: s + b]), list(d.calls[s + b:])
-    before = set(_made(prefix))
-    own = [r for r in _made(body) if r not in before]  # what an iteration makes
+    scattered = [d.calls[c].out_ids[0] for c in loop.scatters]
+    before = set(_made(prefix)) - set(scattered)
+    # what an iteration makes, and the output of each scattered call it reads
+    own = [*scattered, *(r for r in _made(body) if r not in before and r not in scattered)]
     rank = {r: j for j, r in enumerate(own)}
     if len(d.calls) + (count - 1) * b > MAX_CALLS:
         raise ValueError(f"sequence {d.id}: {count} iterations of {b} calls are more than "
@@ -160,6 +187,12 @@ def unroll(d: ops_pb2.SequenceDef, count: int,
     out = ops_pb2.SequenceDef(id=d.id, thread=d.thread, calls=prefix,
                               sources=list(d.sources[:n_pre]),
                               symbols=[sym for sym in d.symbols if sym.call < s])
+    for c in loop.scatters:  # one output per iteration
+        call = out.calls[c]
+        meta = list(call.out_meta[:1]) * count
+        call.out_ids[:] = [name(call.out_ids[0], i) for i in range(count)]
+        del call.out_meta[:]
+        call.out_meta.extend(meta)
     came = list(range(n_pre))  # per slot of the result: the slot of ``d`` it comes from
     for i in range(count):
         slot = n_pre
@@ -233,6 +266,7 @@ def unroll(d: ops_pb2.SequenceDef, count: int,
         moved = out.loops.add()
         moved.CopyFrom(lp)
         moved.start = lp.start + shift
+        moved.scatters[:] = [c + shift for c in lp.scatters]
         for g in moved.gathers:
             g.call += shift
         if lp.tensor in rank:

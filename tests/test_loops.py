@@ -136,3 +136,61 @@ def test_each_slot_says_which_recorded_slot_it_comes_from():
     origins0: list[int] = []
     unroll(d, 0, origins0)
     assert origins0 == [0]
+
+
+def scattered() -> ops_pb2.SequenceDef:
+    """classes = unique(x) -> 10;  (c0, c1, ...) = unbind(classes) -> 12 (recorded: one
+    output);  for c in ...:  m = eq(x, c) -> 20;  buf.add_(m) -> 11;  then out = buf * 2 -> 30.
+    Outputs: out."""
+    d = ops_pb2.SequenceDef(id=6, thread=1, local_ids=[10, 11, 12, 20, 30], outputs=[30])
+    x = ops_pb2.Value(tensor=ops_pb2.TensorRef(upload=ops_pb2.TensorData(
+        meta=ops_pb2.TensorMeta(dtype="float32", shape=[4]))))
+    d.calls.extend([
+        call("aten::_unique2", [10], x),
+        call("aten::zeros", [11], ops_pb2.Value(i=4)),
+        call("aten::unbind.int", [12], tensor(10)),
+        call("aten::eq.Tensor", [20], tensor(10), tensor(12)),
+        call("aten::add_.Tensor", [11], tensor(11), tensor(20)),
+        call("aten::mul.Scalar", [30], tensor(11), ops_pb2.Value(i=2)),
+    ])
+    d.calls[2].out_meta.add(dtype="int64")
+    d.sources.add(kind=SRC.INPUT)
+    for rid in (10, 10, 12, 11, 20, 11):
+        d.sources.add(kind=SRC.PRODUCED, id=rid)
+    d.loops.add(start=3, body=2, tensor=10, dim=0, scatters=[2])
+    return d
+
+
+def test_a_scattered_call_makes_one_output_per_iteration_each_read_by_its_own():
+    """``for c in torch.unique(x)``: the ``unbind`` before the loop is recorded with iteration
+    0's output only; unrolled it makes ``count``, and iteration ``i`` reads output ``i``. The
+    head ends before it (its outputs are as many as the count)."""
+    d = scattered()
+    assert len(head(d).calls) == 2 and counted_by(d) == (0, 0)
+    for n in (0, 1, 3):
+        u = unroll(d, n)
+        unbind = u.calls[2]
+        assert len(unbind.out_ids) == len(unbind.out_meta) == n
+        assert list(unbind.out_ids[:1]) == [12][:n] and len(set(unbind.out_ids)) == n
+        eqs = [c for c in u.calls if c.op == "aten::eq.Tensor"]
+        assert [c.args[1].tensor.id for c in eqs] == list(unbind.out_ids)
+        assert len(set(u.local_ids)) == len(u.local_ids) == 3 + 2 * n
+        assert list(u.calls[:2]) == list(head(d).calls)
+        compile_sequence(u)
+
+
+@pytest.mark.parametrize("breaks", ["scatter after the loop start", "two outputs",
+                                    "read after the loop", "count made by the scatter"])
+def test_a_scatter_that_cannot_be_unrolled_is_refused(breaks):
+    d = scattered()
+    if breaks == "scatter after the loop start":
+        d.loops[0].scatters[:] = [3]
+    elif breaks == "two outputs":
+        d.calls[2].out_ids.append(13)
+    elif breaks == "read after the loop":
+        d.calls[5].args[0].tensor.id = 12
+        d.sources[6].id = 12
+    else:
+        d.loops[0].tensor = 12
+    with pytest.raises(ValueError):
+        check(d)

@@ -441,6 +441,27 @@ def test_a_loop_whose_count_follows_the_data_replays_unrolled(fresh, tmp_path):
     assert seq["replays"] == len(replayed) and seq["loops"] == 1, seq
 
 
+def test_a_loop_over_the_classes_present_replays_unrolled(fresh, tmp_path):
+    """``class_loop``: ``for c in torch.unique(labels)``, as torchvision's ``batched_nms`` runs
+    on many boxes: 3 to 6 classes per frame, often the same in consecutive frames. A count
+    seen twice in a row first replays as a sequence of its own (a variant per count); once
+    frames with other counts are logged, the loop is folded with the ``unbind`` before it
+    scattered (an output per iteration), and from then on every frame replays whole with one
+    reply, whatever its count. Outputs equal to local on every frame."""
+    runs = 24
+    stats = same_as_local("class_loop", fresh, "--runs", str(runs), tmp=tmp_path)
+    by = stats["by_inference"]
+    assert stats["failed"] == 0, stats
+    seqs = fresh.ctl("sequences")["sequences"]
+    (looped,) = [s for s in seqs if s["loops"] == 1]
+    # found when the variant searches have logged frames of other counts (frame 10 on an idle
+    # machine); from then on it replays every frame, frame 16 (the first with 6 classes) too
+    tail = range(runs - looped["replays"], runs)
+    assert len(tail) >= 6 and looped["mismatches"] == 0, (looped, stats)
+    assert all(by["replays"][i] == 1 and by["round_trips"][i] <= 1 and not by["mismatches"][i]
+               for i in tail), stats
+
+
 def test_a_loop_that_reads_a_weight_binds_it_once_for_every_iteration(fresh, tmp_path):
     """``--varying --refine``: each iteration runs a linear layer. Its weights are slots of
     the recorded iteration; unrolled, every iteration's copy is bound under that one slot on

@@ -263,6 +263,15 @@ class _Frames:
         self.log.record(ops_pb2.SessionUp(call=c))
         return oid
 
+    def call_n(self, op: str, *args: ops_pb2.Value, metas: list[ops_pb2.TensorMeta]) -> list[int]:
+        """A call of as many outputs as ``metas`` (``unbind``): their ids."""
+        self.seq += 1
+        oids = [next(self.ids) for _ in metas]
+        self.log.record(ops_pb2.SessionUp(call=ops_pb2.OpCall(
+            seq=self.seq, op=op, args=list(args), out_ids=oids, out_meta=metas,
+            grad_mode=ops_pb2.INFERENCE_MODE)))
+        return oids
+
     def answer(self, *outs: ops_pb2.TensorMeta) -> int:
         """The host's reply to the last (``want_meta``) call: its one output's id."""
         oid = next(self.ids) + 1_000_000
@@ -515,6 +524,44 @@ def test_a_loop_whose_last_value_alone_is_read_after_it_is_not_folded():
     _looped_inferences(log, [2, 4, 3, 5], last_only=True)
     found, _ = best(log.entries(0), DataDependencySearch())
     assert found is None or not found.loops
+
+
+def _class_loops(log: OpLog, counts: list[int]) -> None:
+    """Per inference: ``classes = _unique2(x)`` (``k`` of them: the host's answer), then ``for c
+    in classes`` (one ``unbind`` before the loop, an output per class): ``m = eq(x, c)``,
+    ``n = sum(m)``; then ``stack`` of every ``n``, downloaded."""
+    f = _Frames(log)
+    for k in counts:
+        x = f.call("aten::relu.default", _upload(), out_meta=_meta(8))
+        f.call("aten::_unique2.default", _t(x), want_meta=True)
+        classes = f.answer(_meta(k))
+        ns = []
+        for c in f.call_n("aten::unbind.int", _t(classes), metas=[_meta()] * k):
+            m = f.call("aten::eq.Tensor", _t(x), _t(c), out_meta=_meta(8))
+            ns.append(f.call("aten::sum.default", _t(m), out_meta=_meta()))
+        f.fetch(f.call("aten::stack.default", ops_pb2.Value(
+            list=ops_pb2.ValueList(items=[_t(n) for n in ns])), out_meta=_meta(k)))
+
+
+def test_a_loop_over_a_tensors_items_reads_the_unbound_one_of_its_iteration():
+    """``for c in torch.unique(x)``: iteration ``i`` reads output ``i`` of the ``unbind``
+    before the loop, which makes as many as the count. The ``unbind`` is scattered (folded to
+    its first output, unrolled to ``count``) and the loop is counted by the ``_unique2``'s size
+    before it. The first three inferences have the same count, and so do the next two, so
+    their calls repeat whole: the loops inside such runs are found too, and grouped with the
+    last one's (3, 3, 3, 2, 2, then 4)."""
+    log = OpLog()
+    _class_loops(log, [3, 3, 3, 2, 2, 4])
+    found, _ = best(log.entries(0), DataDependencySearch())
+    assert found is not None and found.period == 6 and found.entries is not None
+    (loop,) = found.loops
+    assert (loop.start, loop.body, loop.count, loop.scatters) == (3, 2, (1, 0, 0), [2])
+    d = build_definition(found.entries, found, {}, seq_id=1, thread=0)
+    assert [(lp.start, lp.body, list(lp.scatters)) for lp in d.loops] == [(3, 2, [2])]
+    for n in (0, 2, 5):
+        u = unroll(d, n)
+        assert len(u.calls[2].out_ids) == n and len(u.calls) == 4 + 2 * n
+        compile_sequence(u)
 
 
 def test_two_loops_of_one_inference_are_each_folded_and_unrolled_in_turn():

@@ -423,7 +423,7 @@ def _read_later(d: ops_pb2.SequenceDef) -> frozenset[int]:
     take a size or value of: a join before the loop must tell the host where they are."""
     head = loops.head(d)
     index = {rid: i for i, rid in enumerate(head.local_ids)}
-    start = d.loops[0].start
+    start = loops.head_end(d)
     first = sum(1 for call in d.calls[:start] for _ in iter_tensor_refs(call))
     ids = {src.id for src in d.sources[first:] if src.kind == _PRODUCED}
     ids.update(sym.tensor for sym in d.symbols if sym.call >= start)

@@ -15,7 +15,8 @@ the calls the app makes (``rrtod.loops``), checked over every iteration in the l
 - each iteration reads only values made before the loop (the same tensor in every iteration:
   a buffer it fills, the boxes it walks), its own earlier calls' values (never an earlier
   iteration's) and the same weights; it uploads nothing but a constant with the same bytes
-  every time;
+  every time; or, iteration ``i``, output ``i`` of a call before the loop with one output per
+  iteration (``for c in t`` unbinds ``t``: a scattered call, cut to its first output);
 - an integer argument that changes within a loop is the iteration's index (``boxes[i]``) or a
   size or read value of one of the iteration's own tensors (``int(w.item())``), the same one
   in every iteration;
@@ -58,6 +59,7 @@ class Body:
 
     index: list[tuple[int, Path]] = field(default_factory=list)  # integers that are ``i``
     symbols: dict[tuple[int, Path], SizeOf] = field(default_factory=dict)  # own sizes/values
+    scatters: set[int] = field(default_factory=set)  # calls before the loop (offsets < 0)
     varies_from: int | None = None  # first call whose exact key differs between iterations
 
 
@@ -88,7 +90,14 @@ def regions(keys: np.ndarray, max_body: int = MAX_BODY) -> list[Region]:
         if not busy[r.start: r.end].any():
             busy[r.start: r.end] = True
             taken.append(r)
-    return sorted(taken, key=lambda r: r.start)
+    # Inside each repeated block, the runs of one of its periods, in every period: a loop
+    # whose count happened to be the same in consecutive inferences is inside a run of whole
+    # inferences (``fold`` then groups it with the loop's runs elsewhere).
+    inner = [Region(r.start + j * r.body + x.start, x.body, x.count)
+             for r in taken if r.body > 2
+             for x in regions(keys[r.start: r.start + r.body], max_body)
+             for j in range(r.count)]
+    return sorted(taken + inner, key=lambda r: (r.start, -r.body * r.count))
 
 
 def fold(log: list[LoggedCall]) -> Folded | None:
@@ -109,7 +118,8 @@ def fold(log: list[LoggedCall]) -> Folded | None:
         body = _body(log, group)
         if body is not None:
             kept += [(r, body) for r in group]
-    kept.sort(key=lambda x: x[0].start)
+    kept.sort(key=lambda x: (x[0].start, -x[0].end))
+    kept = _outermost(kept)
     if not kept:
         return None
     # old position -> new; an iteration after the first maps onto the first's call
@@ -124,6 +134,7 @@ def fold(log: list[LoggedCall]) -> Folded | None:
     if 0 < rest < last.body and (keys[last.end:] == keys[last.start: last.start + rest]).all():
         drop[last.end:] = True  # an iteration under way when the search ran: left out too
         where[last.end:] = np.arange(last.start, last.start + rest)
+    scattered = {r.start + off: r for r, body in kept for off in body.scatters}
     new = np.cumsum(~drop) - 1
     remap = new[where]
     out: list[LoggedCall] = []
@@ -132,7 +143,7 @@ def fold(log: list[LoggedCall]) -> Folded | None:
     for i, e in enumerate(log):
         if drop[i]:
             continue
-        e2 = _gathered(e, inside, i)
+        e2 = _scattered(e) if i in scattered else _gathered(e, inside, i)
         if e2 is None:
             return None  # reads what one iteration made, not as a gathered list: not a loop
         e2, paths = e2
@@ -145,11 +156,43 @@ def fold(log: list[LoggedCall]) -> Folded | None:
     return Folded(out, {int(new[r.start]): (r, body) for r, body in kept}, gathers)
 
 
+def _outermost(kept: list[tuple[Region, Body]]) -> list[tuple[Region, Body]]:
+    """The loops not inside another one kept (sorted by start, longest first): a loop's
+    iterations are folded whole."""
+    out: list[tuple[Region, Body]] = []
+    for r, body in kept:
+        if not out or r.start >= out[-1][0].end:
+            out.append((r, body))
+    return out
+
+
 def _iteration_of(pos: int, inside: list[tuple[int, int, Region]]) -> tuple[Region, int] | None:
     for a, end, r in inside:
         if a <= pos < end:
             return r, (pos - a) // r.body
     return None
+
+
+def _scattered(e: LoggedCall) -> tuple[LoggedCall, list[tuple[Path, Region]]] | None:
+    """A call whose outputs are one per iteration of the loop after it, cut to its first
+    output (what iteration 0 reads) and keyed without their number, as the loop is folded to
+    its first iteration: inferences with other counts have the same calls again."""
+    if e.raw is None or not e.outputs:
+        return None
+    call = ops_pb2.OpCall()
+    call.CopyFrom(e.raw)
+    del call.out_ids[1:], call.out_meta[1:]
+    blank = ops_pb2.OpCall()
+    blank.CopyFrom(call)
+    for ref in iter_tensor_refs(blank):
+        ref.Clear()
+    del blank.out_ids[:], blank.out_meta[:]
+    blank.seq = 0
+    e2 = replace(e, raw=call, outputs=e.outputs[:1])
+    e2.exact = hash(("scattered", blank.SerializeToString(deterministic=True)))
+    e2.loose = hash(("scattered", e.loose))
+    e2.key = e2.loose if e.key == e.loose else e2.exact
+    return e2, []
 
 
 def _gathered(e: LoggedCall, inside: list[tuple[int, int, Region]],
@@ -243,6 +286,10 @@ def _body(log: list[LoggedCall], group: list[Region]) -> Body | None:
         if any(len(log[s + q].outputs) != len(first.outputs) for _r, s, _j in starts):
             return None
         for k in range(len(first.refs)):
+            scatter = _scatter_of(log, starts, q, k)
+            if scatter is not None:
+                body.scatters.add(scatter)
+                continue
             seen: dict[Any, Any] = {}
             for r, s, _j in starts:
                 e = log[s + q]
@@ -290,6 +337,23 @@ def _body(log: list[LoggedCall], group: list[Region]) -> Body | None:
     return body
 
 
+def _scatter_of(log: list[LoggedCall], starts: list[tuple[Region, int, int]], q: int,
+                k: int) -> int | None:
+    """If ref ``k`` of body call ``q`` reads, in iteration ``j`` of every loop, output ``j`` of
+    the same call before the loop, one with an output per iteration: that call's offset from
+    the loop's start (negative)."""
+    offsets = set()
+    for r, s, j in starts:
+        e = log[s + q]
+        if e.refs[k][0] != "live":
+            return None
+        pos, out, _born = e.reads[k]
+        if not 0 <= pos < r.start or out != j or len(log[pos].outputs) != r.count:
+            return None
+        offsets.add(pos - r.start)
+    return offsets.pop() if len(offsets) == 1 else None
+
+
 def _same_bytes(log: list[LoggedCall], starts: list[tuple[Region, int, int]], q: int,
                 k: int) -> bool:
     first = None
@@ -324,6 +388,7 @@ class FoundLoop:
     count: tuple[int, int, int]  # (call, output, dimension) whose size is the count
     shared: Body
     gathers: list[tuple[int, Path]]  # (call after the loop, path of the gathered list)
+    scatters: list[int] = field(default_factory=list)  # calls before it, one output per iteration
 
 
 def loops_of(folded: Folded, start: int, period: int, repeats: int) -> list[FoundLoop] | None:
@@ -340,10 +405,14 @@ def loops_of(folded: Folded, start: int, period: int, repeats: int) -> list[Foun
         if any(h is None or h[0].body != region.body or h[1] is not shared for h in here):
             return None
         counts = [h[0].count for h in here]  # type: ignore[index]
-        count = _counted_by(log, blocks, rel, counts)
+        scatters = sorted(rel + off for off in shared.scatters)
+        first = min([rel, *scatters])
+        if first < (out[-1].start + out[-1].body if out else 0):
+            return None  # a scattered call inside the previous loop or before the block
+        count = _counted_by(log, blocks, first, counts)
         if count is None:
             return None
-        out.append(FoundLoop(rel, region.body, count, shared, []))
+        out.append(FoundLoop(rel, region.body, count, shared, [], scatters))
     by_start = {lp.start: lp for lp in out}
     for pos, paths in folded.gathers.items():
         if start <= pos < start + period:
@@ -357,8 +426,8 @@ def loops_of(folded: Folded, start: int, period: int, repeats: int) -> list[Foun
 
 def _counted_by(log: list[LoggedCall], blocks: list[int], rel: int,
                 counts: list[int]) -> tuple[int, int, int] | None:
-    """The nearest (call, output, dimension) before ``rel`` whose size is ``counts[r]`` in
-    block ``r``, for every block."""
+    """The nearest (call, output, dimension) before ``rel`` (a loop's first call, or its first
+    scattered call) whose size is ``counts[r]`` in block ``r``, for every block."""
     for j in range(rel - 1, -1, -1):
         for o, shape in enumerate(log[blocks[0] + j].out_shapes()):
             for d in range(len(shape)):

@@ -190,7 +190,8 @@ def _signature(keys: list[int], d: ops_pb2.SequenceDef) -> tuple[Any, ...]:
     local = {rid: i for i, rid in enumerate(d.local_ids)}
     symbols = sorted((s.call, s.arg, s.kwarg, tuple(s.items), s.dim, s.span, s.value, s.index,
                       local.get(s.tensor, -1)) for s in d.symbols)
-    loops_ = tuple((lp.start, lp.body, local.get(lp.tensor, -1), lp.dim) for lp in d.loops)
+    loops_ = tuple((lp.start, lp.body, local.get(lp.tensor, -1), lp.dim, tuple(lp.scatters))
+                   for lp in d.loops)
     return (tuple(keys), tuple(symbols), d.varies_from if d.HasField("varies_from") else None,
             loops_)
 
@@ -292,7 +293,8 @@ def _add_loops(d: ops_pb2.SequenceDef, block: list[LoggedCall], found: Found,
         if tensor not in local:
             raise ValueError(f"loop at call {lp.start}: counted by tensor {tensor}, which this "
                              "inference does not make")
-        loop = d.loops.add(start=lp.start, body=lp.body, tensor=tensor, dim=dim)
+        loop = d.loops.add(start=lp.start, body=lp.body, tensor=tensor, dim=dim,
+                           scatters=lp.scatters)
         own = {(lp.start + q, path) for q, path in [*lp.shared.symbols, *lp.shared.index]}
         kept = [sym for sym in d.symbols if (sym.call, _symbol_path(sym)) not in own]
         del d.symbols[:]

@@ -386,18 +386,20 @@ class SequenceDef(_message.Message):
     def __init__(self, id: _Optional[int] = ..., calls: _Optional[_Iterable[_Union[OpCall, _Mapping]]] = ..., local_ids: _Optional[_Iterable[int]] = ..., sources: _Optional[_Iterable[_Union[SeqSource, _Mapping]]] = ..., outputs: _Optional[_Iterable[int]] = ..., thread: _Optional[int] = ..., symbols: _Optional[_Iterable[_Union[SymbolicInt, _Mapping]]] = ..., varies_from: _Optional[int] = ..., loops: _Optional[_Iterable[_Union[SeqLoop, _Mapping]]] = ...) -> None: ...
 
 class SeqLoop(_message.Message):
-    __slots__ = ("start", "body", "tensor", "dim", "gathers")
+    __slots__ = ("start", "body", "tensor", "dim", "gathers", "scatters")
     START_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
     TENSOR_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
     GATHERS_FIELD_NUMBER: _ClassVar[int]
+    SCATTERS_FIELD_NUMBER: _ClassVar[int]
     start: int
     body: int
     tensor: int
     dim: int
     gathers: _containers.RepeatedCompositeFieldContainer[Gather]
-    def __init__(self, start: _Optional[int] = ..., body: _Optional[int] = ..., tensor: _Optional[int] = ..., dim: _Optional[int] = ..., gathers: _Optional[_Iterable[_Union[Gather, _Mapping]]] = ...) -> None: ...
+    scatters: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, start: _Optional[int] = ..., body: _Optional[int] = ..., tensor: _Optional[int] = ..., dim: _Optional[int] = ..., gathers: _Optional[_Iterable[_Union[Gather, _Mapping]]] = ..., scatters: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Gather(_message.Message):
     __slots__ = ("call", "arg", "kwarg", "items")
