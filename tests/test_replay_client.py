@@ -131,6 +131,35 @@ def test_a_sequence_that_arrives_mid_inference_joins_it_where_the_app_is():
     assert client._join([seq], (y,), {}, info, 0) is None
 
 
+def test_an_app_that_reads_nothing_joins_the_inference_under_way():
+    """Inferences whose app reads nothing (at most the sizes it was answered) leave no
+    download to show where one began: each outermost module call (``inference_started``)
+    starts the kept calls afresh, so the sequence that arrives during the sixth joins the
+    sixth, not the calls of the first ones. After a read, the calls kept since the read stay
+    (the next inference's pre-processing may come before its module call)."""
+    session = Session()
+    client = ReplayClient(session)  # type: ignore[arg-type]
+    upload = ops_pb2.TensorRef(upload=ops_pb2.TensorData(meta=ops_pb2.TensorMeta(
+        dtype="float32", shape=[4], stride=[1])))
+    for k in range(5):
+        client.inference_started()
+        relu_neg(client, session, upload, 500 + 10 * k)
+        forwarded(client, "aten::sigmoid.default", ops_pb2.TensorRef(id=501 + 10 * k),
+                  502 + 10 * k)
+    client.inference_started()
+    x = relu_neg(client, session, upload, 600)
+    client.define(chain())
+    (seq,) = client.sequences[0]
+    info = OpInfo(torch.ops.aten.sigmoid.default)
+    act, _ = client._join([seq], (x,), {}, info, 0)
+    assert act.position == 2 and act.joined == {0: 600, 1: 601}
+    client.downloaded()
+    y = relu_neg(client, session, upload, 700)
+    client.inference_started()  # after a read: the calls since it are kept
+    act, _ = client._join([seq], (y,), {}, info, 0)
+    assert act.position == 2 and act.joined == {0: 700, 1: 701}
+
+
 def test_forwarded_frames_are_kept_for_a_join_only_up_to_a_bound():
     """The kept frames hold the app's uploads: past ``MAX_TAIL_BYTES`` none are kept and that
     inference is not joined (it replays from its next one); a download starts afresh."""

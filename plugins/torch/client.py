@@ -302,6 +302,8 @@ class RemoteSession:
     def inference_started(self) -> None:
         """A thread's outermost module call (the interceptor's): the journal's window moves;
         after a loss, rebuilt values the app dropped go, and the way back is tried."""
+        if self.replay is not None:
+            self.replay.inference_started()
         if self.deadline_ns:
             self._tls.began = time.monotonic_ns()
             self._late.discard(self._thread())

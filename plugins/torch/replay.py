@@ -790,8 +790,18 @@ class ReplayClient:
     def downloaded(self) -> None:
         """The app read a value: an inference ends here (the robot's search sees it so too)."""
         self._tls.starting = True
+        self._tls.read_since_begin = True
         if getattr(self._tls, "tail_bytes", 0):  # something kept, or over the bound
             self._tls.tail, self._tls.tail_bytes = [], 0
+
+    def inference_started(self) -> None:
+        """The thread's outermost module call. If it read nothing since the previous one (an
+        app that looks only at the sizes it was answered, or at nothing), the calls kept for a
+        join start afresh here: nothing else shows where its inference under way began, and a
+        join maps that inference's calls, not those of the ones before."""
+        if not getattr(self._tls, "read_since_begin", False):
+            self._tls.tail, self._tls.tail_bytes = [], 0
+        self._tls.read_since_begin = False
 
     def _join(self, fresh: list[Sequence], args: tuple, kwargs: dict, info: OpInfo,
               grad_mode: int) -> tuple[Active, list[Any] | tuple[()]] | None:
