@@ -526,15 +526,19 @@ def test_a_loop_whose_last_value_alone_is_read_after_it_is_not_folded():
     assert found is None or not found.loops
 
 
-def _class_loops(log: OpLog, counts: list[int]) -> None:
+def _class_loops(log: OpLog, counts: list[int], decoy: bool = False) -> None:
     """Per inference: ``classes = _unique2(x)`` (``k`` of them: the host's answer), then ``for c
     in classes`` (one ``unbind`` before the loop, an output per class): ``m = eq(x, c)``,
-    ``n = sum(m)``; then ``stack`` of every ``n``, downloaded."""
+    ``n = sum(m)``; then ``stack`` of every ``n``, downloaded. ``decoy``: between them, a
+    ``nonzero`` that happens to find ``k`` rows too."""
     f = _Frames(log)
     for k in counts:
         x = f.call("aten::relu.default", _upload(), out_meta=_meta(8))
         f.call("aten::_unique2.default", _t(x), want_meta=True)
         classes = f.answer(_meta(k))
+        if decoy:
+            f.call("aten::nonzero.default", _t(x), want_meta=True)
+            f.answer(_meta(k, 1))
         ns = []
         for c in f.call_n("aten::unbind.int", _t(classes), metas=[_meta()] * k):
             m = f.call("aten::eq.Tensor", _t(x), _t(c), out_meta=_meta(8))
@@ -562,6 +566,18 @@ def test_a_loop_over_a_tensors_items_reads_the_unbound_one_of_its_iteration():
         u = unroll(d, n)
         assert len(u.calls[2].out_ids) == n and len(u.calls) == 4 + 2 * n
         compile_sequence(u)
+
+
+def test_a_loop_over_a_tensors_items_is_counted_by_that_tensor():
+    """Another tensor made just before the loop has as many rows as there are classes in every
+    recorded inference; the loop is still counted by the classes it iterates (what the
+    ``unbind`` unbinds), which holds in any inference."""
+    log = OpLog()
+    _class_loops(log, [3, 2, 4, 5], decoy=True)
+    found, _ = best(log.entries(0), DataDependencySearch())
+    assert found is not None
+    (loop,) = found.loops
+    assert loop.count == (1, 0, 0) and loop.scatters == [3]
 
 
 def test_two_loops_of_one_inference_are_each_folded_and_unrolled_in_turn():

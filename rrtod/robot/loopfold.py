@@ -409,7 +409,8 @@ def loops_of(folded: Folded, start: int, period: int, repeats: int) -> list[Foun
         first = min([rel, *scatters])
         if first < (out[-1].start + out[-1].body if out else 0):
             return None  # a scattered call inside the previous loop or before the block
-        count = _counted_by(log, blocks, first, counts)
+        count = ((_unbound(log, blocks, scatters[0], counts) if scatters else None)
+                 or _counted_by(log, blocks, first, counts))
         if count is None:
             return None
         out.append(FoundLoop(rel, region.body, count, shared, [], scatters))
@@ -422,6 +423,25 @@ def loops_of(folded: Folded, start: int, period: int, repeats: int) -> list[Foun
                     return None
                 owner.gathers.append((pos - start, path))
     return out
+
+
+def _unbound(log: list[LoggedCall], blocks: list[int], rel: int,
+             counts: list[int]) -> tuple[int, int, int] | None:
+    """If the scattered call at ``rel`` is ``unbind(t, dim)`` of a tensor made in its block
+    whose size ``dim`` is ``counts[r]`` in block ``r``, for every block: (call, output, dim)
+    of ``t``. The loop is then counted by what the app iterates, in any inference."""
+    found = set()
+    for b, c in zip(blocks, counts, strict=True):
+        e = log[b + rel]
+        if e.op != "aten::unbind.int" or e.raw is None or not e.reads or e.refs[0][0] != "live":
+            return None
+        args = e.raw.args
+        dim = args[1].i if len(args) > 1 else e.raw.kwargs["dim"].i if "dim" in e.raw.kwargs else 0
+        pos, out, _born = e.reads[0]
+        if not b <= pos < b + rel or dim < 0 or _product(log[pos], out, dim, 1) != c:
+            return None
+        found.add((pos - b, out, dim))
+    return found.pop() if len(found) == 1 else None
 
 
 def _counted_by(log: list[LoggedCall], blocks: list[int], rel: int,
