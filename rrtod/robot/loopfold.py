@@ -182,17 +182,24 @@ def _scattered(e: LoggedCall) -> tuple[LoggedCall, list[tuple[Path, Region]]] | 
     call = ops_pb2.OpCall()
     call.CopyFrom(e.raw)
     del call.out_ids[1:], call.out_meta[1:]
+    e2 = replace(e, raw=call, outputs=e.outputs[:1])
+    _rekey(e2, e, "scattered", e.loose)
+    return e2, []
+
+
+def _rekey(e2: LoggedCall, e: LoggedCall, why: str, loose: Any) -> None:
+    """Keys of ``e2``, a rewritten ``e``: its exact key from its call without ids, outputs
+    and sequence number; its loose one from ``loose``; the searched one of the same kind as
+    ``e``'s."""
     blank = ops_pb2.OpCall()
-    blank.CopyFrom(call)
+    blank.CopyFrom(e2.raw)
     for ref in iter_tensor_refs(blank):
         ref.Clear()
     del blank.out_ids[:], blank.out_meta[:]
     blank.seq = 0
-    e2 = replace(e, raw=call, outputs=e.outputs[:1])
-    e2.exact = hash(("scattered", blank.SerializeToString(deterministic=True)))
-    e2.loose = hash(("scattered", e.loose))
+    e2.exact = hash((why, blank.SerializeToString(deterministic=True)))
+    e2.loose = hash((why, loose))
     e2.key = e2.loose if e.key == e.loose else e2.exact
-    return e2, []
 
 
 def _gathered(e: LoggedCall, inside: list[tuple[int, int, Region]],
@@ -222,15 +229,7 @@ def _gathered(e: LoggedCall, inside: list[tuple[int, int, Region]],
         return None
     e2 = replace(e, raw=call, refs=tuple(e.refs[k] for k in keep),
                  reads=tuple(e.reads[k] for k in keep))
-    blank = ops_pb2.OpCall()
-    blank.CopyFrom(call)
-    for ref in iter_tensor_refs(blank):
-        ref.Clear()
-    del blank.out_ids[:], blank.out_meta[:]
-    blank.seq = 0
-    e2.exact = hash(("gathered", blank.SerializeToString(deterministic=True)))
-    e2.loose = hash(("gathered", e.op, tuple(p for p, _ in paths), len(keep)))
-    e2.key = e2.loose if e.key == e.loose else e2.exact
+    _rekey(e2, e, "gathered", (e.op, tuple(p for p, _ in paths), len(keep)))
     return e2, paths
 
 
