@@ -455,7 +455,7 @@ class Recorder:
             self.log.record(frame)
             if kind == "fetch":
                 self._quiet = False
-            if kind == "fetch" and (not self.active_threads or self.variant_threads):
+            if kind == "fetch" and self.searching:
                 self.inferences += 1
                 return self.search_due()
         elif kind == "start":
@@ -494,6 +494,12 @@ class Recorder:
             self.seen_hashes.update(bytes(h) for h in frame.query.hashes)
         return False
 
+    @property
+    def searching(self) -> bool:
+        """A search may find something: no sequence is in use, or a thread that went another
+        way than its sequences is looked at for a variant."""
+        return not self.active_threads or bool(self.variant_threads)
+
     def inference_ended(self) -> bool:
         """The app's shim says an inference ended (its ``InferenceMark``; the relay has logged
         the frames before it). True when a search is due on it: only if the app downloaded
@@ -507,7 +513,7 @@ class Recorder:
         quiet, self._quiet = self._quiet, True
         span, self._mark_at = self.log.recorded - self._mark_at, self.log.recorded
         self.quiet_period = span if quiet and span > 0 else None
-        if not quiet or (self.active_threads and not self.variant_threads):
+        if not quiet or not self.searching:
             return False
         return self.search_due()
 
@@ -602,10 +608,10 @@ class Recorder:
     def hint_wait(self) -> float | None:
         """Asked before a download is logged: seconds the app's next inference start may wait
         for the search that download starts (``SearchHint``): the budget's ``search_wait``, or
-        what is left of its ``hint_budget``. The robot says when the search is over, so this bounds only
-        a search or a host answer that is slow. None when it is not worth waiting for: a
-        sequence is in use (a variant search), this is the first download, the search budget
-        makes this one wait, or the hint budget is spent."""
+        what is left of its ``hint_budget``. The robot says when the search is over, so this
+        bounds only a search or a host answer that is slow. None when it is not worth waiting
+        for: a sequence is in use (a variant search), this is the first download, the search
+        budget makes this one wait, or the hint budget is spent."""
         self.search_due()  # a cleared log starts the budgets afresh
         left = self.budget.hint_budget - self.hinted_s
         if self.active_threads or self.inferences < 1 or left <= 0 \

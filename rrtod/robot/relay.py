@@ -344,8 +344,8 @@ class AppRelay:
                 session.inferences += 1
                 energy.append(request.mark)
                 if rec is not None:
-                    if not rec.active_threads or rec.variant_threads:  # recording: the search
-                        await out.flush()  # sees the inference whole, the frames before it
+                    if rec.searching:  # the search sees the inference whole: the frames
+                        await out.flush()  # before the mark are logged first
                     if rec.inference_ended():
                         rec.request_search(self.push_sequence, self._search_ended)
             else:

@@ -1,7 +1,7 @@
 """Per-class post-processing, as torchvision's ``batched_nms`` runs it on many boxes: a loop
 over the classes present (``for c in torch.unique(labels)``: a count the data decides, each
 iteration a different item of the unbound classes), each selecting its boxes (``nonzero``)
-and marking the best ones in a mask the loop fills (``keep[idx[best]] = True``)."""
+and marking the confident ones in a mask the loop fills (``keep[idx[s > 0.5]] = True``)."""
 
 import torch
 from appkit import main
