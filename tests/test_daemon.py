@@ -249,7 +249,10 @@ def test_status_reports_model_meter_and_energy_per_inference(rrtod_daemon):
         for seq in range(1, 20):
             conn.send(call(index * 100 + seq))
         conn.send(call(index * 100 + 99, sync=True))
-        assert conn.recv(local_pb2.LocalReply).session.result.seq == index * 100 + 99
+        reply = conn.recv(local_pb2.LocalReply)
+        while reply.session.WhichOneof("msg") == "search":  # advisory: a search runs at a
+            reply = conn.recv(local_pb2.LocalReply)         # mark after no download
+        assert reply.session.result.seq == index * 100 + 99
         time.sleep(0.05)
         conn.send(local_pb2.LocalRequest(mark=local_pb2.InferenceMark(
             index=index, start_ns=start, end_ns=time.monotonic_ns())))
@@ -274,6 +277,7 @@ class EchoApp:
         assert welcome.WhichOneof("msg") == "welcome", welcome
         self.next_id, self.seq, self.bound = 1000, 0, False
         self.hints: list[bool] = []  # SearchHint.running, in the order received
+        self.inferences = 0
 
     def _id(self) -> int:
         self.next_id += 1
@@ -283,6 +287,12 @@ class EchoApp:
         self.conn.send(local_pb2.LocalRequest(session=ops_pb2.SessionUp(**frame)))
 
     def inference(self) -> int:
+        """One inference: the previous one's mark (a shim sends it with its next write), a
+        convolution of fresh data, a relu, the download of its output."""
+        if self.inferences:
+            self.conn.send(local_pb2.LocalRequest(mark=local_pb2.InferenceMark(
+                index=self.inferences)))
+        self.inferences += 1
         meta = ops_pb2.TensorMeta(dtype="float32", shape=[4], stride=[1], device="cpu")
         conv = ops_pb2.OpCall(seq=self._id(), op="aten::conv2d.default", out_ids=[self._id()])
         # fresh data every inference, as a camera's: an upload that never changes would be
@@ -311,6 +321,37 @@ class EchoApp:
             if reply.session.WhichOneof("msg") != "search":
                 return reply.session
             self.hints.append(reply.session.search.running)
+
+
+def test_an_app_that_downloads_nothing_is_told_of_the_search_at_its_mark(rrtod_daemon):
+    """An inference that downloaded nothing (an app that reads only the sizes it was answered)
+    is searched at its mark, which a shim sends with the next inference's first call: from
+    the app's second mark on, the robot tells it that search runs (``SearchHint``), then that
+    it is over, so that its next call can wait for what it finds."""
+    d = rrtod_daemon(**ECHO)
+    conn, welcome = open_app(d.socket)
+    assert welcome.WhichOneof("msg") == "welcome"
+    hints: list[bool] = []
+
+    def answered(seq: int) -> None:
+        conn.send(call(seq, sync=True))  # answered: the app waits for it
+        while True:
+            reply = conn.recv(local_pb2.LocalReply)
+            if reply.session.WhichOneof("msg") == "search":
+                hints.append(reply.session.search.running)
+            elif reply.session.result.seq == seq:
+                return
+
+    deadline, index = time.monotonic() + 30, 0
+    while False not in hints and time.monotonic() < deadline:  # as a real app, keep going
+        if index:
+            conn.send(local_pb2.LocalRequest(mark=local_pb2.InferenceMark(index=index)))
+        conn.send(call(index * 100 + 1))
+        answered(index * 100 + 99)
+        if index == 1:
+            assert hints == [], hints  # the first mark: nothing a search could find yet
+        index += 1
+    assert hints[:2] == [True, False], hints
 
 
 def test_record_search_define_replay_persist_and_flush(rrtod_daemon):

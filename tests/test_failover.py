@@ -237,8 +237,8 @@ class Stallable:
         for frames in held:
             self.inner.send(frames)
 
-    def mark(self, *a) -> None:
-        self.inner.mark(*a)
+    def mark(self, *a, **kw) -> None:
+        self.inner.mark(*a, **kw)
 
     def flush_marks(self) -> None:
         pass

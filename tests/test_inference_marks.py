@@ -7,6 +7,7 @@ round trips the app waited through, for a benchmark's measured window."""
 from __future__ import annotations
 
 import collections
+import threading
 import time
 
 import torch
@@ -19,9 +20,11 @@ from rrto_plugins.torch.proxy import Handle, new_proxy
 class _Channel:
     def __init__(self) -> None:
         self.marks: list[tuple[int, int, int]] = []
+        self.threads: list[int] = []
 
-    def mark(self, index: int, start_ns: int, end_ns: int) -> None:
+    def mark(self, index: int, start_ns: int, end_ns: int, thread: int = 0) -> None:
         self.marks.append((index, start_ns, end_ns))
+        self.threads.append(thread)
 
 
 class _Session:
@@ -35,9 +38,13 @@ class _Session:
         self.mode = "stream"
         self.epoch = 0
         self.released: list[int] = []
+        self.threads: dict[int, int] = {}
 
     def inference_started(self) -> None:
         pass
+
+    def thread_index(self) -> int:
+        return self.threads.setdefault(threading.get_ident(), len(self.threads))
 
 
 def _proxy(session: _Session, oid: int) -> torch.Tensor:
@@ -95,3 +102,15 @@ def test_outputs_that_are_not_proxies_end_the_mark_with_forward(monkeypatch) -> 
     returned = _infer(icpt, model, torch.zeros(2))  # e.g. computed locally
     ((_, start, end),) = session.channel.marks
     assert start <= end <= returned
+
+
+def test_a_mark_names_the_thread_whose_inference_it_ends(monkeypatch) -> None:
+    """The robot takes a mark as where that thread's next inference starts: one closed at exit,
+    from another thread, still names the thread that ran the inference."""
+    icpt, session, model = _interceptor(monkeypatch)
+    _infer(icpt, model, torch.zeros(2))  # main thread: index 0, closed at once
+    worker = threading.Thread(target=_infer, args=(icpt, model, _proxy(session, 41)))
+    worker.start()
+    worker.join()
+    icpt.close_marks()  # the worker's outputs were never read
+    assert session.channel.threads == [0, 1]

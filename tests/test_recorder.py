@@ -296,14 +296,16 @@ def test_a_replayed_prefix_the_robot_did_not_see_aborted_is_ignored(tmp_path):
 
 
 def test_the_app_is_told_to_wait_only_for_first_searches_within_a_time_budget(tmp_path):
-    """``hint_wait`` (asked before a download is logged): not at the first download, then
-    ``SEARCH_WAIT_S`` while the hinted searches have taken less than ``HINT_BUDGET_S`` in all
-    (what is left of it, at the end); never once a sequence is in use; a cleared log starts
-    afresh."""
+    """``hint_wait`` (asked before a download is logged, or at an inference mark): not until
+    an inference has ended (the app's first mark), then ``SEARCH_WAIT_S`` while the hinted
+    searches have taken less than ``HINT_BUDGET_S`` in all (what is left of it, at the end);
+    never once a sequence is in use; a cleared log starts afresh."""
     rec = recorder(tmp_path)
     app = Relay(rec)
-    assert rec.hint_wait() is None  # nothing downloaded yet: no search can find anything
+    assert rec.hint_wait() is None  # nothing logged yet: no search can find anything
     h = carried(app, 0)
+    assert rec.hint_wait() is None  # downloads of set-up or of the first inference: neither
+    rec.inference_ended(0)
     assert rec.hint_wait() == SEARCH_WAIT_S
     rec.hinted_s = HINT_BUDGET_S - 0.03
     assert rec.hint_wait() == pytest.approx(0.03)
@@ -311,7 +313,9 @@ def test_the_app_is_told_to_wait_only_for_first_searches_within_a_time_budget(tm
     assert rec.hint_wait() is None  # spent: a model that never replays stops waiting
     carried(app, h)
     rec.log.clear()
-    assert rec.hint_wait() == SEARCH_WAIT_S and rec.hinted_s == 0
+    assert rec.hint_wait() is None and rec.hinted_s == 0  # afresh: no inference ended yet
+    rec.inference_ended(0)
+    assert rec.hint_wait() == SEARCH_WAIT_S
     rec.active_threads.add(0)
     assert rec.hint_wait() is None  # a variant search never holds the app
 
@@ -320,6 +324,7 @@ def test_the_wait_and_its_budget_are_the_configs(tmp_path):
     """``record.search_wait`` and ``record.hint_budget`` (the robot's config) bound the hints."""
     rec = recorder(tmp_path, search_wait=2.0, hint_budget=3.0)
     carried(Relay(rec), 0)
+    rec.inference_ended(0)
     assert rec.hint_wait() == 2.0
     rec.hinted_s = 2.5
     assert rec.hint_wait() == pytest.approx(0.5)

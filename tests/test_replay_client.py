@@ -234,25 +234,28 @@ def test_an_inference_start_waits_for_a_running_search_and_replays_what_it_found
     assert client.counters["search_waits"] == 1 and client.counters["search_wait_ns"] > 0
 
 
-def test_an_inference_start_waits_for_a_search_no_longer_than_the_robot_allows():
-    """A search that finds nothing ends the wait at once; one whose end never comes costs at
-    most ``wait_us``; a call that does not start an inference does not wait at all."""
+def test_a_call_waits_for_a_search_no_longer_than_the_robot_allows():
+    """A hinted search holds the next call of a thread that replays nothing: at an inference
+    start (the hint came before a download's reply) or a few calls into it (the hint came at
+    the inference mark, which the shim sends with the inference's first calls; the sequence
+    found then joins it). A search that finds nothing ends the wait at once; one whose end
+    never comes costs at most ``wait_us``; once over or past its bound, calls do not wait."""
     session = Session()
     client = ReplayClient(session)  # type: ignore[arg-type]
     relu, info = torch.ops.aten.relu.default, OpInfo(torch.ops.aten.relu.default)
     client.search_hint(ops_pb2.SearchHint(running=True, wait_us=5_000_000))
-    assert client.dispatch(relu, (torch.ones(4),), {}, info, 0, 0) is MISS  # not a start
-    assert client.counters["search_waits"] == 0
-    client.downloaded()
     threading.Timer(0.05, client.search_hint, (ops_pb2.SearchHint(running=False),)).start()
     t0 = time.monotonic()
     assert client.dispatch(relu, (torch.ones(4),), {}, info, 0, 0) is MISS
     assert 0.04 <= time.monotonic() - t0 < 5
-    client.downloaded()
+    assert client.dispatch(relu, (torch.ones(4),), {}, info, 0, 0) is MISS
+    assert client.counters["search_waits"] == 1  # over: no wait
     client.search_hint(ops_pb2.SearchHint(running=True, wait_us=50_000))
     t0 = time.monotonic()
     assert client.dispatch(relu, (torch.ones(4),), {}, info, 0, 0) is MISS
     assert 0.04 <= time.monotonic() - t0 < 5
+    assert client.dispatch(relu, (torch.ones(4),), {}, info, 0, 0) is MISS
+    assert client.counters["search_waits"] == 2  # its end never came, but its bound passed
     assert client.counters["search_waits"] == 2 and session.sent == []
 
 

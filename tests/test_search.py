@@ -19,6 +19,8 @@ from rrtod.robot.search import Candidate, best, search_log, verify
 from rrtod.robot.shapes import VALUE
 from testkit.frames import W1, W2, W3, App, cnn
 
+SRC = ops_pb2.SeqSource
+
 
 def dds_found(app: App):
     return best(app.log.entries(), DataDependencySearch())
@@ -46,6 +48,78 @@ def test_initialisation_prefix_with_a_constant_grid():
     assert found is not None and found.start == 2 and found.period == 8
     assert found.sources[(4, 1)] == ("constant", grid)
     assert found.found_at == 3  # the grid was built by the first inference
+
+
+def _grid_inference(app: App, grid: int | None, *, other: bool = False,
+                    mark: bool = True) -> int:
+    """One inference of a model that builds its grid on its first call (reading the feature
+    map for its size) and keeps it; ``other``: a later inference that adds the feature map to
+    itself instead, in place of the grid; ``mark``: its mark has come (with the next call)."""
+    (x,) = app.call("aten::conv2d", "img", W1)
+    (x,) = app.call("aten::relu", x)
+    if grid is None:
+        (g,) = app.call("aten::arange", x)
+        (grid,) = app.call("aten::stack", g)
+    (y,) = app.call("aten::add.Tensor", x, x if other else grid)
+    (y,) = app.call("aten::sigmoid", y)
+    app.fetch(y)
+    if mark:
+        app.log.mark(0)
+    return grid
+
+
+def test_a_first_inference_that_builds_a_cache_is_the_first_repetition():
+    """With the shim's marks, an app whose first inference builds what the next ones reuse
+    (an anchor grid) is found after two inferences, not three: the first one, its extra calls
+    moved before it, is the steady state's first repetition, and the grid a constant of it.
+    The definition is the steady state's calls."""
+    app = App()
+    grid = _grid_inference(app, None)
+    entries, starts = app.log.entries(), app.log.inference_starts()
+    assert search_log(entries, DataDependencySearch(), starts=starts).found is None
+    _grid_inference(app, grid)
+    entries, starts = app.log.entries(), app.log.inference_starts()
+    assert starts == [6, 10]
+    assert search_log(entries, DataDependencySearch()).found is None  # no marks: needs three
+    found = search_log(entries, DataDependencySearch(), starts=starts).found
+    assert found is not None and found.period == 4 and found.found_at == 2
+    assert found.sources[(2, 1)] == ("constant", grid)
+    d = build_definition(found.entries, found, app.log.persistent_bindings(), 1, 0)
+    assert [c.op for c in d.calls] == ["aten::conv2d", "aten::relu", "aten::add.Tensor",
+                                       "aten::sigmoid"]
+    assert [s.kind for s in d.sources][3:5] == [SRC.PRODUCED, SRC.CONSTANT]
+    assert [e.op for e in entries[2:4]] == ["aten::arange", "aten::stack"]  # left as it was
+
+
+def test_a_first_inference_with_extra_calls_is_found_at_the_seconds_last_download():
+    """The search at the second inference's last download runs before that inference's mark
+    (it comes with the next call): the log's end is taken as where it ends. A download inside
+    an inference looks the same, but then the first inference would be the part of it so far
+    plus extra calls at its end: never taken."""
+    app = App()
+    grid = _grid_inference(app, None)
+    _grid_inference(app, grid, mark=False)
+    found = search_log(app.log.entries(), DataDependencySearch(),
+                       starts=app.log.inference_starts()).found
+    assert found is not None and found.period == 4 and found.found_at == 2
+    app = App()
+    grid = _grid_inference(app, None)
+    (x,) = app.call("aten::conv2d", "img", W1)
+    (x,) = app.call("aten::relu", x)
+    app.fetch(x)  # the second inference reads a value halfway
+    assert search_log(app.log.entries(), DataDependencySearch(),
+                      starts=app.log.inference_starts()).found is None
+
+
+def test_a_first_inference_whose_extra_value_is_not_reused_is_no_repetition():
+    """The second inference reads, where the first read its grid, a value of its own: the
+    first is not a repetition of it, and nothing is found from two inferences."""
+    app = App()
+    _grid_inference(app, None)
+    _grid_inference(app, None, other=True)
+    entries = app.log.entries()
+    assert search_log(entries, DataDependencySearch(),
+                      starts=app.log.inference_starts()).found is None
 
 
 def test_value_carried_across_inferences_is_not_a_sequence():
@@ -229,16 +303,51 @@ def test_entries_are_built_incrementally_and_equal_a_full_build():
     app.log.max_calls = 100
     for step in range(60):
         cnn(app, grid=None)
+        app.log.mark(0)
         if rng.random() < 0.4:
             got = app.log.entries()
             full = OpLog()
             full.calls, full.fetched = list(app.log.calls), list(app.log.fetched)
-            full.fetch_after = list(app.log.fetch_after)
+            full.fetch_after, full.marks = list(app.log.fetch_after), list(app.log.marks)
             want = full.entries()
             assert [(e.index, e.key, e.refs, e.reads, e.outputs, e.downloads, e.after_fetch)
                     for e in got] == [(e.index, e.key, e.refs, e.reads, e.outputs, e.downloads,
                                        e.after_fetch) for e in want], step
+            assert app.log.inference_starts() == full.inference_starts(), step
     assert app.log.truncated > 0
+    assert app.log.inference_starts()[-3:] == [len(app.log) - 14, len(app.log) - 7,
+                                               len(app.log)]
+
+
+def _call(log: OpLog, seq: int, thread: int) -> None:
+    log.record(ops_pb2.SessionUp(call=ops_pb2.OpCall(seq=seq, op="aten::relu.default",
+                                                     thread=thread, out_ids=[seq])))
+
+
+def test_marks_say_where_each_threads_inferences_start():
+    """A mark (the shim's ``InferenceMark``, sent with the thread's next call) is where that
+    thread's next inference starts, as a position in its own entries: other threads' marks
+    are not its boundaries; the same mark again with no call between counts once; marks of
+    calls dropped by truncation go with them."""
+    log = OpLog()
+    _call(log, 1, 0)
+    _call(log, 2, 0)
+    log.mark(0)
+    _call(log, 3, 1)
+    log.mark(1)
+    _call(log, 4, 0)
+    _call(log, 5, 0)
+    log.mark(0)
+    log.mark(0)  # replayed inferences log no call: no new boundary
+    assert len(log.entries(0)) == 4 and log.inference_starts(0) == [2, 4]
+    assert len(log.entries(1)) == 1 and log.inference_starts(1) == [1]
+    assert len(log.entries()) == 5 and log.inference_starts() == [2, 3, 5]
+    log.max_calls = 6
+    for seq in range(6, 9):  # the 7th call drops the oldest 3, and the marks among them
+        _call(log, seq, 0)
+    log.mark(0)
+    assert [e.seq for e in log.entries(0)] == [4, 5, 6, 7, 8]
+    assert log.inference_starts(0) == [2, 5]
 
 
 def _meta(*shape: int) -> ops_pb2.TensorMeta:

@@ -53,7 +53,7 @@ class _Dead:
     def send(self, frames: list) -> None:
         raise OSError("no connection in a forked child")
 
-    def mark(self, index: int, start_ns: int, end_ns: int) -> None:
+    def mark(self, index: int, start_ns: int, end_ns: int, thread: int = 0) -> None:
         pass
 
     def flush_marks(self) -> None:
@@ -522,6 +522,10 @@ class RemoteSession:
         return value
 
     # -- dispatch ----------------------------------------------------------------------------
+    def thread_index(self) -> int:
+        """This app thread's index on the wire (``OpCall.thread``, ``InferenceMark.thread``)."""
+        return self._thread()
+
     def _thread(self) -> int:
         idx = getattr(self._tls, "idx", None)
         if idx is None:

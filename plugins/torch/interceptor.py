@@ -39,12 +39,13 @@ BY_INFERENCE = ("round_trips", "push_waits", "replays", "mismatches", "switches"
 class _Open:
     """An inference whose outputs the app has not read completely yet."""
 
-    __slots__ = ("index", "start_ns", "end_ns", "unread", "counters")
+    __slots__ = ("index", "start_ns", "end_ns", "unread", "counters", "thread")
 
     def __init__(self, index: int, start_ns: int, end_ns: int, unread: set[int],
-                 counters: tuple[int, ...]):
+                 counters: tuple[int, ...], thread: int):
         self.index, self.start_ns, self.end_ns, self.unread = index, start_ns, end_ns, unread
         self.counters = counters  # the session's counters at its start (see _counters)
+        self.thread = thread  # the app thread's index on the wire (``OpCall.thread``)
 
 
 def _handles(value: Any, found: set[int]) -> set[int]:
@@ -150,7 +151,7 @@ class TorchInterceptor:
                 self._index += 1
                 index = self._index
             open_ = _Open(index, self._tls.start, end, _handles(output, set()),
-                          self._tls.counters)
+                          self._tls.counters, self.session.thread_index())
             if open_.unread:
                 self._open[threading.get_ident()] = open_
             else:
@@ -195,7 +196,8 @@ class TorchInterceptor:
             self.by_inference[open_.index] = tuple(
                 now - then for now, then in zip(self._counters(), open_.counters, strict=True))
         try:
-            self.session.channel.mark(open_.index, open_.start_ns, open_.end_ns)
+            self.session.channel.mark(open_.index, open_.start_ns, open_.end_ns,
+                                      thread=open_.thread)
         except OSError:
             pass  # a lost connection is reported by the next forwarded call
 

@@ -517,9 +517,11 @@ class ReplayClient:
         return not self._search_over.is_set()
 
     def _await_search(self) -> None:
-        """This thread begins an inference (its first call after a download) while the robot
-        searches the inferences before it: wait for that search, within its bound, so that
-        the sequence it finds replays this inference rather than the next one."""
+        """The robot searches the inferences before the one this thread begins or has begun
+        (told at a download, before its reply; or at an inference mark, which the shim sends
+        with the next inference's first calls): wait for that search, within its bound, so
+        that the sequence it finds replays this inference (or joins it, ``_join``) rather
+        than the next one."""
         left = self._search_until - time.monotonic()
         if left <= 0:
             return
@@ -642,9 +644,8 @@ class ReplayClient:
         if info.value_op and act is None:
             return MISS  # a value read outside a replay: forwarded (a sequence never starts so)
         if act is None:
-            if not self._search_over.is_set() and getattr(self._tls, "starting", False):
+            if not self._search_over.is_set():
                 self._await_search()
-            self._tls.starting = False
             seqs = self.sequences.get(thread, ())
             for seq in seqs:
                 if seq.steps[0].op != info.name:
@@ -789,7 +790,6 @@ class ReplayClient:
 
     def downloaded(self) -> None:
         """The app read a value: an inference ends here (the robot's search sees it so too)."""
-        self._tls.starting = True
         self._tls.read_since_begin = True
         if getattr(self._tls, "tail_bytes", 0):  # something kept, or over the bound
             self._tls.tail, self._tls.tail_bytes = [], 0

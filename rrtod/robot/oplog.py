@@ -49,6 +49,8 @@ PENDING_REPLIES = 64
 # Values read (and fetches awaiting their reply) kept for the search: a detector's loop reads
 # a few per box.
 MAX_VALUES = 16384
+# Inference marks kept (``OpLog.mark``); past this the older half goes (a rebuild of entries).
+MAX_MARKS = 4096
 
 
 @dataclass(slots=True)
@@ -103,6 +105,8 @@ class _Built:
     writes: _Writes = field(default_factory=lambda: _Writes())
     # downloads whose value (if one-element) may not be back yet: (entry, id)
     unread: list[tuple[LoggedCall, int]] = field(default_factory=list)
+    marks: int = 0  # inference marks consumed
+    starts: list[int] = field(default_factory=list)  # entry positions where inferences start
 
 
 class _Writes:
@@ -158,6 +162,8 @@ class OpLog:
         self.values: dict[int, int | float] = {}
         # Downloads rebuilt from an aborted replay's pushes: no inference boundary (``insert``).
         self.quiet: set[int] = set()
+        # Where the app's inferences start, as its shim marks them: (calls logged, thread).
+        self.marks: list[tuple[int, int]] = []
         self._fetching: dict[int, int] = {}  # fetch seq -> store id
         # A reply the relay saw before the fetch it answers (it logs frames once written up).
         self._early: dict[int, int | float] = {}  # fetch seq -> value
@@ -196,6 +202,7 @@ class OpLog:
                 self.fetched = [i for i, _ in keep]
                 self.fetch_after = [n for _, n in keep]
                 self.quiet &= set(self.fetched)
+                self.marks = [(n - drop, t) for n, t in self.marks if n >= drop]
             self.calls.append(frame.call)
         elif kind == "fetch":
             self.fetched.append(frame.fetch.id)
@@ -205,6 +212,20 @@ class OpLog:
                 self._keep_value(frame.fetch.id, early)
             elif len(self._fetching) < MAX_VALUES:
                 self._fetching[frame.fetch.seq] = frame.fetch.id
+
+    def mark(self, thread: int) -> None:
+        """An inference of ``thread`` ended here (the shim's ``InferenceMark``, which it
+        sends with its next write): that thread's next call starts its next inference. The
+        same mark again with no call between (replayed inferences log none) is kept once."""
+        at = (len(self.calls), thread)
+        if self.marks and self.marks[-1] == at:
+            return
+        if len(self.marks) >= MAX_MARKS:
+            with self._insert_lock:
+                del self.marks[: MAX_MARKS // 2]
+                self.generation += 1  # entries built with the dropped marks: built afresh
+                self._built = {}
+        self.marks.append(at)
 
     def record_fetched(self, fetched: ops_pb2.Fetched) -> None:
         """The host's reply to a fetch: the value, if it is one element (the app read a
@@ -243,6 +264,7 @@ class OpLog:
             self.fetch_after[fetches:] = [x + n for x in self.fetch_after[fetches:]]
             self.fetched[fetches:fetches] = [tid for _, tid, _ in reads]
             self.fetch_after[fetches:fetches] = [at + before for before, _, _ in reads]
+            self.marks = [(m + n if m > at else m, t) for m, t in self.marks]
             for _, tid, value in reads:
                 if value is None:
                     self.quiet.add(tid)
@@ -284,6 +306,7 @@ class OpLog:
         self.results.clear()
         self.values.clear()
         self.quiet.clear()
+        self.marks.clear()
         self._fetching.clear()
         self._early.clear()
         self.truncated = self.recorded = 0
@@ -303,6 +326,7 @@ class OpLog:
                 calls = list(self.calls)
                 values = dict(self.values)
                 quiet = set(self.quiet)
+                marks = list(self.marks)
             if generation == self.generation:
                 break
         b = self._built.get(thread)
@@ -333,9 +357,18 @@ class OpLog:
             if calls[pos].want_meta and calls[pos].seq not in self.results:
                 stop = pos
                 break
+        def starts_before(upto: int) -> None:
+            """Inference starts: the marks of this thread logged before call ``upto``."""
+            while b.marks < len(marks) and marks[b.marks][0] <= upto:
+                if thread is None or marks[b.marks][1] == thread:
+                    if not b.starts or b.starts[-1] != len(out):
+                        b.starts.append(len(out))
+                b.marks += 1
+
         for pos in range(b.calls, stop):
             call = calls[pos]
             attribute(pos)
+            starts_before(pos)
             after_fetch = after_fetch or pos in starts
             if thread is not None and call.thread != thread:
                 continue
@@ -362,12 +395,20 @@ class OpLog:
             out.append(entry)
         b.calls, b.after_fetch = stop, after_fetch
         b.fetches = attribute(stop)
+        starts_before(stop)
         # The values of downloads (a snapshot may be built before a fetch's reply is back)
         for entry, oid in b.unread:
             if oid in values:
                 entry.values[oid] = values[oid]
         b.unread = [(e, oid) for e, oid in b.unread[-PENDING_REPLIES:] if oid not in e.values]
         return list(out)
+
+    def inference_starts(self, thread: int | None = None) -> list[int]:
+        """Positions in ``entries(thread)`` (as last built) where the thread's inferences
+        start, as its marks say; the last may be ``len(entries)``: one ended, the next has
+        not begun."""
+        b = self._built.get(thread)
+        return list(b.starts) if b is not None else []
 
     def threads(self) -> list[int]:
         return sorted({c.thread for c in self.calls})

@@ -408,7 +408,6 @@ class Recorder:
         self._cleared = 0
         self.sequences: dict[int, dict[str, Any]] = {}  # id -> summary, for those in use
         self.active_threads: set[int] = set()
-        self.inferences = 0  # downloads seen while recording, a proxy of inference count
         # One search at a time per session; its duration is the natural rate limit. A search
         # requested while one runs sets ``_rerun``: that one looks again once it has ended.
         self._searching: asyncio.Task[None] | None = None
@@ -456,7 +455,6 @@ class Recorder:
             if kind == "fetch":
                 self._quiet = False
             if kind == "fetch" and self.searching:
-                self.inferences += 1
                 return self.search_due()
         elif kind == "start":
             summary = self.sequences.get(frame.start.sequence)
@@ -500,9 +498,10 @@ class Recorder:
         way than its sequences is looked at for a variant."""
         return not self.active_threads or bool(self.variant_threads)
 
-    def inference_ended(self) -> bool:
-        """The app's shim says an inference ended (its ``InferenceMark``; the relay has logged
-        the frames before it). True when a search is due on it: only if the app downloaded
+    def inference_ended(self, thread: int = 0) -> bool:
+        """The app's shim says an inference of ``thread`` ended (its ``InferenceMark``; the
+        relay has logged the frames before it): the log notes where that thread's next one
+        starts (``OpLog.mark``). True when a search is due on it: only if the app downloaded
         nothing since the last mark. A download is where searches run (an inference ends by
         handing values to the app), but an inference may end without one: a detector that
         found nothing, whose app only looks at the count it was answered (``want_meta``),
@@ -510,6 +509,7 @@ class Recorder:
         marks are what a sequence returning no value must be (``quiet_period``): a shorter
         block is a part of an inference."""
         self.search_due()  # a cleared log starts afresh (the marks' positions too)
+        self.log.mark(thread)
         quiet, self._quiet = self._quiet, True
         span, self._mark_at = self.log.recorded - self._mark_at, self.log.recorded
         self.quiet_period = span if quiet and span > 0 else None
@@ -606,15 +606,16 @@ class Recorder:
 
     # ----- search scheduling (on the event loop) -----
     def hint_wait(self) -> float | None:
-        """Asked before a download is logged: seconds the app's next inference start may wait
-        for the search that download starts (``SearchHint``): the budget's ``search_wait``, or
-        what is left of its ``hint_budget``. The robot says when the search is over, so this
-        bounds only a search or a host answer that is slow. None when it is not worth waiting
-        for: a sequence is in use (a variant search), this is the first download, the search
-        budget makes this one wait, or the hint budget is spent."""
+        """Asked before a download is logged (or an inference mark noted): seconds the app's
+        next call may wait for the search that starts there (``SearchHint``): the budget's
+        ``search_wait``, or what is left of its ``hint_budget``. The robot says when the search
+        is over, so this bounds only a search or a host answer that is slow. None when it is
+        not worth waiting for: a sequence is in use (a variant search), no inference has ended
+        yet (no mark: set-up, or the first inference, which a search cannot find alone), the
+        search budget makes this one wait, or the hint budget is spent."""
         self.search_due()  # a cleared log starts the budgets afresh
         left = self.budget.hint_budget - self.hinted_s
-        if self.active_threads or self.inferences < 1 or left <= 0 \
+        if self.active_threads or not self.log.marks or left <= 0 \
                 or self.log.recorded + 1 < self.next_search:
             return None
         return min(self.budget.search_wait, left)
@@ -699,11 +700,15 @@ class Recorder:
                 continue
             t0 = time.perf_counter()
             entries = self.log.entries(thread)
+            starts = self.log.inference_starts(thread)
             if thread in self.active_threads:  # a variant: search from its first inference on
+                n = len(entries)
                 entries = _from_call(entries, self._variant_from.get(thread))
+                starts = [x - (n - len(entries)) for x in starts if x >= n - len(entries)]
             found, rejected, timed_out = search_log(entries, self.search,
                                                     budget_s=self.budget.time_s,
-                                                    quiet_period=self.quiet_period)
+                                                    quiet_period=self.quiet_period,
+                                                    starts=starts)
             elapsed = time.perf_counter() - t0
             work += len(entries)
             self.search_stats.append({"log": len(entries), "seconds": elapsed,
@@ -788,4 +793,5 @@ class Recorder:
                 "searches": self.search_stats[-5:],
                 "search_budget": {"failed": self.failed, "scanned": self.failed_work,
                                   "recorded": self.log.recorded,
-                                  "next_search": self.next_search}}
+                                  "next_search": self.next_search,
+                                  "hinted_s": round(self.hinted_s, 6)}}

@@ -22,10 +22,13 @@ follow its data repeats only under those, and ``rrtod.robot.shapes.explain`` mus
 for every difference between its repetitions. If still nothing verifies, the inferences may
 differ in length because of a loop whose count the data decides: ``rrtod.robot.loopfold``
 folds each loop to its first iteration, and the search runs again on the folded log (each loop
-then needs a size of the inference that counts it: ``loopfold.loops_of``). Failing that,
-``common_prefix`` finds the calls every recent inference begins with, a *segment* replayed
-from one request, after which the inference goes on by forwarding (one ``nms`` per class
-present, each reading the last: not a loop that unrolls).
+then needs a size of the inference that counts it: ``loopfold.loops_of``). Failing that, an
+app whose first inference builds something it keeps (an anchor grid, a cache) repeats only from
+its second inference on: ``without_first_extras`` takes the first inference, its extra calls
+moved out, as the steady state's first repetition, so that a sequence is found after two
+inferences, not three. Failing that, ``common_prefix`` finds the calls every recent inference
+begins with, a *segment* replayed from one request, after which the inference goes on by
+forwarding (one ``nms`` per class present, each reading the last: not a loop that unrolls).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import numpy as np
 from rrto.v1 import ops_pb2
 from rrtod.hookspecs import Candidate, SequenceSearch
 from rrtod.robot.loopfold import FoundLoop, fold, loops_of
-from rrtod.robot.oplog import LoggedCall, resolve_reads, with_loose_keys
+from rrtod.robot.oplog import LoggedCall, copied, resolve_reads, with_loose_keys
 from rrtod.robot.shapes import Shapes, Unexplained, explain, explain_call
 from rrtod.wire import iter_tensor_refs
 
@@ -263,12 +266,111 @@ def _looser(log: list[LoggedCall]) -> bool:
     return len({loose for _, loose in pairs}) < len(pairs)
 
 
+# The calls of the steady state that must follow a run of a first inference's extra calls for
+# the run to be taken as extra (``_extra_calls``).
+RESYNC = 16
+
+
+def _extra_calls(a: np.ndarray, b: np.ndarray, trailing: bool = True) -> list[int] | None:
+    """Positions of the calls of ``a`` (an inference's keys) that ``b`` (the next one's) does
+    not have, if ``b`` is ``a`` with runs of calls left out: each run the shortest after which
+    the next ``RESYNC`` calls (or all that are left) agree again. None otherwise, or if
+    ``trailing`` is false and a run is at the end of ``a``."""
+    extra = len(a) - len(b)
+    if extra <= 0:
+        return None
+    out: list[int] = []
+    i = j = 0
+    while j < len(b):
+        n = min(len(a) - i, len(b) - j)
+        differ = np.flatnonzero(a[i: i + n] != b[j: j + n])
+        run = int(differ[0]) if len(differ) else n
+        i, j = i + run, j + run
+        if j == len(b):
+            break
+        k = min(RESYNC, len(b) - j)
+        for skip in range(1, extra - len(out) + 1):
+            if np.array_equal(a[i + skip: i + skip + k], b[j: j + k]):
+                break
+        else:
+            return None
+        out.extend(range(i, i + skip))
+        i += skip
+    if i < len(a) and not trailing:
+        return None
+    out.extend(range(i, len(a)))  # calls after the last of ``b``'s
+    return out if len(out) == extra else None
+
+
+def without_first_extras(log: list[LoggedCall], starts: list[int]) -> list[tuple[
+        list[LoggedCall], int, int]]:
+    """A first inference that built what later ones reuse (an anchor grid on the first call,
+    a cache) has the steady state's calls and some more. For the two last complete
+    inferences ``A`` and ``B`` (``starts``: where inferences begin, from the shim's marks; the
+    log's start begins one too, so set-up calls before the first inference are extra calls
+    of it), ``A``'s keys being ``B``'s with runs of calls added: the log with those extra calls
+    moved before ``A`` (the rest of ``A``, ``A'``, then followed by ``B``), and ``A'``'s start
+    and length (``_without``). Verified like any candidate, ``A'`` and ``B`` are two
+    repetitions of one sequence; the values the extra calls made are constants of it, made
+    before its first repetition, as they are for ``B``.
+
+    ``B`` is the last two marks apart or, for a search at a download (whose inference's mark
+    comes only with the next one's first call), from the last mark to the log's end; but a
+    download may also be inside an inference, so ``B`` may be the start of one: then no run
+    of extra calls may end ``A`` (``B`` would be all of ``A`` but its end, and ``A``'s end the
+    run). Returns the ways found, marked ones first."""
+    ends = [0, *(x for x in starts if 0 < x <= len(log))]
+    out = []
+    if len(ends) >= 3:
+        out.append(_without(log, *ends[-3:], trailing=True))
+    if ends[-1] < len(log) and len(ends) >= 2:
+        out.append(_without(log, ends[-2], ends[-1], len(log), trailing=False))
+    return [x for x in out if x is not None]
+
+
+def _without(log: list[LoggedCall], a0: int, b0: int, b1: int,
+             trailing: bool) -> tuple[list[LoggedCall], int, int] | None:
+    """``without_first_extras`` for ``A = log[a0:b0]`` and ``B = log[b0:b1]``. Each read keeps
+    the write it resolved to (moved along), so a call of ``A'`` that read what an extra call
+    wrote in place reads a constant, and ``B``'s call must read the very same to verify."""
+    keys = np.fromiter((e.key for e in log[a0: b1]), dtype=np.int64, count=b1 - a0)
+    extra = _extra_calls(keys[: b0 - a0], keys[b0 - a0:], trailing)
+    if extra is None:
+        return None
+    if log and len(log[0].reads) != len(log[0].refs):
+        resolve_reads(log)
+    moved = set(extra)
+    order = [a0 + x for x in extra] + [a0 + x for x in range(b0 - a0) if x not in moved]
+    where = np.arange(len(log))  # old position -> new
+    where[order] = np.arange(a0, b0)
+    out = list(log[:a0])
+    for i in [*order, *range(b0, len(log))]:
+        e = copied(log[i], log[i].key)
+        e.index = len(out)
+        e.reads = tuple((int(where[p]) if p >= 0 else p, o, int(where[b]) if b >= 0 else b)
+                        for p, o, b in e.reads)
+        out.append(e)
+    return out, a0 + len(extra), b1 - b0
+
+
+def _found_without_first_extras(log: list[LoggedCall], starts: list[int], min_repeats: int,
+                                quiet_period: int | None) -> Found | None:
+    for entries, start, period in without_first_extras(log, starts):
+        found = verify(entries, Candidate(start, period), min_repeats, quiet_period)
+        if found is not None:  # found after two inferences: the first is a repetition
+            found.entries, found.warmup = entries, False
+            return found
+    return None
+
+
 def search_log(log: list[LoggedCall], search: SequenceSearch, min_repeats: int = 2,
-               budget_s: float | None = None, quiet_period: int | None = None) -> Outcome:
+               budget_s: float | None = None, quiet_period: int | None = None,
+               starts: list[int] | None = None) -> Outcome:
     """The first verified candidate. With ``budget_s``, gives up (``timed_out``) when that
     many seconds have passed and no candidate verified; the budget is checked between
     candidates, so a plugin that yields them lazily is cut short too. ``quiet_period``: see
-    ``verify``."""
+    ``verify``. ``starts``: where the log's inferences begin (``OpLog.inference_starts``),
+    for ``without_first_extras``."""
     deadline = None if budget_s is None else time.perf_counter() + budget_s
     rejected = 0
     loose: list[LoggedCall] | None = None
@@ -307,6 +409,11 @@ def search_log(log: list[LoggedCall], search: SequenceSearch, min_repeats: int =
                         found.shapes.note_varies(lp.start + lp.shared.varies_from)
                 return Outcome(found, rejected, False)
             rejected += 1
+    # A first inference with extra calls: found after the second inference.
+    for keyed in (log, loose):
+        found = _found_without_first_extras(keyed, starts or [], min_repeats, quiet_period)
+        if found is not None:
+            return Outcome(found, rejected, False)
     # Inferences of different lengths: the calls they all begin with, as a segment.
     segment = common_prefix(loose)
     return Outcome(segment, rejected, False)
