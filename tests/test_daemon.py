@@ -352,6 +352,12 @@ def test_an_app_that_downloads_nothing_is_told_of_the_search_at_its_mark(rrtod_d
             assert hints == [], hints  # the first mark: nothing a search could find yet
         index += 1
     assert hints[:2] == [True, False], hints
+    # What the app says it waited (with its next mark) is what the hint budget is charged.
+    conn.send(local_pb2.LocalRequest(mark=local_pb2.InferenceMark(index=index,
+                                                                  search_wait_us=40_000)))
+    answered(5000)
+    (session,) = d.status()["sessions"]
+    assert abs(session["record"]["search_budget"]["hinted_s"] - 0.04) < 1e-6, session
 
 
 def test_record_search_define_replay_persist_and_flush(rrtod_daemon):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+import types
 
 import torch
 from torch import nn
@@ -21,10 +22,13 @@ class _Channel:
     def __init__(self) -> None:
         self.marks: list[tuple[int, int, int]] = []
         self.threads: list[int] = []
+        self.waited: list[int] = []
 
-    def mark(self, index: int, start_ns: int, end_ns: int, thread: int = 0) -> None:
+    def mark(self, index: int, start_ns: int, end_ns: int, thread: int = 0,
+             search_wait_us: int = 0) -> None:
         self.marks.append((index, start_ns, end_ns))
         self.threads.append(thread)
+        self.waited.append(search_wait_us)
 
 
 class _Session:
@@ -114,3 +118,18 @@ def test_a_mark_names_the_thread_whose_inference_it_ends(monkeypatch) -> None:
     worker.join()
     icpt.close_marks()  # the worker's outputs were never read
     assert session.channel.threads == [0, 1]
+
+
+def test_a_mark_says_how_long_the_app_waited_for_searches_since_the_previous_one(
+        monkeypatch) -> None:
+    """The robot charges its hint budget with what the app really waited (``SearchHint``):
+    each mark carries the replay client's search waits since the previous mark, waits
+    outside any inference (set-up) included."""
+    icpt, session, model = _interceptor(monkeypatch)
+    session.replay = types.SimpleNamespace(counters={"search_wait_ns": 0})
+    session.replay.counters["search_wait_ns"] = 3_000_000  # before the first inference
+    _infer(icpt, model, torch.zeros(2))
+    session.replay.counters["search_wait_ns"] = 3_500_000
+    _infer(icpt, model, torch.zeros(2))
+    _infer(icpt, model, torch.zeros(2))
+    assert session.channel.waited == [3000, 500, 0]

@@ -53,7 +53,8 @@ class _Dead:
     def send(self, frames: list) -> None:
         raise OSError("no connection in a forked child")
 
-    def mark(self, index: int, start_ns: int, end_ns: int, thread: int = 0) -> None:
+    def mark(self, index: int, start_ns: int, end_ns: int, thread: int = 0,
+             search_wait_us: int = 0) -> None:
         pass
 
     def flush_marks(self) -> None:

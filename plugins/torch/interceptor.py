@@ -79,6 +79,7 @@ class TorchInterceptor:
         # its models' forward computation. Modules are offloaded by the device of their state.
         self.device_type = "cuda" if torch.cuda.is_available() else "cpu"
         self._open: dict[int, _Open] = {}  # thread id -> its inference awaiting output reads
+        self._waited_ns = 0  # the replay client's search waits told to the robot so far
         # RRTO_STATS=1: per finished inference (by index), what ``_counters`` counts
         try:
             self.stats_enabled = flag("RRTO_STATS", False)
@@ -195,9 +196,13 @@ class TorchInterceptor:
         if self.stats_enabled:
             self.by_inference[open_.index] = tuple(
                 now - then for now, then in zip(self._counters(), open_.counters, strict=True))
+        replay = getattr(self.session, "replay", None)
+        waited = replay.counters["search_wait_ns"] if replay is not None else 0
+        with self._lock:
+            waited, self._waited_ns = waited - self._waited_ns, waited
         try:
             self.session.channel.mark(open_.index, open_.start_ns, open_.end_ns,
-                                      thread=open_.thread)
+                                      thread=open_.thread, search_wait_us=max(0, waited) // 1000)
         except OSError:
             pass  # a lost connection is reported by the next forwarded call
 

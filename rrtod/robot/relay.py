@@ -193,9 +193,7 @@ class AppRelay:
             placement.resend = self._send_lanes
         self.phase = Phase.OPENING
         self.lost: str | None = None  # why the host's link went down (``lose_host``)
-        # When the app was told a search is running (``SearchHint``); None: not now.
-        self._hinted: float | None = None
-        self._app_wrote = 0.0  # when the app last wrote while a hinted search ran
+        self._hinted = False  # the app was told a search is running (``SearchHint``)
         self._task: asyncio.Task[Any] | None = None  # the one running ``serve``
         self.log = log.bind(session=session.id, app=session.app, pid=session.pid,
                             host=session.host.name)
@@ -320,8 +318,6 @@ class AppRelay:
         on their way, not before. Frames before a malformed one are relayed, then
         ``FrameError`` is raised."""
         session, rec = self.session, self.recorder
-        if self._hinted is not None:
-            self._app_wrote = time.monotonic()  # the app was not waiting on the search yet
         out = (_Routed(self) if self.placement is not None and self.placement.seqs
                else _Batched(self))
         energy: list[local_pb2.InferenceMark | None] = []  # None: communication starts
@@ -347,11 +343,12 @@ class AppRelay:
                 session.inferences += 1
                 energy.append(request.mark)
                 if rec is not None:
+                    rec.hinted_s += request.mark.search_wait_us / 1e6  # what the app waited
                     if rec.searching:  # the search sees the inference whole: the frames
                         await out.flush()  # before the mark are logged first
                     wait = rec.hint_wait()  # asked before the inference counts, as at a download
                     if rec.inference_ended(request.mark.thread):
-                        if wait is not None and self._hinted is None:
+                        if wait is not None and not self._hinted:
                             await self._hint(wait)  # the app's calls wait at the next one
                         rec.request_search(self.push_sequence, self._search_ended)
             else:
@@ -436,7 +433,7 @@ class AppRelay:
         if not frames:
             return
         rec = self.recorder
-        hinted = (self._hinted is None and rec is not None
+        hinted = (not self._hinted and rec is not None
                   and await self._hint_search(rec, frames))
         async with self.write_lock:
             await _write(self.call, frames)
@@ -519,20 +516,18 @@ class AppRelay:
 
     async def _hint(self, wait: float) -> None:
         """Tell the app a search is running that its next call should wait for, at most
-        ``wait`` seconds (``SearchHint``); charged to the hint budget until it is over."""
-        self._hinted = time.monotonic()
+        ``wait`` seconds (``SearchHint``). What it waits is charged to the hint budget when
+        its shim says so (``InferenceMark.search_wait_us``)."""
+        self._hinted = True
         await self._tell_app(ops_pb2.SessionDown(search=ops_pb2.SearchHint(
             running=True, wait_us=int(wait * 1e6))))
 
     def _over(self, rec: Recorder) -> tuple[bytes, bytes] | tuple[()]:
         """The frame that tells the app the search it was told of is over, once nothing is on
-        its way to the host any more (else nothing yet). The time since the hint, or since the
-        app last wrote if it did meanwhile (it cannot have waited before that: a thread that
-        waits for the search writes nothing), is charged to the recorder's hint budget."""
-        if self._hinted is None or rec.awaiting_host():
+        its way to the host any more (else nothing yet)."""
+        if not self._hinted or rec.awaiting_host():
             return ()
-        rec.hinted_s += time.monotonic() - max(self._hinted, self._app_wrote)
-        self._hinted = None
+        self._hinted = False
         return _framed(self.session, _SEARCH_OVER)
 
     async def _search_ended(self) -> None:

@@ -37,9 +37,11 @@ class Channel(Protocol):
     # frames: messages, or wire.EncodedFrame (a message in wire form, which also answers
     # SerializeToString and WhichOneof)
     def send(self, frames: list[ops_pb2.SessionUp]) -> None: ...
-    def mark(self, index: int, start_ns: int, end_ns: int, thread: int = 0) -> None:
-        """Report one inference's span (CLOCK_MONOTONIC ns) for energy accounting, and
-        where app thread ``thread``'s next inference starts (the robot's search)."""
+    def mark(self, index: int, start_ns: int, end_ns: int, thread: int = 0,
+             search_wait_us: int = 0) -> None:
+        """Report one inference's span (CLOCK_MONOTONIC ns) for energy accounting, where app
+        thread ``thread``'s next inference starts (the robot's search), and how long the app
+        waited for searches since its previous mark (the robot's hint budget)."""
         ...
     def flush_marks(self) -> None: ...
     def close(self) -> None: ...
@@ -149,7 +151,8 @@ class SocketChannel:
                 self._marks = []
             send_parts(self.sock.sock, parts)
 
-    def mark(self, index: int, start_ns: int, end_ns: int, thread: int = 0) -> None:
+    def mark(self, index: int, start_ns: int, end_ns: int, thread: int = 0,
+             search_wait_us: int = 0) -> None:
         """Queue an inference mark for the app's next write. A mark ends with the app's last
         read of an inference's outputs, just before its next inference starts. Written at once,
         it woke the robot daemon for its energy bookkeeping right when that start arrived, on
@@ -159,7 +162,8 @@ class SocketChannel:
         nothing and is accounted after they are relayed. So the daemon learns of an inference
         when the app sends its next one (or exits: ``flush_marks``)."""
         wire = encode(local_pb2.LocalRequest(mark=local_pb2.InferenceMark(
-            index=index, start_ns=start_ns, end_ns=end_ns, thread=thread)))
+            index=index, start_ns=start_ns, end_ns=end_ns, thread=thread,
+            search_wait_us=search_wait_us)))
         with self._wlock:
             self._marks.append(wire)
 
@@ -205,7 +209,8 @@ class LoopbackChannel:
                 for down in self.executor.handle(wire):
                     self._on_down(ops_pb2.SessionDown.FromString(down.SerializeToString()))
 
-    def mark(self, index: int, start_ns: int, end_ns: int, thread: int = 0) -> None:
+    def mark(self, index: int, start_ns: int, end_ns: int, thread: int = 0,
+             search_wait_us: int = 0) -> None:
         self.marks.append((index, start_ns, end_ns))
 
     def flush_marks(self) -> None:

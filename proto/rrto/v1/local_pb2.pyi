@@ -64,16 +64,18 @@ class AppWelcome(_message.Message):
     def __init__(self, session: _Optional[str] = ..., host: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
 
 class InferenceMark(_message.Message):
-    __slots__ = ("index", "start_ns", "end_ns", "thread")
+    __slots__ = ("index", "start_ns", "end_ns", "thread", "search_wait_us")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     START_NS_FIELD_NUMBER: _ClassVar[int]
     END_NS_FIELD_NUMBER: _ClassVar[int]
     THREAD_FIELD_NUMBER: _ClassVar[int]
+    SEARCH_WAIT_US_FIELD_NUMBER: _ClassVar[int]
     index: int
     start_ns: int
     end_ns: int
     thread: int
-    def __init__(self, index: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., thread: _Optional[int] = ...) -> None: ...
+    search_wait_us: int
+    def __init__(self, index: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., thread: _Optional[int] = ..., search_wait_us: _Optional[int] = ...) -> None: ...
 
 class LocalRequest(_message.Message):
     __slots__ = ("app_hello", "session", "ctl", "mark")
