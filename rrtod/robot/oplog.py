@@ -357,6 +357,7 @@ class OpLog:
             if calls[pos].want_meta and calls[pos].seq not in self.results:
                 stop = pos
                 break
+
         def starts_before(upto: int) -> None:
             """Inference starts: the marks of this thread logged before call ``upto``."""
             while b.marks < len(marks) and marks[b.marks][0] <= upto:

@@ -398,7 +398,7 @@ class Recorder:
         # Search budget state: failed searches since the log was last cleared, the log entries
         # they scanned, and the log position (frames recorded) before which none is due.
         self.failed = self.failed_work = self.next_search = 0
-        self.hinted_s = 0.0  # time of the searches the app was told to wait for (``hint_wait``)
+        self.hinted_s = 0.0  # time the app waited for searches, as its shim says (``app_waited``)
         self._quiet = True  # no download since the app's last inference mark
         # Frames recorded at the last mark; the calls of the inference that mark ended, if it
         # downloaded nothing (frames between marks, no fetch among them): a sequence that
@@ -605,6 +605,11 @@ class Recorder:
         return ready
 
     # ----- search scheduling (on the event loop) -----
+    def app_waited(self, seconds: float) -> None:
+        """The app's shim says it waited this long for searches since its previous mark
+        (``InferenceMark.search_wait_us``): charged to the hint budget (``hint_wait``)."""
+        self.hinted_s += seconds
+
     def hint_wait(self) -> float | None:
         """Asked before a download is logged (or an inference mark noted): seconds the app's
         next call may wait for the search that starts there (``SearchHint``): the budget's
@@ -704,7 +709,8 @@ class Recorder:
             if thread in self.active_threads:  # a variant: search from its first inference on
                 n = len(entries)
                 entries = _from_call(entries, self._variant_from.get(thread))
-                starts = [x - (n - len(entries)) for x in starts if x >= n - len(entries)]
+                cut = n - len(entries)  # the entries left out before the variant's first call
+                starts = [x - cut for x in starts if x >= cut]
             found, rejected, timed_out = search_log(entries, self.search,
                                                     budget_s=self.budget.time_s,
                                                     quiet_period=self.quiet_period,

@@ -343,7 +343,7 @@ class AppRelay:
                 session.inferences += 1
                 energy.append(request.mark)
                 if rec is not None:
-                    rec.hinted_s += request.mark.search_wait_us / 1e6  # what the app waited
+                    rec.app_waited(request.mark.search_wait_us / 1e6)
                     if rec.searching:  # the search sees the inference whole: the frames
                         await out.flush()  # before the mark are logged first
                     wait = rec.hint_wait()  # asked before the inference counts, as at a download
