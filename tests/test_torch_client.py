@@ -348,6 +348,53 @@ def test_to_cpu_reads_in_the_app_and_keeps_the_proxy_in_a_forward(offload):
     assert itc.session.counters["round_trips"] > before
 
 
+def test_a_tensor_of_python_numbers_made_for_the_models_device_is_made_on_the_host(offload):
+    """torchvision's detection transform: ``torch.as_tensor(mean, device=image.device)`` in a
+    forward. Made in the app, the normalisation and the resize after it ran in the app, and the
+    enlarged image was uploaded; now the app's input is uploaded as it is and everything after
+    runs on the host. A tensor made without a device (``torch.tensor(image.shape[-2:])``) is
+    read back at once: it stays in the app, and its reads cost no round trip."""
+    seen: dict[str, Any] = {}
+
+    class Normalize(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+
+        def forward(self, image: torch.Tensor) -> torch.Tensor:
+            mean = torch.as_tensor([0.5, 0.25, 0.75], dtype=image.dtype, device=image.device)
+            std = torch.tensor([0.5, 0.5, 2.0], device=image.device)
+            scale = 4.0 / float(torch.tensor(image.shape[-2:]).min().item())
+            seen.update(mean=mean, std=std)
+            image = (image - mean[:, None, None]) / std[:, None, None]
+            image = nn.functional.interpolate(image[None], scale_factor=scale, mode="bilinear")
+            return self.conv(image)
+
+    torch.manual_seed(0)
+    model, x = Normalize().eval(), torch.rand(3, 8, 8)
+    with torch.no_grad():
+        ref = model(x)
+    assert type(seen["mean"]) is torch.Tensor  # not offloaded: plain local execution
+    itc = offload()
+    with torch.no_grad():
+        model(x)  # the first call sets the session up
+        before = dict(itc.session.counters)
+        y = model(x)
+        after = dict(itc.session.counters)
+    assert isinstance(seen["mean"], RemoteTensor) and isinstance(seen["std"], RemoteTensor)
+    assert torch.equal(seen["mean"].cpu(), torch.tensor([0.5, 0.25, 0.75]))
+    assert torch.equal(y.cpu(), ref)
+    # the input as it is (768 bytes) and the two constants: not the 32x32 image (12 KB)
+    assert after["bytes_up"] - before["bytes_up"] < 3 * 8 * 8 * 4 + 256
+    if itc.session.mode == "stream":  # the forward itself waits for nothing
+        assert after["round_trips"] == before["round_trips"]
+    # a tensor of Python numbers outside a forward, or of something else, stays local
+    assert type(torch.as_tensor([1.0, 2.0], device=x.device)) is torch.Tensor
+    with torch.no_grad():
+        model.forward = lambda image: torch.as_tensor(np.zeros(3), device=image.device)
+        assert type(model(x)) is torch.Tensor
+
+
 def test_a_tensor_read_back_mid_model_keeps_its_layout_on_the_host(tmp_path):
     """hf-clip's ``text @ image.t().to(text.device)``. Before ``.to`` in a forward kept the
     proxy, the transposed operand was downloaded and uploaded again, and the host must rebuild

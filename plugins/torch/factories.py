@@ -13,6 +13,15 @@ they stay local. Random factories (``randn``, ``rand``) always stay local: the h
 is not the app's, and outputs must equal local execution. ``RRTO_HOST_FACTORIES=0`` keeps every
 factory in the app (an app that writes into such a tensor through ``.numpy()`` inside its
 forward needs it: a proxy's ``numpy()`` is a copy).
+
+``torch.tensor`` and ``torch.as_tensor`` of Python numbers (``DATA_FACTORIES``) follow the same
+rule when the call names a ``device``: ``torch.as_tensor(self.image_mean, device=image.device)``
+is made to meet the model's tensors. Made in the app, torchvision's detection transform
+normalised and resized the image there, and SSDlite uploaded its 320x320 result, six times the
+app's input. Such a tensor is made in the app and copied to the host by one forwarded ``clone``
+(its bytes are the same every inference, so a sequence carries them: ``SeqSource.fixed``). One
+made without a device (``torch.tensor(image.shape[-2:])``, read back at once with ``.item()``)
+is a helper of the Python code and stays local: as a proxy, each read would be a round trip.
 """
 
 from __future__ import annotations
@@ -27,6 +36,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 _OWN = ("rrto_plugins.", "rrtod.")  # the shim's own modules
 FACTORIES = ("zeros", "ones", "empty", "full", "arange", "linspace", "eye", "empty_strided")
+DATA_FACTORIES = ("tensor", "as_tensor")
+# Python data a data factory sends to the host: numbers, nested at most this deep in lists and
+# tuples, at most this many in all (a larger literal is not a model's constant).
+_MAX_DEPTH, _MAX_ITEMS = 4, 4096
 _originals: dict[str, Callable[..., Any]] = {}
 
 
@@ -55,6 +68,10 @@ def install(inside: Callable[[], bool], dispatch: Callable[[Any, tuple, dict], A
         original = getattr(torch, name)
         _originals[name] = original
         setattr(torch, name, _wrap(original, inside, dispatch))
+    for name in DATA_FACTORIES:
+        original = getattr(torch, name)
+        _originals[name] = original
+        setattr(torch, name, _wrap_data(original, inside, dispatch))
 
 
 def uninstall() -> None:
@@ -74,6 +91,32 @@ def _wrap(original: Callable[..., Any], inside: Callable[[], bool],
         with _OnHost(dispatch):
             return original(*args, **kwargs)
     return factory
+
+
+def _wrap_data(original: Callable[..., Any], inside: Callable[[], bool],
+               dispatch: Callable[[Any, tuple, dict], Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def factory(data: Any, *args: Any, **kwargs: Any) -> Any:
+        made = original(data, *args, **kwargs)
+        if not inside() or kwargs.get("device") is None or kwargs.get("requires_grad") \
+                or kwargs.get("pin_memory") or _device_type(kwargs["device"]) == "meta" \
+                or not _python_numbers(data, 0, [0]) or _ours(sys._getframe(1)):
+            return made
+        return dispatch(torch.ops.aten.clone.default, (made,), {})
+    return factory
+
+
+def _python_numbers(data: Any, depth: int, seen: list[int]) -> bool:
+    """``data`` is Python numbers (bool, int, float), in lists and tuples at most
+    ``_MAX_DEPTH`` deep, ``_MAX_ITEMS`` in all: never a tensor, an array or anything else."""
+    seen[0] += 1
+    if seen[0] > _MAX_ITEMS:
+        return False
+    if isinstance(data, (bool, int, float)):
+        return True
+    if isinstance(data, (list, tuple)) and depth < _MAX_DEPTH:
+        return all(_python_numbers(x, depth + 1, seen) for x in data)
+    return False
 
 
 def _ours(frame: Any) -> bool:
