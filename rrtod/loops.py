@@ -27,11 +27,22 @@ sent, a constant released) the ends keep for the head only, whose slots no unrol
 A weight read in a loop is bound per slot of the definition as recorded: ``unroll`` says which
 recorded slot each of its slots comes from (``origins``), and both ends keep a weight's binding
 under that one, so binding it once serves every iteration and every count.
+
+A loop with variants (``SeqLoop.variants``: torchvision's mask pasting, whose calls after
+``max(box[0], 0)`` depend on ``box[0] < 0``) makes its body, then in each iteration the calls of
+the variant that the values of its ``guards`` choose (``choose``). Both ends need every
+iteration's choice to unroll: the host runs the bodies of all iterations first
+(``bodies(d, count)``), reads the guards from its own tensors and goes on with
+``unroll(d, count, choices=..., bodies_first=True)``, whose first calls are exactly those; the
+shim unrolls in the app's order from the guard values the host pushes. A body writes nothing in
+place, and no variant writes what a body reads (``check``), so running the bodies first computes
+the same values; the two orders name the same local ids at the same local indices.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from rrto.v1 import ops_pb2
 from rrtod.wire import SPAN, int_arg, iter_tensor_refs
@@ -44,6 +55,11 @@ MAX_COUNT = (1 << 20) - 1
 # Calls an unrolled definition may have: a count comes from the data, and each replay end
 # builds the unrolled calls (a few hundred bytes each) before it runs them.
 MAX_CALLS = 1 << 16
+MAX_VARIANTS = 16  # variants of one loop (four values read as bools: at most 16)
+# A variant's slots in ``unroll``'s ``origins``: past any definition's, numbered per loop (by
+# how many loops are left, the same at every stage of unrolling) and variant after variant.
+VARIANT_SLOTS = 1 << 40
+MAX_GUARDS = 8
 
 
 def _renamed(start: int, i: int, j: int) -> int:
@@ -107,6 +123,10 @@ def check(d: ops_pb2.SequenceDef) -> None:
         for g in loop.gathers:
             if g.call < end or g.call >= len(d.calls):
                 raise ValueError(f"sequence {d.id}: loop {n} gathers into no call after it")
+        if loop.guards or loop.variants:
+            if n != len(d.loops) - 1:  # the host's order would reach past it (``app_pos``)
+                raise ValueError(f"sequence {d.id}: loop {n} has variants and is not the last")
+            _check_variants(d, n, loop)
     if not d.loops:
         return
     first = _slots(list(d.calls[: head_end(d)]))
@@ -120,6 +140,133 @@ def check(d: ops_pb2.SequenceDef) -> None:
         if sym.index and not any(lp.start <= sym.call < lp.start + lp.body for lp in d.loops):
             raise ValueError(f"sequence {d.id}: call {sym.call} uses a loop index outside "
                              "any loop")
+
+
+def _check_variants(d: ops_pb2.SequenceDef, n: int, loop: ops_pb2.SeqLoop) -> None:
+    """ValueError unless loop ``n``'s variants can be chosen and run after its body: guards the
+    body makes, one value each per variant, distinct; each variant's sources, symbols and ids
+    its own; the body writing nothing in place and no variant writing what a body reads (the
+    host runs the bodies of all iterations first)."""
+    where = f"sequence {d.id}: loop {n}"
+    body = list(d.calls[loop.start: loop.start + loop.body])
+    made = _made(body)
+    if not loop.guards or not loop.variants or len(loop.guards) > MAX_GUARDS \
+            or len(loop.variants) > MAX_VARIANTS:
+        raise ValueError(f"{where} has {len(loop.guards)} guards and {len(loop.variants)} "
+                         f"variants (1 to {MAX_GUARDS} and 1 to {MAX_VARIANTS})")
+    if any(g not in made or g not in d.outputs or g not in d.local_ids for g in loop.guards) \
+            or len(set(loop.guards)) != len(loop.guards):
+        raise ValueError(f"{where} has a guard its body does not make or the app does not read")
+    if {r for call in body for r in call.out_ids} - set(made) or any(
+            ref.WhichOneof("ref") == "upload" and ref.bind_id
+            for call in body for ref in iter_tensor_refs(call)):
+        raise ValueError(f"{where} has a body that writes a value in place")
+    read = {ref.id for call in body for ref in iter_tensor_refs(call)
+            if ref.WhichOneof("ref") == "id"} | set(loop.guards)
+    whens = set()
+    for v in loop.variants:
+        if len(v.when) != len(loop.guards):
+            raise ValueError(f"{where} has a variant with {len(v.when)} values for "
+                             f"{len(loop.guards)} guards")
+        whens.add(tuple(v.when))
+        own = set(_made(list(v.calls)))
+        if len(v.sources) != _slots(list(v.calls)) \
+                or not set(v.local_ids) <= own or len(set(v.local_ids)) != len(v.local_ids) \
+                or not set(v.outputs) <= set(v.local_ids) \
+                or set(v.local_ids) & (set(made) | set(d.local_ids)):
+            raise ValueError(f"{where} has a variant whose calls, sources or ids disagree")
+        if any(r in read and r not in v.local_ids for call in v.calls for r in call.out_ids):
+            raise ValueError(f"{where} has a variant that writes what the body reads")
+        if any(sym.call >= len(v.calls) for sym in v.symbols):
+            raise ValueError(f"{where} has a variant symbol past its calls")
+        for src in v.sources:
+            if not (src.kind in (SRC.PRODUCED, SRC.PERSISTENT) or (src.kind == SRC.INPUT
+                                                                   and src.fixed)):
+                raise ValueError(f"{where} has a variant reading what is not a value of the "
+                                 "inference, a weight nor a fixed input")
+    if len(whens) != len(loop.variants):
+        raise ValueError(f"{where} has two variants for the same values")
+
+
+def choose(loop: ops_pb2.SeqLoop, values: list[tuple[float, ...]]) -> list[int]:
+    """Per iteration, the index of the variant whose ``when`` are that iteration's guard
+    values. ValueError for values no variant has (the app took a branch not recorded)."""
+    index = {tuple(v.when): k for k, v in enumerate(loop.variants)}
+    out = []
+    for i, vals in enumerate(values):
+        k = index.get(tuple(float(x) for x in vals))
+        if k is None:
+            raise ValueError(f"iteration {i}: no variant for the values {vals} read")
+        out.append(k)
+    return out
+
+
+def guards(d: ops_pb2.SequenceDef, count: int) -> list[list[int]]:
+    """Per iteration of ``d``'s first loop unrolled ``count`` times, the ids of its guards."""
+    loop = d.loops[0]
+    name = _namer(d)
+    return [[name(g, i) for g in loop.guards] for i in range(count)]
+
+
+def _namer(d: ops_pb2.SequenceDef) -> Callable[[int, int], int]:
+    """Iteration ``i``'s id of a value the first loop's body makes (``unroll``'s naming)."""
+    loop = d.loops[0]
+    s, b = loop.start, loop.body
+    prefix, body = list(d.calls[:s]), list(d.calls[s: s + b])
+    scattered = [d.calls[c].out_ids[0] for c in loop.scatters]
+    before = set(_made(prefix)) - set(scattered)
+    own = [*scattered, *(r for r in _made(body) if r not in before and r not in scattered)]
+    rank = {r: j for j, r in enumerate(own)}
+
+    def name(rid: int, i: int) -> int:
+        j = rank.get(rid)
+        return rid if j is None or i == 0 else _renamed(s, i, j)
+    return name
+
+
+def bodies(d: ops_pb2.SequenceDef, count: int) -> ops_pb2.SequenceDef:
+    """``d``'s head and the bodies of its first loop's ``count`` iterations (a loop with
+    variants): what the host runs before it reads the guards. The first calls of
+    ``unroll(d, count, choices=..., bodies_first=True)`` for any choices; no outputs, as a
+    head (``head``)."""
+    return unroll(d, count, bodies_first=True)
+
+
+def samples(d: ops_pb2.SequenceDef) -> list[ops_pb2.SequenceDef]:
+    """``d``'s first loop unrolled with no iteration, one and two, each variant at least once
+    in each order: what a replay end compiles when it is defined, so that a definition that
+    cannot run fails then and not when an inference reaches its loop."""
+    if not d.loops:
+        return [d]
+    k = len(d.loops[0].variants)
+    if not k:
+        return [unroll(d, n) for n in (0, 1, 2)]
+    out = [unroll(d, 0, choices=[])]
+    for v in range(k):
+        pair = [v, (v + 1) % k]
+        out += [unroll(d, 1, choices=[v]), unroll(d, 2, choices=pair),
+                unroll(d, 2, choices=pair, bodies_first=True)]
+    return out
+
+
+def app_positions(d: ops_pb2.SequenceDef, count: int, choices: list[int]) -> list[int]:
+    """Per call of ``unroll(d, count, choices=choices, bodies_first=True)``, its position in
+    the app's order (``unroll(d, count, choices=choices)``): where the host, which runs the
+    bodies first, is when the app is at a given call (an abort's position is the app's)."""
+    loop = d.loops[0]
+    s, b = loop.start, loop.body
+    sizes = [len(loop.variants[c].calls) for c in choices]
+    starts, at = [], s
+    for n in sizes:
+        starts.append(at)
+        at += b + n
+    out = list(range(s))
+    for i in range(count):
+        out += range(starts[i], starts[i] + b)
+    for i in range(count):
+        out += range(starts[i] + b, starts[i] + b + sizes[i])
+    out += range(at, at + len(d.calls) - s - b)
+    return out
 
 
 def head(d: ops_pb2.SequenceDef) -> ops_pb2.SequenceDef:
@@ -148,12 +295,15 @@ def counted_by(d: ops_pb2.SequenceDef) -> tuple[int, int] | None:
     return list(head(d).local_ids).index(loop.tensor), loop.dim
 
 
-def unroll(d: ops_pb2.SequenceDef, count: int,
-           origins: list[int] | None = None) -> ops_pb2.SequenceDef:
+def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
+           choices: list[int] | None = None, bodies_first: bool = False) -> ops_pb2.SequenceDef:
     """``d`` with its first loop run ``count`` times (its other loops moved along, still to be
-    unrolled). ``origins``, if given, receives per slot of the result the slot of ``d`` it comes
-    from. ValueError if ``d`` fails ``check`` or the result would name more local ids than an
-    inference's range holds."""
+    unrolled). A loop with variants needs ``choices``, the variant of each iteration
+    (``choose``); with ``bodies_first`` the bodies of all iterations come before all their
+    variants (the host's order), and without ``choices`` the result ends there (``bodies``).
+    ``origins``, if given, receives per slot of the result the slot of ``d`` it comes from
+    (a variant's: ``VARIANT_SLOTS`` on, the same at every stage). ValueError if ``d``
+    fails ``check`` or the result would name more local ids than an inference's range holds."""
     check(d)
     if not d.loops:
         if origins is not None:
@@ -162,6 +312,14 @@ def unroll(d: ops_pb2.SequenceDef, count: int,
     if not 0 <= count <= MAX_COUNT:
         raise ValueError(f"sequence {d.id}: a loop count of {count}")
     loop, later = d.loops[0], list(d.loops[1:])
+    variants = list(loop.variants)
+    if variants and choices is None and not bodies_first:
+        raise ValueError(f"sequence {d.id}: its loop's variants need a choice per iteration")
+    if choices is not None and (len(choices) != count
+                                or any(not 0 <= c < len(variants) for c in choices)):
+        raise ValueError(f"sequence {d.id}: {len(choices)} choices for {count} iterations "
+                         f"of {len(variants)} variants")
+    only_bodies = bodies_first and choices is None
     s, b = loop.start, loop.body
     prefix, body, suffix = list(d.calls[:s]), list(d.calls[s: s + b]), list(d.calls[s + b:])
     scattered = [d.calls[c].out_ids[0] for c in loop.scatters]
@@ -169,16 +327,24 @@ def unroll(d: ops_pb2.SequenceDef, count: int,
     # what an iteration makes, and the output of each scattered call it reads
     own = [*scattered, *(r for r in _made(body) if r not in before and r not in scattered)]
     rank = {r: j for j, r in enumerate(own)}
-    if len(d.calls) + (count - 1) * b > MAX_CALLS:
+    # a variant's ids, always renamed (ranks after the body's): no two iterations share one
+    vrank = [{r: len(own) + j for j, r in enumerate(v.local_ids)} for v in variants]
+    chosen = [variants[c] for c in choices] if choices is not None else []
+    total = len(prefix) + count * b + sum(len(v.calls) for v in chosen) + len(suffix)
+    if total > MAX_CALLS:
         raise ValueError(f"sequence {d.id}: {count} iterations of {b} calls are more than "
                          f"{MAX_CALLS} calls")
-    if len(d.local_ids) + count * len(own) > SPAN:
+    if len(d.local_ids) + count * len(own) + sum(len(v.local_ids) for v in chosen) > SPAN:
         raise ValueError(f"sequence {d.id}: {count} iterations name more local ids than an "
                          f"inference holds ({SPAN})")
 
     def name(rid: int, i: int) -> int:
         j = rank.get(rid)
         return rid if j is None or i == 0 else _renamed(s, i, j)
+
+    def vname(k: int, rid: int, i: int) -> int:
+        j = vrank[k].get(rid)
+        return name(rid, i) if j is None else _renamed(s, i, j)
 
     symbols: dict[int, list[ops_pb2.SymbolicInt]] = {}
     for sym in d.symbols:
@@ -194,34 +360,77 @@ def unroll(d: ops_pb2.SequenceDef, count: int,
         del call.out_meta[:]
         call.out_meta.extend(meta)
     came = list(range(n_pre))  # per slot of the result: the slot of ``d`` it comes from
-    for i in range(count):
-        slot = n_pre
-        for q, template in enumerate(body):
+    first_slot = [VARIANT_SLOTS + (len(d.loops) << 24)]  # of each variant, in ``origins``
+    for v in variants[:-1]:
+        first_slot.append(first_slot[-1] + len(v.sources))
+
+    def add(templates: list[ops_pb2.OpCall], sources: Any, slot0: int, syms: Any,
+            rename: Callable[[int], int], i: int) -> None:
+        slot = 0
+        for q, template in enumerate(templates):
             call = out.calls.add()
             call.CopyFrom(template)
-            call.out_ids[:] = [name(r, i) for r in template.out_ids]
+            call.out_ids[:] = [rename(r) for r in template.out_ids]
             for ref in iter_tensor_refs(call):
                 src = out.sources.add()
-                src.CopyFrom(d.sources[slot])
-                came.append(slot)
+                src.CopyFrom(sources[slot])
+                came.append(slot0 + slot)
                 slot += 1
                 if src.kind == SRC.PRODUCED:
-                    src.id = name(src.id, i)
+                    src.id = rename(src.id)
                 if ref.WhichOneof("ref") == "id":
-                    ref.id = name(ref.id, i)
+                    ref.id = rename(ref.id)
                 elif ref.WhichOneof("ref") == "upload" and ref.bind_id:
-                    ref.bind_id = name(ref.bind_id, i)
-            for sym in symbols.get(s + q, ()):
+                    ref.bind_id = rename(ref.bind_id)
+            for sym in syms.get(q, ()):
                 if sym.index:
                     int_arg(call, sym).i = i
                 else:
                     new = out.symbols.add()
                     new.CopyFrom(sym)
-                    new.call, new.tensor = len(out.calls) - 1, name(sym.tensor, i)
-    shift = (count - 1) * b
+                    new.call, new.tensor = len(out.calls) - 1, rename(sym.tensor)
+
+    body_syms = {q - s: syms for q, syms in symbols.items() if s <= q < s + b}
+    var_syms = [{} for _ in variants]  # type: list[dict[int, list[ops_pb2.SymbolicInt]]]
+    for k, v in enumerate(variants):
+        for sym in v.symbols:
+            var_syms[k].setdefault(sym.call, []).append(sym)
+
+    def add_body(i: int) -> None:
+        add(body, d.sources[n_pre: n_pre + n_body], n_pre, body_syms,
+            lambda r: name(r, i), i)
+
+    def add_variant(i: int) -> None:
+        k = choices[i]  # type: ignore[index]
+        add(list(variants[k].calls), variants[k].sources, first_slot[k], var_syms[k],
+            lambda r: vname(k, r, i), i)
+
+    if bodies_first:
+        for i in range(count):
+            add_body(i)
+        if not only_bodies:
+            for i in range(count):
+                add_variant(i)
+    else:
+        for i in range(count):
+            add_body(i)
+            if variants:
+                add_variant(i)
+    shift = len(out.calls) - len(prefix) - b  # where the calls after the loop move
+    local = set(d.local_ids)
+    out.local_ids.extend(r for r in d.local_ids if r in before)
+    out.local_ids.extend(name(r, i) for i in range(count) for r in own if r in local)
+    out.local_ids.extend(vname(c, r, i) for i, c in enumerate(choices or ())
+                         for r in variants[c].local_ids)
+    if only_bodies:
+        out.varies_from = min(d.varies_from, s) if d.HasField("varies_from") else s
+        if origins is not None:
+            origins[:] = came
+        return out
     gathers: dict[int, set[tuple[object, ...]]] = {}
     for g in loop.gathers:
         gathers.setdefault(g.call, set()).add((g.kwarg or g.arg, *g.items, 0))
+    of_one = set(rank) | {r for v in variants for r in v.local_ids}
     slot = n_pre + n_body
     for k, template in enumerate(suffix, start=s + b):
         call = out.calls.add()
@@ -236,7 +445,7 @@ def unroll(d: ops_pb2.SequenceDef, count: int,
                     out.sources.add(kind=SRC.PRODUCED, id=name(src.id, i))
                 came += [slot] * count
                 _expand(_value_at(call, path[:-1]), count, name)
-            elif src.kind == SRC.PRODUCED and src.id in rank:
+            elif src.kind == SRC.PRODUCED and src.id in of_one:
                 raise ValueError(f"sequence {d.id}: call {k} after the loop reads a value of "
                                  "one iteration")
             else:
@@ -244,20 +453,21 @@ def unroll(d: ops_pb2.SequenceDef, count: int,
                 came.append(slot)
             slot += 1
         for sym in symbols.get(k, ()):
-            if sym.tensor in rank:
+            if sym.tensor in of_one:
                 raise ValueError(f"sequence {d.id}: call {k} after the loop uses a size of a "
                                  "value of one iteration")
             new = out.symbols.add()
             new.CopyFrom(sym)
             new.call = k + shift
     made = set(_made(list(out.calls)))
-    local = set(d.local_ids)
-    out.local_ids.extend(r for r in d.local_ids if r in before)
-    out.local_ids.extend(name(r, i) for i in range(count) for r in own if r in local)
     out.local_ids.extend(r for r in d.local_ids if r not in before and r not in rank and r in made)
     out.outputs.extend(r for r in d.outputs if r in before or (r not in rank and r in made))
     out.outputs.extend(name(r, i) for i in range(count) for r in d.outputs if r in rank)
-    if d.HasField("varies_from"):
+    out.outputs.extend(vname(c, r, i) for i, c in enumerate(choices or ())
+                       for r in variants[c].outputs)
+    if variants:  # a variant's calls follow the data: worked out every time from the loop on
+        out.varies_from = min(d.varies_from, s) if d.HasField("varies_from") else s
+    elif d.HasField("varies_from"):
         v = d.varies_from
         out.varies_from = v if v < s else s + (v - s if count else 0) if v < s + b else v + shift
     if origins is not None:
@@ -269,7 +479,7 @@ def unroll(d: ops_pb2.SequenceDef, count: int,
         moved.scatters[:] = [c + shift for c in lp.scatters]
         for g in moved.gathers:
             g.call += shift
-        if lp.tensor in rank:
+        if lp.tensor in of_one:
             raise ValueError(f"sequence {d.id}: a later loop is counted by a value of one "
                              "iteration")
     return out

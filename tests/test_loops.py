@@ -8,7 +8,18 @@ import pytest
 
 from rrto.v1 import ops_pb2
 from rrtod.gpu.replay import compile_sequence
-from rrtod.loops import check, counted_by, head, unroll
+from rrtod.loops import (
+    VARIANT_SLOTS,
+    app_positions,
+    bodies,
+    check,
+    choose,
+    counted_by,
+    guards,
+    head,
+    samples,
+    unroll,
+)
 from rrtod.wire import iter_tensor_refs
 
 SRC = ops_pb2.SeqSource
@@ -194,3 +205,130 @@ def test_a_scatter_that_cannot_be_unrolled_is_refused(breaks):
         d.loops[0].tensor = 12
     with pytest.raises(ValueError):
         check(d)
+
+
+def branched() -> ops_pb2.SequenceDef:
+    """keep = nonzero(x) -> 10;  for i in range(len(keep)):  row = keep.select(0, i) -> 20;
+    pos = row > 0 -> 21 (the app reads it: a guard);  if pos: y = row * 2 -> 30;  else:
+    n = -row -> 31, y = n + 1 -> 32;  then total = keep.sum() -> 40.  Outputs: the guard, each
+    iteration's y, and total."""
+    d = ops_pb2.SequenceDef(id=7, thread=1, local_ids=[10, 20, 21, 40], outputs=[21, 40])
+    x = ops_pb2.Value(tensor=ops_pb2.TensorRef(upload=ops_pb2.TensorData(
+        meta=ops_pb2.TensorMeta(dtype="float32", shape=[4]))))
+    d.calls.extend([
+        call("aten::nonzero", [10], x),
+        call("aten::select.int", [20], tensor(10), ops_pb2.Value(i=0), ops_pb2.Value(i=0)),
+        call("aten::gt.Scalar", [21], tensor(20), ops_pb2.Value(i=0)),
+        call("aten::sum", [40], tensor(10)),
+    ])
+    d.sources.add(kind=SRC.INPUT)
+    for rid in (10, 20, 10):
+        d.sources.add(kind=SRC.PRODUCED, id=rid)
+    d.symbols.add(call=1, arg=2, index=True)
+    loop = d.loops.add(start=1, body=2, tensor=10, dim=0, guards=[21])
+    pos = loop.variants.add(when=[1.0], local_ids=[30], outputs=[30])
+    pos.calls.append(call("aten::mul.Scalar", [30], tensor(20), ops_pb2.Value(i=2)))
+    pos.sources.add(kind=SRC.PRODUCED, id=20)
+    neg = loop.variants.add(when=[0.0], local_ids=[31, 32], outputs=[32])
+    neg.calls.extend([call("aten::neg", [31], tensor(20)),
+                      call("aten::add.Scalar", [32], tensor(31), ops_pb2.Value(i=1))])
+    neg.sources.add(kind=SRC.PRODUCED, id=20)
+    neg.sources.add(kind=SRC.PRODUCED, id=31)
+    return d
+
+
+def test_each_iteration_makes_its_body_then_the_variant_its_guards_chose():
+    d = branched()
+    check(d)
+    assert choose(d.loops[0], [(True,), (0,), (1.0,)]) == [0, 1, 0]
+    u = unroll(d, 3, choices=[0, 1, 0])
+    body = ["aten::select.int", "aten::gt.Scalar"]
+    assert [c.op for c in u.calls] == ["aten::nonzero", *body, "aten::mul.Scalar", *body,
+                                       "aten::neg", "aten::add.Scalar", *body,
+                                       "aten::mul.Scalar", "aten::sum"]
+    rows = [c.out_ids[0] for c in u.calls if c.op == "aten::select.int"]
+    assert [c.args[2].i for c in u.calls if c.op == "aten::select.int"] == [0, 1, 2]
+    assert [c.args[0].tensor.id for c in u.calls
+            if c.op in ("aten::mul.Scalar", "aten::neg")] == rows  # each its own row
+    ys = [u.calls[3].out_ids[0], u.calls[7].out_ids[0], u.calls[10].out_ids[0]]
+    assert u.calls[7].args[0].tensor.id == u.calls[6].out_ids[0]
+    assert len(set(ys)) == 3 and not {30, 31, 32} & set(u.local_ids)  # always renamed
+    gs = guards(d, 3)
+    assert [g for (g,) in gs] == [c.out_ids[0] for c in u.calls if c.op == "aten::gt.Scalar"]
+    assert set(u.outputs) == {40, *(g for (g,) in gs), *ys}
+    assert len(set(u.local_ids)) == len(u.local_ids) == 1 + 2 * 3 + 1 + 2 + 1 + 1
+    refs = [r for c in u.calls for r in iter_tensor_refs(c)]
+    assert len(refs) == len(u.sources) and all(
+        s.id == r.id for s, r in zip(u.sources, refs, strict=True) if s.kind == SRC.PRODUCED)
+    compile_sequence(u)
+
+
+def test_the_host_runs_every_body_first_and_names_the_same_ids_at_the_same_indices():
+    """The host's order: all bodies (``bodies``: what it runs before it reads the guards),
+    then all variants. Its local ids are the app order's, index for index; only the calls'
+    order differs, and each call reads what it reads in the app's order."""
+    d = branched()
+    app = unroll(d, 3, choices=[1, 0, 1])
+    host = unroll(d, 3, choices=[1, 0, 1], bodies_first=True)
+    first = bodies(d, 3)
+    assert [c.op for c in first.calls] == ["aten::nonzero",
+                                           *["aten::select.int", "aten::gt.Scalar"] * 3]
+    assert list(host.calls[: len(first.calls)]) == list(first.calls)
+    assert list(host.local_ids[: len(first.local_ids)]) == list(first.local_ids)
+    assert list(host.local_ids) == list(app.local_ids) and not first.outputs
+    assert sorted(map(str, host.calls)) == sorted(map(str, app.calls))
+    assert set(host.outputs) == set(app.outputs)
+    for u in (app, host, first):
+        compile_sequence(u)
+    origins: list[int] = []
+    unroll(d, 2, origins, choices=[1, 0])
+    # head (1), body (2), variant 1 (slots 5, 6: after d's 4 and variant 0's 1), body, v0 (4)
+    v = VARIANT_SLOTS + (1 << 24)  # variant 0's one slot, then variant 1's two
+    assert origins == [0, 1, 2, v + 1, v + 2, 1, 2, v, 3]
+
+
+@pytest.mark.parametrize("breaks", ["no choices", "a value no variant has", "guard not made",
+                                    "body writes in place", "variant writes what the body reads",
+                                    "same values twice", "values per guard",
+                                    "suffix reads a variant's value", "variant reads a fresh input"])
+def test_variants_that_cannot_be_chosen_or_reordered_are_refused(breaks):
+    d = branched()
+    loop = d.loops[0]
+    if breaks == "no choices":
+        with pytest.raises(ValueError):
+            unroll(d, 2)
+        return
+    if breaks == "a value no variant has":
+        with pytest.raises(ValueError):
+            choose(loop, [(1,), (2,)])
+        return
+    if breaks == "guard not made":
+        loop.guards[:] = [10]
+    elif breaks == "body writes in place":
+        d.calls[2].out_ids[:] = [10]
+    elif breaks == "variant writes what the body reads":
+        loop.variants[0].calls[0].out_ids[:] = [20]
+    elif breaks == "same values twice":
+        loop.variants[1].when[:] = [1.0]
+    elif breaks == "values per guard":
+        loop.variants[1].when.append(1.0)
+    elif breaks == "suffix reads a variant's value":
+        d.calls[3].args[0].tensor.id = 30
+        d.sources[3].id = 30
+    else:
+        loop.variants[1].sources[0].kind = SRC.INPUT
+    with pytest.raises(ValueError):
+        check(d)
+        unroll(d, 2, choices=[0, 1])
+
+
+def test_each_call_of_the_hosts_order_knows_its_place_in_the_apps():
+    d = branched()
+    choices = [1, 0, 1]
+    app = unroll(d, 3, choices=choices)
+    host = unroll(d, 3, choices=choices, bodies_first=True)
+    where = app_positions(d, 3, choices)
+    assert sorted(where) == list(range(len(app.calls)))
+    assert all(host.calls[k] == app.calls[a] for k, a in enumerate(where))
+    for u in samples(d):
+        compile_sequence(u)

@@ -542,3 +542,40 @@ def test_an_output_written_after_a_mismatch_is_never_the_push_of_the_run_ahead(f
     by = stats["by_inference"]
     assert stats["failed"] == 0 and by["mismatches"][6] == 1, stats
     assert by["replays"][7:] == [1, 1, 1] and not any(by["mismatches"][7:]), stats
+
+
+def test_a_loop_whose_iterations_go_on_as_the_values_read_decide_replays_its_variants(
+        fresh, tmp_path):
+    """``paste_masks``: Mask R-CNN's mask pasting, 3 to 5 boxes a frame, each iteration's calls
+    after its first 23 chosen by four bools the app reads (whether the box crosses each edge):
+    four variants. The loop is folded to the body every iteration begins with and the variants
+    seen (``rrtod.robot.loopfold.branched``); the host runs every body first, reads the guards
+    and runs the variants they chose, the shim unrolls the same from the values the host
+    pushes. Replays from the 3rd frame, one reply each, outputs equal to local on every frame."""
+    runs = 10
+    stats = same_as_local("paste_masks", fresh, "--runs", str(runs), tmp=tmp_path)
+    by = stats["by_inference"]
+    assert by["replays"][2:] == [1] * (runs - 2), stats
+    assert stats["mismatches"] == 0 and stats["failed"] == 0, stats
+    assert all(by["round_trips"][i] <= 1 for i in range(2, runs)), stats
+    (seq,) = fresh.ctl("sequences")["sequences"]
+    assert seq["loops"] == 1 and seq["loop_variants"] == 4 and seq["mismatches"] == 0, seq
+
+
+@pytest.mark.parametrize("flag", ["--new-variant", "--odd"])
+def test_a_branched_loop_the_app_leaves_is_a_mismatch_never_a_wrong_output(flag, fresh,
+                                                                            tmp_path):
+    """Frame 5 goes another way inside the loop: ``--new-variant``, a box whose values no
+    variant has (the host cannot choose: it fails, and the shim finds no variant at the loop);
+    ``--odd``, a call no variant has in the last box, after the host ran every body and every
+    variant (its abort is at the app's position, which the host maps onto its own order). That
+    frame is forwarded from there, outputs equal to local on every frame, and the next frames
+    replay again with the sequence of four variants, kept (a search after that frame may add
+    one with the fifth)."""
+    runs = 9
+    stats = same_as_local("paste_masks", fresh, "--runs", str(runs), flag, "5", tmp=tmp_path)
+    by = stats["by_inference"]
+    assert by["mismatches"][5] == 1 and stats["mismatches"] == 1, stats
+    assert by["replays"][2:5] == [1] * 3 and by["replays"][-1] == 1, stats
+    variants = sorted(s["loop_variants"] for s in fresh.ctl("sequences")["sequences"])
+    assert variants[0] == 4 and set(variants) <= {4, 5}, variants

@@ -582,6 +582,26 @@ def test_integers_from_values_the_app_read_become_symbols(reply_first):
     assert found.shapes.symbols == {(1, ("arg", 1)): (0, 0, VALUE, 0)}
 
 
+def test_a_value_read_by_an_answered_item_call_becomes_a_symbol_too():
+    """``x[: y.item()]`` on a proxy: the app's ``__index__`` is an ``item`` call forwarded
+    with ``want_meta``, its reply the number (no download). That number is a value the app
+    read of ``w`` (``OpLog.record_result``), and the integer passed after it a ``VALUE``."""
+    log = OpLog()
+    f = _Frames(log)
+    for v in (3, 7, 2, 11):
+        w = f.call("aten::amax.default", _upload(), out_meta=_meta())
+        f.call("aten::item.default", _t(w), want_meta=True)
+        log.record_result(ops_pb2.OpResult(seq=f.seq, value=ops_pb2.Value(i=v)))
+        y = f.call("aten::add.Scalar", _t(w), ops_pb2.Value(i=v), out_meta=_meta())
+        f.fetch(y)
+    entries = log.entries(0)
+    amax = [e for e in entries if e.op == "aten::amax.default"][-1]
+    assert amax.values == {amax.outputs[0]: 11}
+    found, _ = best(entries, DataDependencySearch())
+    assert found is not None and found.period == 3
+    assert found.shapes.symbols == {(2, ("arg", 1)): (0, 0, VALUE, 0)}
+
+
 def test_an_integer_that_is_not_the_value_read_refuses_the_candidate():
     """``int(w.item()) + 1``: the host could not know it."""
     log = OpLog()

@@ -100,17 +100,27 @@ def builtin_entries() -> dict[str, BuiltinEntry]:
     return out
 
 
+_FOUND: dict[str, torch._ops.OpOverload] = {}  # names found (one not found may be later)
+
+
 def lookup(name: str) -> torch._ops.OpOverload | None:
-    """The OpOverload for an exact, syntactically valid name, without importing anything."""
+    """The OpOverload for an exact, syntactically valid name, without importing anything.
+    Found ones are kept: an operator with no kernel of its own (a composite) is otherwise
+    looked up in the list of every registered name, 3 ms a time (a replayed sequence of
+    5 000 calls is compiled with a lookup per call)."""
+    found = _FOUND.get(name)
+    if found is not None:
+        return found
     ns, op, overload = split(name)
     dispatcher_name = f"{ns}::{op}" + ("" if overload == "default" else f".{overload}")
     if not torch._C._dispatch_has_kernel(dispatcher_name) and not _registered(dispatcher_name):
         return None
     try:
         packet = getattr(getattr(torch.ops, ns), op)
-        return getattr(packet, overload)
+        found = _FOUND[name] = getattr(packet, overload)
     except (AttributeError, RuntimeError):
         return None
+    return found
 
 
 def _registered(dispatcher_name: str) -> bool:

@@ -213,7 +213,9 @@ class Sequence:
     # inference goes on with ``unrolled[count]``, which shares this one's per-slot state.
     folded: ops_pb2.SequenceDef | None = None
     counted: tuple[int, int] | None = None
-    unrolled: dict[int, Sequence] = field(default_factory=dict)
+    # (a loop with variants: ``unrolled[(count, choices)]``, and ``unrolled[count]`` the local
+    # indices of each iteration's guards, whose values the host pushes: ``_choices``)
+    unrolled: dict[Any, Any] = field(default_factory=dict)
     root: Sequence | None = None  # the sequence an unrolled one was made from
     # Unrolled: per slot, the slot of the defined sequence it comes from, under which a weight
     # is bound (``bindings``, shared with it; the host does the same); None: its own slots.
@@ -276,24 +278,43 @@ def compile_sequence(d: ops_pb2.SequenceDef) -> Sequence:
 MAX_UNROLLED = 64
 
 
-def _unrolled(seq: Sequence, count: int) -> Sequence:
-    """``seq`` (a head) with its loop run ``count`` times, compiled once per count; it shares
-    ``seq``'s per-slot state (the head's slots are its first ones; a weight past the head is
-    bound under the recorded slot it comes from: ``canon``). ValueError if it cannot be
-    unrolled."""
-    got = seq.unrolled.get(count)
+def _unrolled(seq: Sequence, count: int, choices: list[int] | None = None) -> Sequence:
+    """``seq`` (a head) with its loop run ``count`` times (with ``choices``, the variant of each
+    iteration), compiled once per count (and choices); it shares ``seq``'s per-slot state (the
+    head's slots are its first ones; a weight past the head is bound under the recorded slot
+    it comes from: ``canon``). ValueError if it cannot be unrolled."""
+    key = count if choices is None else (count, tuple(choices))
+    got = seq.unrolled.get(key)
     if got is not None:
         return got
     assert seq.folded is not None
     origins: list[int] = []
-    u = compile_sequence(loops.unroll(seq.folded, count, origins))
+    u = compile_sequence(loops.unroll(seq.folded, count, origins, choices=choices))
     u.bindings, u.sent, u.recent = seq.bindings, seq.sent, seq.recent
-    u.canon = [seq.canon[o] for o in origins] if seq.canon is not None else origins
+    u.canon = [seq.canon[o] if o < len(seq.canon) else o for o in origins] \
+        if seq.canon is not None else origins
     u.root = seq.root or seq
     if len(seq.unrolled) >= MAX_UNROLLED:
         seq.unrolled.pop(next(iter(seq.unrolled)))
-    seq.unrolled[count] = u
+    seq.unrolled[key] = u
     return u
+
+
+def _guard_indices(seq: Sequence, count: int) -> list[list[int]]:
+    """Per iteration of ``seq``'s loop (one with variants) run ``count`` times, the local
+    indices of its guards: the same in every unrolling (``rrtod.loops``)."""
+    key = ("guards", count)
+    got = seq.unrolled.get(key)
+    if got is None:
+        assert seq.folded is not None
+        local = {rid: i for i, rid in enumerate(loops.bodies(seq.folded, count).local_ids)}
+        got = [[local.get(g, -1) for g in gs] for gs in loops.guards(seq.folded, count)]
+        if any(i < 0 for gs in got for i in gs):
+            raise ValueError("a guard is not a local value")
+        if len(seq.unrolled) >= MAX_UNROLLED:
+            seq.unrolled.pop(next(iter(seq.unrolled)))
+        seq.unrolled[key] = got
+    return got
 
 
 def _compile(d: ops_pb2.SequenceDef) -> Sequence:
@@ -428,6 +449,9 @@ def _read_later(d: ops_pb2.SequenceDef) -> frozenset[int]:
     ids = {src.id for src in d.sources[first:] if src.kind == _PRODUCED}
     ids.update(sym.tensor for sym in d.symbols if sym.call >= start)
     ids.update(lp.tensor for lp in d.loops)
+    for v in (v for lp in d.loops for v in lp.variants):
+        ids.update(src.id for src in v.sources if src.kind == _PRODUCED)
+        ids.update(sym.tensor for sym in v.symbols)
     return frozenset(index[r] for r in ids if r in index)
 
 
@@ -902,16 +926,53 @@ class ReplayClient:
         the loop cannot be unrolled, a mismatch here (False): the next call is forwarded."""
         i, dim = act.seq.counted  # type: ignore[misc]
         shape = act.sizes.get(i)
+        folded = act.seq.folded
+        assert folded is not None
         try:
             if shape is None or dim >= len(shape):
                 raise ValueError("the loop's count is not known")
-            act.seq = _unrolled(act.seq, shape[dim])
+            choices = None
+            if folded.loops[0].variants:
+                choices = loops.choose(folded.loops[0], self._guards(act, shape[dim]))
+            act.seq = _unrolled(act.seq, shape[dim], choices)
         except ValueError:
             self._mismatch(act)
             return False
         with self._lock:
             self._bases[act.base] = act.seq
         return True
+
+    def _guards(self, act: Active, count: int) -> list[tuple[float, ...]]:
+        """Per iteration, the values of its guards, as the host pushes them once it has run
+        every iteration's body (waited for here: the app reads them next anyway). ValueError
+        if one never comes (the host failed, or is gone) or is not one number."""
+        values = []
+        for indices in _guard_indices(act.seq, count):
+            row = []
+            for i in indices:
+                data = self._peek(act, act.base + i)
+                v = scalar_of(data) if data is not None else None
+                if not isinstance(v, (bool, int, float)):
+                    raise ValueError(f"no value for guard {i}")
+                row.append(float(v))
+            values.append(tuple(row))
+        return values
+
+    def _peek(self, act: Active, oid: int) -> ops_pb2.TensorData | None:
+        """The pushed value ``oid``, left for the app's own read; waits for it. None if the
+        host failed this inference or is gone, or the inference's deadline passed."""
+        while True:
+            with self._lock:
+                data = self._pushed.get(oid)
+                if data is not None:
+                    return data
+                if (self.session.lost is not None or act.seq.host_failed
+                        or act.base in self._broken):
+                    return None
+                event = self._waiting.setdefault(oid, threading.Event())
+            self.session.release_now(RELEASE_EARLY_AT)
+            if not event.wait(self.session.wait_slice(0.5)) and self.session.past_deadline():
+                return None
 
     @staticmethod
     def _note_sizes(act: Active, step: Step, result: Any) -> None:
@@ -952,8 +1013,14 @@ class ReplayClient:
         result = decode_answer(reply, self.session, self.session.app_device(args, kwargs))
         if result is MISS:
             return MISS
+        step = act.seq.steps[act.position]
         if act.seq.sized:
-            self._note_sizes(act, act.seq.steps[act.position], result)
+            self._note_sizes(act, step, result)
+        if act.seq.valued and isinstance(result, (bool, int, float)) and len(step.checks) == 1:
+            _slot, kind, i = step.checks[0]  # ``item()`` answered: a value the app read
+            n = int_of(result)
+            if kind == _PRODUCED and i in act.seq.valued and n is not None:
+                act.values[i] = n
         return result
 
     def _match(self, act: Active, args: tuple, kwargs: dict, info: OpInfo,

@@ -94,7 +94,14 @@ class Compiled:
     # (local index, dimension) of the size that counts the loop.
     folded: ops_pb2.SequenceDef | None = None
     counted: tuple[int, int] | None = None
-    unrolled: dict[int, Compiled] = field(default_factory=dict)
+    unrolled: dict[Any, Compiled] = field(default_factory=dict)
+    # A loop with variants: this is its head and the bodies of ``bodies_of`` iterations
+    # (``loops.bodies``); at its end the guards are read and the replay goes on with the
+    # variants they chose. Unrolled so, ``app_pos`` gives per call its position in the app's
+    # order (the host runs every body first): an abort's position is the app's. None: the same.
+    bodies_of: int | None = None
+    app_pos: list[int] | None = None
+    folded_canon: list[int] | None = None  # the bodies': their head's ``canon``
     # Unrolled: per slot, the slot of the defined sequence it comes from, under which a weight
     # is bound (``sticky``, shared with it: ``rrtod.loops``); None: the slots are its own.
     canon: list[int] | None = None
@@ -235,6 +242,18 @@ class Active:
     def id_of(self, i: int) -> int:
         """The id of local value ``i`` in this inference."""
         return self.joined.get(i, self.base + i) if self.joined else self.base + i
+
+    def app_position(self, k: int) -> int:
+        """The app's position of call ``k`` of ``seq`` (which may run them in another order:
+        ``Compiled.app_pos``): where an answer to it is for."""
+        app = self.seq.app_pos
+        return k if app is None or k >= len(app) else app[k]
+
+    def app_failed(self, k: int) -> int:
+        """The app's first call that call ``k`` failing leaves unrun: an error's position (the
+        shim replays the calls before it, which ran)."""
+        app = self.seq.app_pos
+        return k if app is None else min(app[k:], default=len(app))
 
 
 class HostReplayer:
@@ -412,7 +431,8 @@ class HostReplayer:
             return
         compiled.prepared = [self._prepare(call) for call in compiled.definition.calls]
         self.sequences[d.id] = compiled
-        pinned = pinned_by(compiled if not d.loops else self._compile(loops.unroll(d, 1)))
+        pinned = pinned_by(compiled) if not d.loops else next(
+            (why for u in loops.samples(d) if (why := pinned_by(self._compile(u)))), None)
         emit(ops_pb2.SessionDown(defined=ops_pb2.SequenceAck(
             id=d.id, accepted=True, pinned=pinned or "")))
 
@@ -425,8 +445,8 @@ class HostReplayer:
         viewed = replay.viewed_ids if replay is not None else None
         if not d.loops:
             return compile_sequence(d, written, viewed)
-        for n in (0, 1, 2):
-            self._compile(loops.unroll(d, n))
+        for u in loops.samples(d):
+            self._compile(u)
         seq = compile_sequence(loops.head(d), written, viewed)
         seq.folded, seq.counted = d, loops.counted_by(d)
         return seq
@@ -525,12 +545,12 @@ class HostReplayer:
                 if what == "error":  # the app may never make this call: it is told where
                     act.failed = True
                     down.error.sequence = act.seq.definition.id
-                    down.error.base_id, down.error.position = act.base, k
+                    down.error.base_id, down.error.position = act.base, act.app_failed(k)
                     emit(down)
                     return
                 if what == "result":  # what the app needs to go on: its answer
                     emit(ops_pb2.SessionDown(answer=ops_pb2.ReplayAnswer(
-                        base_id=act.base, position=k, result=down.result)))
+                        base_id=act.base, position=act.app_position(k), result=down.result)))
                 else:
                     emit(down)
             if k in act.seq.varying and self.replay is not None:  # for an abort's account
@@ -549,30 +569,59 @@ class HostReplayer:
         """The head of a sequence with a loop has run: go on with the loop unrolled for this
         inference's count, a size of its own tensor (the shim unrolls the same from the sizes
         it was answered). What the head made keeps its local indices; outputs final before the
-        loop are pushed now (a head pushes nothing: the loop may still write them). False: no
-        such size (the replay failed, reported)."""
+        loop are pushed now (a head pushes nothing: the loop may still write them). A loop with
+        variants runs every iteration's body first, then the variants its guards chose, read
+        here from this host's tensors (``rrtod.loops``). False: no such size, or no variant for
+        the values read (the replay failed, reported)."""
         seq = act.seq
+        folded = seq.folded
+        assert folded is not None
         i, dim = seq.counted  # type: ignore[misc]
         shape = self.replay.shape(act.id_of(i)) if self.replay is not None else None
         try:
             if shape is None or dim >= len(shape):
                 raise ValueError(f"no size {dim} of tensor {act.id_of(i)} counts its loop")
             n = shape[dim]
-            u = seq.unrolled.get(n)
+            variants = bool(folded.loops[0].variants)
+            if not variants:
+                key: Any = n
+                u = seq.unrolled.get(key)
+                make = lambda origins: loops.unroll(folded, n, origins)  # noqa: E731
+            elif seq.bodies_of is None:
+                key = ("bodies", n)
+                u = seq.unrolled.get(key)
+                make = lambda origins: loops.unroll(folded, n, origins,  # noqa: E731
+                                                    bodies_first=True)
+            else:
+                choices = loops.choose(folded.loops[0], [
+                    tuple(self._scalar(act, seq.local[g]) for g in gs)
+                    for gs in loops.guards(folded, n)])
+                key = (n, tuple(choices))
+                u = seq.unrolled.get(key)
+                make = lambda origins: loops.unroll(folded, n, origins,  # noqa: E731
+                                                    choices=choices, bodies_first=True)
             if u is None:
                 origins: list[int] = []
-                u = self._compile(loops.unroll(seq.folded, n, origins))  # type: ignore[arg-type]
+                u = self._compile(make(origins))
                 u.prepared = [self._prepare(call) for call in u.definition.calls]
                 u.sticky, u.latest, u.gone = seq.sticky, seq.latest, seq.gone
-                u.canon = [seq.canon[o] for o in origins] if seq.canon is not None else origins
+                root = seq.canon if seq.bodies_of is None else seq.folded_canon
+                u.canon = [root[o] if o < len(root) else o for o in origins] \
+                    if root is not None else origins
+                if variants and seq.bodies_of is None:  # the bodies: the guards come next
+                    u.folded, u.counted, u.unrolled, u.bodies_of = folded, seq.counted, \
+                        seq.unrolled, n
+                    u.folded_canon = seq.canon
+                elif variants:
+                    u.app_pos = loops.app_positions(folded, n, list(key[1]))
                 if len(seq.unrolled) >= MAX_UNROLLED:
                     seq.unrolled.pop(next(iter(seq.unrolled)))
-                seq.unrolled[n] = u
+                seq.unrolled[key] = u
         except ValueError as exc:
             act.failed = True
             down = _error("REPLAY_FAILED", f"sequence {seq.definition.id}: {exc}",
                           seq.definition.id)
-            down.error.base_id, down.error.position = act.base, act.position
+            down.error.base_id, down.error.position = act.base, act.app_failed(act.position)
             emit(down)
             return False
         act.seq = u
@@ -581,6 +630,13 @@ class HostReplayer:
                 if j not in act.joined:
                     self._push(act.base + j, emit)
         return True
+
+    def _scalar(self, act: Active, i: int) -> float:
+        """The value of local tensor ``i`` (a guard), as a number; ValueError if it has none."""
+        v = self.replay.scalar(act.id_of(i)) if self.replay is not None else None
+        if v is None:
+            raise ValueError(f"tensor {act.id_of(i)}, a guard of its loop, has no value")
+        return float(v)
 
     def _symbol_values(self, act: Active, k: int,
                        emit: Emit) -> list[tuple[list[Any], int]] | None:
@@ -599,7 +655,7 @@ class HostReplayer:
                 what = "the value" if dim == READ_VALUE else f"size {dim}"
                 down = _error("REPLAY_FAILED", f"sequence {act.seq.definition.id}, call {k}: "
                               f"no {what} of tensor {act.id_of(i)}", act.seq.definition.id)
-                down.error.base_id, down.error.position = act.base, k
+                down.error.base_id, down.error.position = act.base, act.app_failed(k)
                 emit(down)
                 return None
             values.append((path, n))
@@ -710,18 +766,24 @@ class HostReplayer:
         if act is None:
             return
         self.aborts += 1
-        if self.active is act:
-            self._advance(emit, limit=position)  # the app holds proxies of every call before it
+        calls = act.seq.definition.calls
+        # ``position`` is the app's; the host may run the calls in another order (``app_pos``)
+        app = act.seq.app_pos or range(len(calls))
+        if self.active is act:  # the app holds proxies of every call before it
+            self._advance(emit, limit=max((k + 1 for k, a in enumerate(app) if a < position),
+                                          default=0))
         for k, token in reversed(act.snapshots):  # only with a replay extension (``_define``)
-            if k >= position:
+            if app[k] >= position:
                 self.replay.restore(token)
         fresh = set()
-        for call in act.seq.definition.calls[:position]:
-            fresh.update(call.out_ids)
+        for k, call in enumerate(calls):
+            if app[k] < position:
+                fresh.update(call.out_ids)
         drop = []
-        for call in act.seq.definition.calls[position:act.position]:
-            drop += [act.base + act.seq.local[r] for r in call.out_ids
-                     if r in act.seq.local and r not in fresh]
+        for k, call in enumerate(calls[:act.position]):
+            if app[k] >= position:
+                drop += [act.base + act.seq.local[r] for r in call.out_ids
+                         if r in act.seq.local and r not in fresh]
         if drop:
             list(self.handle(ops_pb2.SessionUp(release=ops_pb2.Release(ids=drop))))
         self._close(act)
@@ -730,7 +792,13 @@ class HostReplayer:
                 base_id=act.base, start=act.start,
                 calls=[ops_pb2.OutSizes(outs=[ops_pb2.Sizes(dims=s, known=True) if s is not None
                                               else ops_pb2.Sizes() for s in act.sizes.get(k, ())])
-                       for k in range(act.start, min(position, len(act.seq.definition.calls)))])))
+                       for k in _host_positions(app, act.start, position)])))
+
+
+def _host_positions(app: Any, start: int, end: int) -> list[int]:
+    """The host's positions of the app's calls ``start .. end - 1`` (those it has)."""
+    where = {a: k for k, a in enumerate(app)}
+    return [where[a] for a in range(start, end) if a in where]
 
 
 def _bad_join(seq: Compiled, start: ops_pb2.ReplayStart) -> str | None:

@@ -274,8 +274,9 @@ class OpLog:
             self._built = {}
 
     def record_result(self, result: ops_pb2.OpResult) -> None:
-        """The host's reply to a ``want_meta`` call: its output ids and metadata."""
-        if result.outs:
+        """The host's reply to a ``want_meta`` call: its output ids and metadata, or the one
+        number it returned (``item()`` answered: a value the app read, ``answered_value``)."""
+        if result.outs or answered_value(result) is not None:
             self.results[result.seq] = result
 
     def _note_persistent(self, call: ops_pb2.OpCall) -> None:
@@ -394,6 +395,12 @@ class OpLog:
                 b.ranks[oid] = (meta.dtype, len(meta.shape))
             writes.add(entry)
             out.append(entry)
+            if result is not None and not result.outs and len(refs) == 1 \
+                    and refs[0][0] == "live":  # ``item()`` answered: a value the app read
+                value = answered_value(result)
+                producer = writes.producer.get(refs[0][1])
+                if value is not None and producer is not None:
+                    producer.values[refs[0][1]] = value
         b.calls, b.after_fetch = stop, after_fetch
         b.fetches = attribute(stop)
         starts_before(stop)
@@ -425,6 +432,18 @@ def copied(e: LoggedCall, key: int) -> LoggedCall:
 def with_loose_keys(log: list[LoggedCall]) -> list[LoggedCall]:
     """Copies of ``log``'s entries that a search compares by their loose keys."""
     return [copied(e, e.loose) for e in log]
+
+
+NUMBERS = ("b", "i", "f")  # the ``Value`` kinds of a number
+
+
+def answered_value(result: ops_pb2.OpResult) -> int | float | None:
+    """The number a call returned (``item()``, forwarded with ``want_meta``), or None."""
+    kind = result.value.WhichOneof("kind")
+    if kind in NUMBERS and not result.outs:
+        v = getattr(result.value, kind)
+        return int(v) if kind == "b" else v
+    return None
 
 
 def _result_ids(result: ops_pb2.OpResult) -> list[int]:

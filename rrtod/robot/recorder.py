@@ -25,7 +25,8 @@ import structlog
 
 from rrto.v1 import ops_pb2
 from rrtod import loops
-from rrtod.robot.oplog import REBUILT_SEQS, LoggedCall, OpLog, resolve_reads
+from rrtod.robot.loopfold import FoundLoop
+from rrtod.robot.oplog import REBUILT_SEQS, LoggedCall, OpLog, answered_value, resolve_reads
 from rrtod.robot.search import Found, SequenceSearch, search_log
 from rrtod.robot.sequences import SequenceStore
 from rrtod.robot.shapes import VALUE
@@ -115,7 +116,14 @@ def replayed_calls(r: _Replaying, sizes: ops_pb2.ReplayedPrefix) -> list[ops_pb2
             if loop.dim >= len(shape):
                 return []
             try:
-                d = loops.unroll(d, shape[loop.dim])
+                choices = None
+                if loop.variants:  # chosen by the guards' values, pushed by the host
+                    body = {rid: i for i, rid in enumerate(
+                        loops.bodies(d, shape[loop.dim]).local_ids)}
+                    choices = loops.choose(loop, [
+                        tuple(r.values.get(body.get(g, -1), math.nan) for g in gs)
+                        for gs in loops.guards(d, shape[loop.dim])])
+                d = loops.unroll(d, shape[loop.dim], choices=choices)
             except ValueError:
                 return []
             head = len(loops.head(d).calls) if d.loops else len(d.calls)
@@ -128,9 +136,12 @@ def replayed_calls(r: _Replaying, sizes: ops_pb2.ReplayedPrefix) -> list[ops_pb2
         call = ops_pb2.OpCall()
         call.CopyFrom(d.calls[at])
         call.seq, call.sync = 0, False
+        read: list[int] = []  # the local indices of the values the call reads
         for ref in iter_tensor_refs(call):
             src, given = d.sources[slot], r.args.get(slot)
             slot += 1
+            if src.kind == SRC.PRODUCED and src.id in local:
+                read.append(local[src.id])
             if given is not None:
                 if ref.bind_id in local and given.WhichOneof("ref") == "upload":
                     shapes[local[ref.bind_id]] = list(given.upload.meta.shape)
@@ -147,6 +158,9 @@ def replayed_calls(r: _Replaying, sizes: ops_pb2.ReplayedPrefix) -> list[ops_pb2
             for rid, meta in zip(call.out_ids, answer.outs, strict=True):
                 if rid in local:
                     shapes[local[rid]] = list(meta.shape)
+            value = answered_value(answer)  # ``item()``: a value the app read
+            if value is not None and len(read) == 1:
+                r.values[read[0]] = value
             del call.out_ids[:]  # in the reply (``OpLog.results``), as when forwarded
             del call.out_meta[:]
         else:
@@ -190,7 +204,8 @@ def _signature(keys: list[int], d: ops_pb2.SequenceDef) -> tuple[Any, ...]:
     local = {rid: i for i, rid in enumerate(d.local_ids)}
     symbols = sorted((s.call, s.arg, s.kwarg, tuple(s.items), s.dim, s.span, s.value, s.index,
                       local.get(s.tensor, -1)) for s in d.symbols)
-    loops_ = tuple((lp.start, lp.body, local.get(lp.tensor, -1), lp.dim, tuple(lp.scatters))
+    loops_ = tuple((lp.start, lp.body, local.get(lp.tensor, -1), lp.dim, tuple(lp.scatters),
+                    tuple(tuple(v.when) for v in lp.variants))
                    for lp in d.loops)
     return (tuple(keys), tuple(symbols), d.varies_from if d.HasField("varies_from") else None,
             loops_)
@@ -273,7 +288,7 @@ def build_definition(entries: list[LoggedCall], found: Found, persistent: dict[i
         i, k = out_index
         d.outputs.append(block[i].outputs[k])
     _add_shapes(d, block, found, local)
-    _add_loops(d, block, found, local)
+    _add_loops(d, block, found, local, persistent)
     return d
 
 
@@ -282,7 +297,7 @@ def _symbol_path(sym: ops_pb2.SymbolicInt) -> tuple[Any, ...]:
 
 
 def _add_loops(d: ops_pb2.SequenceDef, block: list[LoggedCall], found: Found,
-               local: dict[int, int]) -> None:
+               local: dict[int, int], persistent: dict[int, bytes]) -> None:
     """The loops folded out of the log (``rrtod.robot.loopfold``): each with its count, the
     integers of its body that are the iteration's index or its own sizes and values (these,
     checked over every iteration, replace what the search found from the first iterations
@@ -305,9 +320,80 @@ def _add_loops(d: ops_pb2.SequenceDef, block: list[LoggedCall], found: Found,
             _add_symbol(d, lp.start + q, path, block[lp.start + jj].outputs[oo], dd, span)
         for call, (top, *items) in lp.gathers:
             _name_arg(loop.gathers.add(call=call, items=items), top)
+        if lp.shared.branches is not None:
+            _add_variants(loop, block, lp, local, persistent)
     if found.loops:
         d.symbols.sort(key=lambda sym: sym.call)
         loops.check(d)
+
+
+def _add_variants(loop: ops_pb2.SeqLoop, block: list[LoggedCall], lp: FoundLoop,
+                  local: dict[int, int], persistent: dict[int, bytes]) -> None:
+    """A branched loop's guards and variants (``rrtod.robot.loopfold.branched``). A variant's
+    calls are those of one iteration, maybe of another inference than the block's: what they
+    read of the body is named as the block's first iteration names it, what they read from
+    before the loop as the block does at the same place, what they make as recorded (both
+    replay ends rename it per iteration). ValueError for a read the block cannot name."""
+    branches = lp.shared.branches
+    assert branches is not None
+    c = lp.body
+
+    def body_id(q: int, o: int) -> int:
+        return block[lp.start + q].outputs[o]
+
+    loop.guards.extend(body_id(q, o) for q, o in branches.guards)
+    for var in branches.variants:
+        v = loop.variants.add(when=var.when)
+        ids = {rid: body_id(q, o) for q, e in enumerate(var.body)
+               for o, rid in enumerate(e.outputs)}  # the iteration's body -> the block's
+        for q, (e, origins) in enumerate(zip(var.calls, var.sources, strict=True)):
+            assert e.raw is not None
+            call = v.calls.add()
+            call.CopyFrom(e.raw)
+            if e.result is not None:
+                call.out_ids.extend(e.outputs)
+            for ref, origin in zip(iter_tensor_refs(call), origins, strict=True):
+                what = origin[0]
+                if what == "persistent":
+                    v.sources.add(kind=SRC.PERSISTENT, hash=origin[1])
+                    continue
+                if what == "fixed":
+                    v.sources.add(kind=SRC.INPUT, fixed=True)
+                    continue
+                if what == "own":
+                    _what, at, o = origin
+                    rid = body_id(at, o) if at < c else ids.get(
+                        var.calls[at - c].outputs[o], var.calls[at - c].outputs[o])
+                elif what == "scatter":
+                    rid = block[lp.start + origin[1]].outputs[0]
+                elif what == "before" and 0 <= lp.start + origin[1] < lp.start:
+                    rid = block[lp.start + origin[1]].outputs[origin[2]]
+                elif what == "id" and origin[1] in persistent:
+                    rid = origin[1]
+                else:
+                    raise ValueError(f"loop at call {lp.start}: a variant reads a value from "
+                                     "before this inference")
+                ids[ref.id] = rid
+                if rid in persistent and rid not in local:
+                    v.sources.add(kind=SRC.PERSISTENT, id=rid, hash=persistent[rid])
+                elif rid in local or what in ("own", "scatter"):
+                    v.sources.add(kind=SRC.PRODUCED, id=rid)
+                else:
+                    raise ValueError(f"loop at call {lp.start}: a variant reads a value this "
+                                     "inference does not make")
+                ref.Clear()
+                ref.id = rid
+            made = [rid for rid in call.out_ids if rid not in ids]
+            v.local_ids.extend(made)
+            call.out_ids[:] = [ids.get(rid, rid) for rid in call.out_ids]
+            v.outputs.extend(call.out_ids[o] for qq, o in sorted(var.outputs)
+                             if qq == q and call.out_ids[o] in made)
+        assert var.shared is not None
+        for qq, (_where, at, *items) in var.shared.index:
+            _name_arg(v.symbols.add(call=qq - c, index=True, items=items), at)
+        for (qq, path), (jj, oo, dd, span) in var.shared.symbols.items():
+            tensor = body_id(jj, oo) if jj < c else var.calls[jj - c].outputs[oo]
+            _add_symbol(v, qq - c, path, tensor, dd, span)  # type: ignore[arg-type]
 
 
 def _name_arg(msg: ops_pb2.SymbolicInt | ops_pb2.Gather, at: int | str) -> None:
@@ -318,8 +404,8 @@ def _name_arg(msg: ops_pb2.SymbolicInt | ops_pb2.Gather, at: int | str) -> None:
         msg.arg = at
 
 
-def _add_symbol(d: ops_pb2.SequenceDef, call: int, path: tuple[Any, ...], tensor: int,
-                dim: int, span: int) -> None:
+def _add_symbol(d: ops_pb2.SequenceDef | ops_pb2.LoopVariant, call: int,
+                path: tuple[Any, ...], tensor: int, dim: int, span: int) -> None:
     """A ``SymbolicInt`` of ``call`` at ``path`` (``rrtod.robot.shapes.Path``): size ``dim``
     (times the next ``span - 1``) of ``tensor``, or its value read (``dim`` is ``VALUE``)."""
     _where, at, *items = path
@@ -736,6 +822,7 @@ class Recorder:
                 continue  # a variant already in use (its inferences aborted for other reasons)
             summary = {"id": seq_id, "app": self.app, "session": self.session, "thread": thread,
                        "operators": found.period, "loops": len(found.loops),
+                       "loop_variants": sum(len(lp.variants) for lp in d.loops),
                        "inputs": len(found.inputs),
                        "outputs": len(found.outputs), "found_at": found.found_at,
                        "search_s": round(elapsed, 6), "log_length": len(entries),

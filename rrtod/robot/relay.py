@@ -34,6 +34,7 @@ from rrtod import framing
 from rrtod.framing import JOIN_BYTES, FrameError, FrameReader, encode
 from rrtod.grpc_options import BATCH_BYTES
 from rrtod.robot.host_link import HostLink
+from rrtod.robot.oplog import NUMBERS
 from rrtod.robot.placement import Lane, NeedPull, Placement, Unplaceable
 from rrtod.robot.recorder import Recorder
 from rrtod.wire import session_prefix
@@ -472,8 +473,9 @@ class AppRelay:
                 if placement is not None and what != "defined" and not placement.from_host(
                         lane, frame):
                     continue
-                if rec is not None and what == "result" and frame.result.outs:
-                    rec.observe_result(frame.result)
+                if rec is not None and what == "result" and (
+                        frame.result.outs or frame.result.value.WhichOneof("kind") in NUMBERS):
+                    rec.observe_result(frame.result)  # (a number: an ``item()`` answered)
                 elif what == "answer" and rec is not None:
                     rec.observe_answer(frame.answer)
                 elif what == "fetched" and rec is not None:

@@ -390,9 +390,15 @@ def search_log(log: list[LoggedCall], search: SequenceSearch, min_repeats: int =
                 return Outcome(found, rejected, False)
             rejected += 1
     # A loop whose count the data decides: folded, the inferences have the same calls again.
+    # First without the inference under way, if any: a loop it has not ended is not folded (a
+    # branched one's iterations are known once the last has ended), and its calls, longer than
+    # an inference folded, would look like other inferences to verification. Then whole.
     loose = loose if loose is not None else with_loose_keys(log)
-    folded = fold(loose)
-    if folded is not None:
+    ends = [*([starts[-1]] if starts and 0 < starts[-1] < len(loose) else []), len(loose)]
+    for end in ends:
+        folded = fold(loose if end == len(loose) else loose[:end])
+        if folded is None:
+            continue
         screen = None
         for cand in search.candidates(folded.entries):
             if deadline is not None and time.perf_counter() > deadline:

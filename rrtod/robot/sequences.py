@@ -6,7 +6,8 @@ One JSON document per sequence under ``<state_dir>/sequences/``, named
 persistent tensors the sequence reads, the app thread it replays on), so that a restarted app
 replays from its first inference. A document is the sequence's summary (the keys
 ``rrtoctl sequences`` shows: ``id``, ``app``, ``session``, ``thread``, ``operators`` (a loop's
-body counted once), ``loops``, ``inputs``,
+body counted once), ``loops``, ``loop_variants`` (what a branched loop's iterations may go on
+with: ``SeqLoop.variants``), ``inputs``,
 ``outputs``, ``found_at``, ``search_s``, ``log_length``, ``replays``, ``mismatches``,
 ``created``) plus ``fingerprint`` and ``definition`` (the ``SequenceDef``, base64 of its protobuf
 bytes). The recorder saves, loads, forgets and counts through a ``SequenceStore``;

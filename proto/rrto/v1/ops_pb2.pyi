@@ -386,20 +386,40 @@ class SequenceDef(_message.Message):
     def __init__(self, id: _Optional[int] = ..., calls: _Optional[_Iterable[_Union[OpCall, _Mapping]]] = ..., local_ids: _Optional[_Iterable[int]] = ..., sources: _Optional[_Iterable[_Union[SeqSource, _Mapping]]] = ..., outputs: _Optional[_Iterable[int]] = ..., thread: _Optional[int] = ..., symbols: _Optional[_Iterable[_Union[SymbolicInt, _Mapping]]] = ..., varies_from: _Optional[int] = ..., loops: _Optional[_Iterable[_Union[SeqLoop, _Mapping]]] = ...) -> None: ...
 
 class SeqLoop(_message.Message):
-    __slots__ = ("start", "body", "tensor", "dim", "gathers", "scatters")
+    __slots__ = ("start", "body", "tensor", "dim", "gathers", "scatters", "guards", "variants")
     START_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
     TENSOR_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
     GATHERS_FIELD_NUMBER: _ClassVar[int]
     SCATTERS_FIELD_NUMBER: _ClassVar[int]
+    GUARDS_FIELD_NUMBER: _ClassVar[int]
+    VARIANTS_FIELD_NUMBER: _ClassVar[int]
     start: int
     body: int
     tensor: int
     dim: int
     gathers: _containers.RepeatedCompositeFieldContainer[Gather]
     scatters: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, start: _Optional[int] = ..., body: _Optional[int] = ..., tensor: _Optional[int] = ..., dim: _Optional[int] = ..., gathers: _Optional[_Iterable[_Union[Gather, _Mapping]]] = ..., scatters: _Optional[_Iterable[int]] = ...) -> None: ...
+    guards: _containers.RepeatedScalarFieldContainer[int]
+    variants: _containers.RepeatedCompositeFieldContainer[LoopVariant]
+    def __init__(self, start: _Optional[int] = ..., body: _Optional[int] = ..., tensor: _Optional[int] = ..., dim: _Optional[int] = ..., gathers: _Optional[_Iterable[_Union[Gather, _Mapping]]] = ..., scatters: _Optional[_Iterable[int]] = ..., guards: _Optional[_Iterable[int]] = ..., variants: _Optional[_Iterable[_Union[LoopVariant, _Mapping]]] = ...) -> None: ...
+
+class LoopVariant(_message.Message):
+    __slots__ = ("when", "calls", "sources", "symbols", "local_ids", "outputs")
+    WHEN_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    SYMBOLS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_IDS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    when: _containers.RepeatedScalarFieldContainer[float]
+    calls: _containers.RepeatedCompositeFieldContainer[OpCall]
+    sources: _containers.RepeatedCompositeFieldContainer[SeqSource]
+    symbols: _containers.RepeatedCompositeFieldContainer[SymbolicInt]
+    local_ids: _containers.RepeatedScalarFieldContainer[int]
+    outputs: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, when: _Optional[_Iterable[float]] = ..., calls: _Optional[_Iterable[_Union[OpCall, _Mapping]]] = ..., sources: _Optional[_Iterable[_Union[SeqSource, _Mapping]]] = ..., symbols: _Optional[_Iterable[_Union[SymbolicInt, _Mapping]]] = ..., local_ids: _Optional[_Iterable[int]] = ..., outputs: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Gather(_message.Message):
     __slots__ = ("call", "arg", "kwarg", "items")
