@@ -583,37 +583,29 @@ class HostReplayer:
                 raise ValueError(f"no size {dim} of tensor {act.id_of(i)} counts its loop")
             n = shape[dim]
             variants = bool(folded.loops[0].variants)
-            if not variants:
-                key: Any = n
-                u = seq.unrolled.get(key)
-                make = lambda origins: loops.unroll(folded, n, origins)  # noqa: E731
-            elif seq.bodies_of is None:
-                key = ("bodies", n)
-                u = seq.unrolled.get(key)
-                make = lambda origins: loops.unroll(folded, n, origins,  # noqa: E731
-                                                    bodies_first=True)
-            else:
+            choices = None
+            if variants and seq.bodies_of is not None:  # the bodies ran: their guards choose
                 choices = loops.choose(folded.loops[0], [
                     tuple(self._scalar(act, seq.local[g]) for g in gs)
                     for gs in loops.guards(folded, n)])
-                key = (n, tuple(choices))
-                u = seq.unrolled.get(key)
-                make = lambda origins: loops.unroll(folded, n, origins,  # noqa: E731
-                                                    choices=choices, bodies_first=True)
+            key: Any = (n if not variants else ("bodies", n) if choices is None
+                        else (n, tuple(choices)))
+            u = seq.unrolled.get(key)
             if u is None:
                 origins: list[int] = []
-                u = self._compile(make(origins))
+                u = self._compile(loops.unroll(folded, n, origins, choices=choices,
+                                               bodies_first=variants))
                 u.prepared = [self._prepare(call) for call in u.definition.calls]
                 u.sticky, u.latest, u.gone = seq.sticky, seq.latest, seq.gone
                 root = seq.canon if seq.bodies_of is None else seq.folded_canon
                 u.canon = [root[o] if o < len(root) else o for o in origins] \
                     if root is not None else origins
-                if variants and seq.bodies_of is None:  # the bodies: the guards come next
+                if variants and choices is None:  # the bodies: the guards come next
                     u.folded, u.counted, u.unrolled, u.bodies_of = folded, seq.counted, \
                         seq.unrolled, n
                     u.folded_canon = seq.canon
-                elif variants:
-                    u.app_pos = loops.app_positions(folded, n, list(key[1]))
+                elif choices is not None:
+                    u.app_pos = loops.app_positions(folded, n, choices)
                 if len(seq.unrolled) >= MAX_UNROLLED:
                     seq.unrolled.pop(next(iter(seq.unrolled)))
                 seq.unrolled[key] = u
