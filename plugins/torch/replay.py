@@ -213,9 +213,10 @@ class Sequence:
     # inference goes on with ``unrolled[count]``, which shares this one's per-slot state.
     folded: ops_pb2.SequenceDef | None = None
     counted: tuple[int, int] | None = None
-    # (a loop with variants: ``unrolled[(count, choices)]``, and ``unrolled[count]`` the local
-    # indices of each iteration's guards, whose values the host pushes: ``_choices``)
-    unrolled: dict[Any, Any] = field(default_factory=dict)
+    # (a loop with variants: ``unrolled[(count, choices)]``; ``guards[count]``, the local
+    # indices of each iteration's guards, whose values the host pushes: ``_guard_indices``)
+    unrolled: dict[Any, Sequence] = field(default_factory=dict)
+    guards: dict[int, list[list[int]]] = field(default_factory=dict)
     root: Sequence | None = None  # the sequence an unrolled one was made from
     # Unrolled: per slot, the slot of the defined sequence it comes from, under which a weight
     # is bound (``bindings``, shared with it; the host does the same); None: its own slots.
@@ -303,17 +304,16 @@ def _unrolled(seq: Sequence, count: int, choices: list[int] | None = None) -> Se
 def _guard_indices(seq: Sequence, count: int) -> list[list[int]]:
     """Per iteration of ``seq``'s loop (one with variants) run ``count`` times, the local
     indices of its guards: the same in every unrolling (``rrtod.loops``)."""
-    key = ("guards", count)
-    got = seq.unrolled.get(key)
+    got = seq.guards.get(count)
     if got is None:
         assert seq.folded is not None
         local = {rid: i for i, rid in enumerate(loops.bodies(seq.folded, count).local_ids)}
         got = [[local.get(g, -1) for g in gs] for gs in loops.guards(seq.folded, count)]
         if any(i < 0 for gs in got for i in gs):
             raise ValueError("a guard is not a local value")
-        if len(seq.unrolled) >= MAX_UNROLLED:
-            seq.unrolled.pop(next(iter(seq.unrolled)))
-        seq.unrolled[key] = got
+        if len(seq.guards) >= MAX_UNROLLED:
+            seq.guards.pop(next(iter(seq.guards)))
+        seq.guards[count] = got
     return got
 
 
