@@ -262,12 +262,14 @@ def _viewed_ids(call: ops_pb2.OpCall) -> list[int]:
     return aliasing.viewed_ids(op, call) if op is not None else [0] * len(call.out_ids)
 
 
-def compile_sequence(d: ops_pb2.SequenceDef) -> Sequence:
+def compile_sequence(d: ops_pb2.SequenceDef, check: bool = True) -> Sequence:
     """The shim's form of a definition; one with loops compiles to its head, with what it needs
-    to unroll at the head's end (``ReplayClient._unroll``)."""
+    to unroll at the head's end (``ReplayClient._unroll``). Its loops are checked
+    (``loops.check``) unless ``check`` is False: an unrolling of a definition checked so."""
     if not d.loops:
         return _compile(d)
-    loops.check(d)
+    if check:
+        loops.check(d)
     seq = _compile(loops.head(d))
     seq.folded, seq.counted = d, loops.counted_by(d)
     seq.later = _read_later(d)
@@ -290,7 +292,7 @@ def _unrolled(seq: Sequence, count: int, choices: list[int] | None = None) -> Se
         return got
     assert seq.folded is not None
     origins: list[int] = []
-    u = compile_sequence(loops.unroll(seq.folded, count, origins, choices=choices))
+    u = compile_sequence(loops.unroll(seq.folded, count, origins, choices=choices), check=False)
     u.bindings, u.sent, u.recent = seq.bindings, seq.sent, seq.recent
     u.canon = [seq.canon[o] if o < len(seq.canon) else o for o in origins] \
         if seq.canon is not None else origins

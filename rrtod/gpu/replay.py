@@ -431,25 +431,41 @@ class HostReplayer:
             return
         compiled.prepared = [self._prepare(call) for call in compiled.definition.calls]
         self.sequences[d.id] = compiled
-        pinned = pinned_by(compiled) if not d.loops else next(
-            (why for u in loops.samples(d) if (why := pinned_by(self._compile(u)))), None)
+        pinned = pinned_by(compiled) if not d.loops else self._pinned_by(d)
         emit(ops_pb2.SessionDown(defined=ops_pb2.SequenceAck(
             id=d.id, accepted=True, pinned=pinned or "")))
 
-    def _compile(self, d: ops_pb2.SequenceDef) -> Compiled:
+    def _compile(self, d: ops_pb2.SequenceDef, check: bool = True) -> Compiled:
         """``compile_sequence`` with this executor's aliasing; a definition with loops compiles
-        to its head, and is checked unrolled (no iteration, one, two) so that a definition that
-        cannot run fails here and not when an inference reaches its loop."""
+        to its head. ``check``: it is also compiled unrolled (``loops.samples``: no iteration,
+        one, two, each variant), so that a definition that cannot run fails here and not when
+        an inference reaches its loop; a later loop is checked so within the one-iteration
+        sample only (checking it in every sample of the first loop compiled Mask R-CNN's
+        per-box loop 102 times). An unrolling at replay time is of a definition checked so
+        when it was defined: not checked again (it was 34 compiles of the whole inference per
+        frame)."""
         replay = self.replay
         written = replay.written_ids if replay is not None else None
         viewed = replay.viewed_ids if replay is not None else None
         if not d.loops:
             return compile_sequence(d, written, viewed)
-        for u in loops.samples(d):
-            self._compile(u)
+        if check:
+            for n, u in enumerate(loops.samples(d)):
+                self._compile(u, check=n == 1)
         seq = compile_sequence(loops.head(d), written, viewed)
         seq.folded, seq.counted = d, loops.counted_by(d)
         return seq
+
+    def _pinned_by(self, d: ops_pb2.SequenceDef) -> str | None:
+        """``pinned_by`` over every call the definition may run: its loops unrolled as
+        ``_compile`` checks them."""
+        if not d.loops:
+            return pinned_by(self._compile(d))
+        for n, u in enumerate(loops.samples(d)):
+            why = self._pinned_by(u) if n == 1 else pinned_by(self._compile(u, check=False))
+            if why:
+                return why
+        return None
 
     def _prepare(self, call: ops_pb2.OpCall) -> Any:
         """The executor's decoded form of ``call`` (its replay extension's ``prepare``): a
@@ -594,7 +610,7 @@ class HostReplayer:
             if u is None:
                 origins: list[int] = []
                 u = self._compile(loops.unroll(folded, n, origins, choices=choices,
-                                               bodies_first=variants))
+                                               bodies_first=variants), check=False)
                 u.prepared = [self._prepare(call) for call in u.definition.calls]
                 u.sticky, u.latest, u.gone = seq.sticky, seq.latest, seq.gone
                 root = seq.canon if seq.bodies_of is None else seq.folded_canon
