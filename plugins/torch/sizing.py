@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from . import libops, pointwise
+from . import libops, pointwise, resampling
 
 
 class Unsizable(Exception):
@@ -91,6 +91,10 @@ def measure(op: torch._ops.OpOverload, args: list[Any],
         fast = _pointwise_bytes(op, args, kwargs)
         if fast is not None:
             return fast
+        resized = resampling.resized(op, args, kwargs)
+        if resized is not None:
+            shape, _strides, dtype = resized
+            return math.prod(shape) * dtype.itemsize
         return _meta_bytes(op, args, kwargs)
     except (Unsizable, MetaFailed) as exc:
         return exc
