@@ -562,8 +562,13 @@ def _ended_new(log: list[LoggedCall], keys: np.ndarray, cands: list[_Candidate],
                ended: list[Region], after: dict[tuple[float, ...], tuple[int, ...]]) -> list[Region]:
     """Loops whose last iteration took values no other iteration had, ended where the calls
     that follow every other loop of theirs begin (the same ``TAIL`` calls after each); the
-    calls before are that variant's (added to ``after``)."""
-    tails = {tuple(keys[r.stop: r.stop + TAIL].tolist()) for r in ended}
+    calls before are that variant's (added to ``after``). The tail is compared by operator:
+    its first call is often the gathering of the loop's results (``torch.stack(res)``), whose
+    key follows the iteration count."""
+    def ops(p: int) -> tuple[str, ...]:
+        return tuple(e.op for e in log[p: p + TAIL])
+
+    tails = {ops(r.stop) for r in ended}
     if len(tails) != 1 or len(next(iter(tails))) != TAIL:
         return []
     tail = next(iter(tails))
@@ -571,7 +576,7 @@ def _ended_new(log: list[LoggedCall], keys: np.ndarray, cands: list[_Candidate],
     for cand in cands:
         a = cand.starts[-1] + cand.body
         for p in range(a, min(a + MAX_BODY, len(log) - TAIL) + 1):
-            if tuple(keys[p: p + TAIL].tolist()) == tail:
+            if ops(p) == tail:
                 calls = tuple(keys[a: p].tolist())
                 if after.setdefault(cand.whens[-1], calls) == calls:
                     out.append(Region(cand.starts[0], cand.body, len(cand.starts),

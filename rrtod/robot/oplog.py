@@ -164,6 +164,7 @@ class OpLog:
         self.quiet: set[int] = set()
         # Where the app's inferences start, as its shim marks them: (calls logged, thread).
         self.marks: list[tuple[int, int]] = []
+        self._threads: set[int] = set()  # ``threads``, kept as calls are logged
         self._fetching: dict[int, int] = {}  # fetch seq -> store id
         # A reply the relay saw before the fetch it answers (it logs frames once written up).
         self._early: dict[int, int | float] = {}  # fetch seq -> value
@@ -204,6 +205,7 @@ class OpLog:
                 self.quiet &= set(self.fetched)
                 self.marks = [(n - drop, t) for n, t in self.marks if n >= drop]
             self.calls.append(frame.call)
+            self._threads.add(frame.call.thread)
         elif kind == "fetch":
             self.fetched.append(frame.fetch.id)
             self.fetch_after.append(len(self.calls))
@@ -261,6 +263,7 @@ class OpLog:
         with self._insert_lock:
             self.generation += 1
             self.calls[at:at] = calls
+            self._threads.update(c.thread for c in calls)
             self.fetch_after[fetches:] = [x + n for x in self.fetch_after[fetches:]]
             self.fetched[fetches:fetches] = [tid for _, tid, _ in reads]
             self.fetch_after[fetches:fetches] = [at + before for before, _, _ in reads]
@@ -302,6 +305,7 @@ class OpLog:
         for call in self.calls:  # weights bound by these calls stay known as persistent
             self._note_persistent(call)
         self.calls.clear()
+        self._threads.clear()
         self.fetched.clear()
         self.fetch_after.clear()
         self.results.clear()
@@ -419,7 +423,9 @@ class OpLog:
         return list(b.starts) if b is not None else []
 
     def threads(self) -> list[int]:
-        return sorted({c.thread for c in self.calls})
+        """The threads with calls logged since the last clear (one whose calls the log has
+        dropped since may be among them: its entries are then none)."""
+        return sorted(self._threads)
 
 
 def copied(e: LoggedCall, key: int) -> LoggedCall:

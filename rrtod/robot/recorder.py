@@ -17,7 +17,7 @@ import math
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,14 @@ import structlog
 from rrto.v1 import ops_pb2
 from rrtod import loops
 from rrtod.robot.loopfold import FoundLoop
-from rrtod.robot.oplog import REBUILT_SEQS, LoggedCall, OpLog, answered_value, resolve_reads
+from rrtod.robot.oplog import (
+    REBUILT_SEQS,
+    LoggedCall,
+    OpLog,
+    answered_value,
+    copied,
+    resolve_reads,
+)
 from rrtod.robot.search import Found, SequenceSearch, search_log
 from rrtod.robot.sequences import SequenceStore
 from rrtod.robot.shapes import VALUE
@@ -40,6 +47,9 @@ Push = Callable[[ops_pb2.SequenceDef], Awaitable[None]]
 # Calls forwarded on a thread with no replay, beyond which its sequences are stale: this many
 # times the longest one's length, plus a margin for occasional extra work between inferences.
 STALE_FACTOR, STALE_MARGIN = 2, 8
+# Searches of an inference that left a sequence with variants, with the log that sequence was
+# found in, per inference mark (``Recorder.search_now``).
+MERGE_TRIES = 3
 # Aborted replays whose calls the robot waits to put into its log (``ReplayedPrefix``).
 MAX_CUTS = 4
 # Seqs of the calls of aborted replays that the host answered (``want_meta``), rebuilt into the
@@ -437,13 +447,25 @@ def _add_shapes(d: ops_pb2.SequenceDef, block: list[LoggedCall], found: Found,
         d.varies_from = shapes.varies_from
 
 
-def _from_call(entries: list[LoggedCall], first: ops_pb2.OpCall | None) -> list[LoggedCall]:
-    """The entries from the one logging ``first`` on, as a log of their own (copies, with
-    their reads resolved within it: what was written before is a constant to it)."""
-    start = next((i for i, e in enumerate(entries) if e.raw is first), len(entries))
-    out = [replace(e) for e in entries[start:]]
+def _own_log(entries: list[LoggedCall]) -> list[LoggedCall]:
+    """``entries`` as a log of their own (copies, with their reads resolved within it: what
+    was written before them is a constant to it)."""
+    out = [copied(e, e.key) for e in entries]
     resolve_reads(out)
     return out
+
+
+def _joined(kept: tuple[list[LoggedCall], list[int]], entries: list[LoggedCall],
+            starts: list[int], most: int) -> tuple[list[LoggedCall], list[int]]:
+    """The log a sequence was found from (``kept``: its entries and inference starts), then
+    ``entries`` (inferences since, which went another way), as one log of its own (copies,
+    reads resolved within it), at most ``most`` entries: the oldest inferences are left out."""
+    old, old_starts = kept
+    # (the first of ``entries`` goes on with the inference the log's last mark began)
+    at = sorted({*old_starts, *(len(old) + x for x in starts if x > 0)})
+    first = next((x for x in [0, *at] if len(old) + len(entries) - x <= most), len(old))
+    return _own_log([*old[first:], *entries[max(0, first - len(old)):]]), \
+        [x - first for x in at if x >= first]
 
 
 def _is_bind(call: ops_pb2.OpCall) -> bool:
@@ -512,6 +534,14 @@ class Recorder:
         self.variant_threads: set[int] = set()  # active threads with a variant in the log
         self._variant_from: dict[int, ops_pb2.OpCall] = {}  # thread -> its first variant call
         self._keys: dict[int, tuple[Any, ...]] = {}  # sequence -> its ``_signature``
+        # A sequence whose loop has variants: the log it was found from (entries, inference
+        # starts). An inference that left it for values no variant has is searched with that
+        # log (``search_now``): the sequence found has every variant, and replaces it
+        # (``_superseded``, dropped once the new one is pushed).
+        self._found_from: dict[int, tuple[list[LoggedCall], list[int]]] = {}
+        self._superseded: list[int] = []
+        # thread -> ((log cleared, marks), searches with the log kept since that mark)
+        self._merge_tries: dict[int, tuple[tuple[int, int] | None, int]] = {}
         self.strays: dict[int, int] = {}  # thread -> calls forwarded since its last replay
         self.saved: list[tuple[dict[str, Any], ops_pb2.SequenceDef]] = self.store.load(app)
 
@@ -599,9 +629,34 @@ class Recorder:
         quiet, self._quiet = self._quiet, True
         span, self._mark_at = self.log.recorded - self._mark_at, self.log.recorded
         self.quiet_period = span if quiet and span > 0 else None
+        if thread in self.variant_threads and self._merge_base(thread) is not None:
+            return self.search_due()  # a variant ended: searched with the log kept
         if not quiet or not self.searching:
             return False
         return self.search_due()
+
+    def _merge_due(self, thread: int) -> bool:
+        """Whether ``thread``'s inference that left its sequence with variants is searched
+        with the log kept now: once it has ended (a mark after its first call), at that mark
+        and the downloads after it (the calls on its outputs come after the mark), at most
+        ``MERGE_TRIES`` times per mark. Not at every download in between: a forwarded Mask
+        R-CNN frame has thousands, and a search of its 20 000-call log at each held the GIL
+        for a minute, the app's frame with it."""
+        first = self._variant_from.get(thread)
+        at = next((i for i, c in enumerate(self.log.calls) if c is first), None)
+        ended = sum(1 for m, t in self.log.marks if t == thread and at is not None and m > at)
+        marks, tries = self._merge_tries.get(thread, (None, 0))
+        if (self.log.cleared, ended) != marks:
+            marks, tries = (self.log.cleared, ended), 0
+        if not ended or tries >= MERGE_TRIES:
+            return False
+        self._merge_tries[thread] = (marks, tries + 1)
+        return True
+
+    def _merge_base(self, thread: int) -> int | None:
+        """A sequence of ``thread`` in use whose loop has variants (its log kept)."""
+        return next((i for i in self._found_from
+                     if self.sequences.get(i, {}).get("thread") == thread), None)
 
     def _arg(self, r: _Replaying, arg: ops_pb2.ReplayArg) -> None:
         """What the app sent for a slot of the replay in progress (a repeat by ``same_as`` is
@@ -669,8 +724,8 @@ class Recorder:
         if t not in self.active_threads or _is_bind(call):
             return
         self.strays[t] = n = self.strays.get(t, 0) + 1
-        longest = max((s["operators"] for s in self.sequences.values() if s["thread"] == t),
-                      default=0)
+        longest = max((s.get("longest", s["operators"]) for s in self.sequences.values()
+                       if s["thread"] == t), default=0)
         if n > STALE_FACTOR * longest + STALE_MARGIN:
             self.active_threads.discard(t)
             self.strays[t] = 0
@@ -731,6 +786,10 @@ class Recorder:
                 d = await asyncio.to_thread(self.search_now)
                 if d is not None:
                     await push(d)
+                while self._superseded:  # the one it replaces, after it: no gap in replay
+                    gone = self.drop(self._superseded.pop(), forget=True)
+                    if gone is not None:
+                        await push(gone)
                 if d is not None or not self._rerun:
                     break
         except Exception:  # a search bug costs replay, never the session
@@ -790,13 +849,21 @@ class Recorder:
             if thread in self.active_threads and thread not in self.variant_threads:
                 continue
             t0 = time.perf_counter()
+            merged = self._merge_base(thread) if thread in self.active_threads else None
+            if merged is not None and not self._merge_due(thread):
+                continue
             entries = self.log.entries(thread)
             starts = self.log.inference_starts(thread)
             if thread in self.active_threads:  # a variant: search from its first inference on
-                n = len(entries)
-                entries = _from_call(entries, self._variant_from.get(thread))
-                cut = n - len(entries)  # the entries left out before the variant's first call
+                first = self._variant_from.get(thread)
+                cut = next((i for i, e in enumerate(entries) if e.raw is first), len(entries))
                 starts = [x - cut for x in starts if x >= cut]
+                if merged is None:
+                    entries = _own_log(entries[cut:])
+                else:  # with the log of the sequence it left: one inference is enough
+                    entries, starts = _joined(self._found_from[merged], entries[cut:],
+                                              [x for x in starts if x > 0],
+                                              self.budget.max_calls)
             found, rejected, timed_out = search_log(entries, self.search,
                                                     budget_s=self.budget.time_s,
                                                     quiet_period=self.quiet_period,
@@ -820,8 +887,12 @@ class Recorder:
             keys = _signature(found.keys, d)
             if any(k == keys for k in self._keys.values()):
                 continue  # a variant already in use (its inferences aborted for other reasons)
+            # An inference of a sequence with loops may be longer than it: its longest
+            # in the log (for ``_stray``).
+            at = sorted({0, *starts, len(entries)}) if found.loops else [0, 0]
+            longest = max(found.period, *(b - a for a, b in itertools.pairwise(at)))
             summary = {"id": seq_id, "app": self.app, "session": self.session, "thread": thread,
-                       "operators": found.period, "loops": len(found.loops),
+                       "operators": found.period, "longest": longest, "loops": len(found.loops),
                        "loop_variants": sum(len(lp.variants) for lp in d.loops),
                        "inputs": len(found.inputs),
                        "outputs": len(found.outputs), "found_at": found.found_at,
@@ -829,6 +900,12 @@ class Recorder:
                        "replays": 0, "mismatches": 0, "created": time.time()}
             self._adopt(d, summary)
             self._keys[seq_id] = keys
+            if any(lp.variants for lp in d.loops):  # the log it was found in
+                end = found.searched or len(entries)
+                self._found_from[seq_id] = (entries[:end], [x for x in starts if x <= end])
+            if merged is not None:
+                summary["replaces"] = merged
+                self._superseded.append(merged)
             if thread in self.variant_threads:  # found next to the one it branched off
                 summary["variant"] = True
                 self.variant_threads.discard(thread)
@@ -856,6 +933,7 @@ class Recorder:
         self.definitions.pop(seq_id, None)
         self._keys.pop(seq_id, None)
         self._latest.pop(seq_id, None)
+        self._found_from.pop(seq_id, None)
         if summary is None:
             return None
         if not any(s["thread"] == summary["thread"] for s in self.sequences.values()):

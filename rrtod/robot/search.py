@@ -68,6 +68,7 @@ class Found:
     # log the positions refer to (None: the log searched).
     loops: list[FoundLoop] = field(default_factory=list)
     entries: list[LoggedCall] | None = None
+    searched: int | None = None  # the entries of the log it was found in (None: all of it)
 
     @property
     def found_at(self) -> int:
@@ -409,7 +410,7 @@ def search_log(log: list[LoggedCall], search: SequenceSearch, min_repeats: int =
             loops = None if found is None else loops_of(folded, found.start, found.period,
                                                         found.repeats)
             if found is not None and loops:
-                found.loops, found.entries = loops, folded.entries
+                found.loops, found.entries, found.searched = loops, folded.entries, end
                 for lp in loops:
                     if lp.shared.varies_from is not None:
                         found.shapes.note_varies(lp.start + lp.shared.varies_from)

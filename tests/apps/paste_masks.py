@@ -8,8 +8,9 @@ go on in one of several ways (its *variants*), as the four values the app read d
 ``i`` has ``3 + i % 3`` boxes; box ``k`` crosses the left edge, the top one, both or neither
 (``(k + i) % 4``), never the right or bottom one; their sizes follow the input data.
 
-``--new-variant K``: frame K's last box also crosses the right edge, a variant no frame before
-had: its iteration goes on with calls the sequence does not have.
+``--new-variant K``: from frame K on, each frame's last box crosses the right edge (and no
+other), a variant no frame before had: its iteration goes on with calls the sequence does not
+have.
 
 ``--odd K``: in frame K the app pastes its last box one row lower than the box says: a call or
 an integer no variant has, in the middle of the loop, after the host ran every iteration's body
@@ -69,8 +70,8 @@ def make_input(i: int) -> torch.Tensor:
         left, top = (k + i) % 4 & 1, (k + i) % 4 >> 1
         corner = (1.0 if left else 4.0, 1.0 if top else 4.0)  # minus 3: -2 or 1
         size = (2 + 4 * float(x[0, 2, k, 0]), 2 + 4 * float(x[0, 2, k, 1]))  # 2 to 6
-        if i == NEW and k == n - 1:
-            corner, size = (7.0, corner[1]), (6.0, size[1])  # x1 + 1 = 14 > SIZE
+        if 0 <= NEW <= i and k == n - 1:
+            corner, size = (7.0, 4.0), (6.0, size[1])  # x1 + 1 = 14 > SIZE; top inside
         x[0, 0, k, :4] = torch.tensor([*corner, *size]) / SIZE
     return x
 
