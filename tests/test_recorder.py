@@ -384,3 +384,47 @@ def test_an_aborted_replay_is_logged_with_this_inferences_integers_answers_and_d
     assert entries[0].outputs == (base + 1,)  # named by the answer, as a forwarded reply
     assert entries[1].downloads == [base + 2] and entries[2].downloads == [base + 3]
     assert [e.after_fetch for e in entries] == [False, False, True, False]
+
+
+def test_the_log_a_sequence_was_found_in_joined_with_an_inference_that_left_it(tmp_path):
+    """``_joined``: the kept log, then the calls since the inference that left its sequence
+    began, as one log of its own: positions renumbered, each read resolved within it, the
+    inference starts of both (the first new call goes on with the inference the kept log's
+    last mark began), and the oldest inferences left out past ``most`` entries."""
+    from rrtod.robot.recorder import _joined
+
+    app = App()
+    for _ in range(3):
+        cnn(app)
+        app.log.mark(0)
+    kept = app.log.entries(0)
+    kept_starts = app.log.inference_starts(0)
+    per = len(kept) // 3
+    assert kept_starts == [per, 2 * per, 3 * per]
+    cnn(app)
+    app.log.mark(0)
+    new = app.log.entries(0)[3 * per:]
+    log, starts = _joined((kept, kept_starts), new, [0, per], most=10 * per)
+    assert [e.op for e in log] == [e.op for e in kept + new]
+    assert [e.index for e in log] == list(range(len(log)))
+    assert starts == [per, 2 * per, 3 * per, 4 * per]
+    # a read resolves to the write of the same log, never to the entries copied from
+    assert all(e.reads == k.reads for e, k in zip(log, kept, strict=False))
+    assert log[3 * per].reads == tuple((p + 3 * per if p >= 0 else p, o, b + 3 * per
+                                        if b >= 0 else b) for p, o, b in new[0].reads)
+    assert kept[0].index == 0 and new[0].index == 3 * per  # the originals are left alone
+    log, starts = _joined((kept, kept_starts), new, [0, per], most=2 * per)
+    assert len(log) == 2 * per and starts == [0, per, 2 * per]  # the first two left out
+    assert [e.op for e in log] == [e.op for e in (kept + new)[2 * per:]]
+
+
+def test_the_op_log_keeps_its_threads_as_it_logs():
+    app = App()
+    cnn(app)
+    assert app.log.threads() == [0]
+    call = ops_pb2.OpCall(seq=99, op="aten::relu", thread=3)
+    call.args.add().tensor.id = 1
+    app.log.insert(len(app.log.calls), len(app.log.fetched), [call], [])
+    assert app.log.threads() == [0, 3]
+    app.log.clear()
+    assert app.log.threads() == []
