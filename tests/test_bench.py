@@ -161,16 +161,29 @@ def test_nto_round_trip_returns_the_local_output() -> None:
     assert result["bytes_up_per_inference"] == 3 * 160 * 160 * 4
 
 
-def test_quick_bench_end_to_end(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "bench", "--quick", "--models", "mlp", "--links",
-                          "loopback", "--systems", "local,nto", "--out", str(tmp_path)],
-                         cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    (doc_path,) = tmp_path.glob("*.json")
-    doc = json.loads(doc_path.read_text())
-    assert {(c["system"], c["status"]) for c in doc["cells"]} == {("local", "ok"), ("nto", "ok")}
+WARMUP, ITERS = 5, 4
+
+
+@pytest.fixture(scope="module")
+def mlp_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """One bench run of every system on the mlp over loopback (one start-up for the tests
+    below): its output folder and JSON document."""
+    out_dir = tmp_path_factory.mktemp("bench")
+    out = subprocess.run([sys.executable, "-m", "bench", "--models", "mlp", "--links", "loopback",
+                          "--systems", "local,nto,per-op,rrto", "--iters", str(ITERS),
+                          "--warmup", str(WARMUP), "--budget-s", "20", "--out", str(out_dir)],
+                         cwd=REPO, capture_output=True, text=True, timeout=200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (doc_path,) = out_dir.glob("*.json")
+    return out_dir, json.loads(doc_path.read_text())
+
+
+def test_bench_end_to_end_report_and_readme(mlp_run: tuple[Path, dict], tmp_path: Path) -> None:
+    out_dir, doc = mlp_run
+    assert {c["system"] for c in doc["cells"] if c["status"] == "ok"} == {
+        "local", "nto", "per-op", "rrto"}
     (nto,) = [c for c in doc["cells"] if c["system"] == "nto"]
-    assert nto["outputs_match_local"] and nto["outputs_compared"] == 3 + nto["iters"]
+    assert nto["outputs_match_local"] and nto["outputs_compared"] == WARMUP + nto["iters"]
     # one gRPC engine for every process of the run, NTO's included, and recorded
     assert doc["process_env"]["GRPC_EXPERIMENTS"] == POLLING_EXPERIMENTS
     assert doc["process_env"]["OMP_WAIT_POLICY"] == "PASSIVE"
@@ -178,9 +191,9 @@ def test_quick_bench_end_to_end(tmp_path: Path) -> None:
     assert nto["power_meter"] and nto["per_inference"]["energy_j"] > 0
     assert not nto["per_inference"].get("power_below_standby"), nto["per_inference"]
     assert doc["machine"]["cpu_count"] and doc["machine"]["versions"]["torch"]
-    assert "| loopback | mlp | nto |" in (tmp_path / "latest.md").read_text()
+    assert "| loopback | mlp | nto |" in (out_dir / "latest.md").read_text()
     if importlib.util.find_spec("matplotlib"):
-        assert (tmp_path / "latest.png").exists()
+        assert (out_dir / "latest.png").exists()
     # The README's block shows a full run's medians and ratios; text around it is kept.
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{README_BEGIN}\nold\n{README_END}\noutro\n")
@@ -188,7 +201,7 @@ def test_quick_bench_end_to_end(tmp_path: Path) -> None:
     text = readme.read_text()
     assert text.startswith(f"intro\n{README_BEGIN}\n") and text.endswith(f"{README_END}\noutro\n")
     assert "old" not in text and "latest.png" in text
-    assert not update_readme(tmp_path / "latest.md", doc)  # no markers: left alone
+    assert not update_readme(out_dir / "latest.md", doc)  # no markers: left alone
 
 
 def test_a_hung_app_is_killed_and_reported() -> None:
@@ -274,29 +287,23 @@ def test_energy_below_the_models_standby_power_is_flagged() -> None:
     assert _energy_figures("model", None, None, 0.001) == {"energy_j": None, "energy_span_s": None}
 
 
-def test_quick_bench_offloads_every_inference_correctly(tmp_path: Path) -> None:
+def test_bench_offloads_every_inference_correctly(mlp_run: tuple[Path, dict]) -> None:
     """local, per-op and rrto on the mlp over loopback: every inference (warm-up included)
     equals local's; after the warm-up every rrto inference is replayed, and each one costs the
     app at least one round trip (its pushed outputs) and the robot at least standby power."""
-    warmup, iters = 5, 4
-    out = subprocess.run([sys.executable, "-m", "bench", "--models", "mlp", "--links", "loopback",
-                          "--systems", "local,per-op,rrto", "--iters", str(iters), "--warmup",
-                          str(warmup), "--budget-s", "20", "--out", str(tmp_path)],
-                         cwd=REPO, capture_output=True, text=True, timeout=170)
-    assert out.returncode == 0, out.stderr[-3000:]
-    (doc_path,) = tmp_path.glob("*.json")
-    cells = {c["system"]: c for c in json.loads(doc_path.read_text())["cells"]}
+    _, doc = mlp_run
+    cells = {c["system"]: c for c in doc["cells"]}
     assert {s: c["status"] for s, c in cells.items()} == dict.fromkeys(cells, "ok"), [
         c.get("error") for c in cells.values()]
     for system in ("per-op", "rrto"):
         c = cells[system]
-        assert c["outputs_match_local"] and c["outputs_compared"] == warmup + iters, c
+        assert c["outputs_match_local"] and c["outputs_compared"] == WARMUP + ITERS, c
         window = c["shim_by_inference"]
-        assert len(window["round_trips"]) == iters
+        assert len(window["round_trips"]) == ITERS
         assert min(window["round_trips"]) >= 1, window
         assert not c["per_inference"].get("power_below_standby"), c["per_inference"]
     rrto = cells["rrto"]
-    assert rrto["shim_by_inference"]["replays"] == [1] * iters, rrto["shim_by_inference"]
+    assert rrto["shim_by_inference"]["replays"] == [1] * ITERS, rrto["shim_by_inference"]
     assert rrto["per_inference"]["replayed"] == 1.0
     assert rrto["per_inference"]["daemon_replies"] >= 1  # the daemon's count, beside
 

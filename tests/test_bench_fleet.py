@@ -88,7 +88,7 @@ def test_latency_figures_and_differing() -> None:
 @pytest.mark.timeout(240)
 def test_quick_fleet_run(tmp_path: Path) -> None:
     rc = fleet.main(["--quick", "--profiles", "uniform", "--balancers", "least-loaded,no-such-balancer",
-                     "--duration-s", "3", "--warmup", "3", "--calibrate-runs", "4", "--robots", "3",
+                     "--duration-s", "2", "--warmup", "2", "--calibrate-runs", "4", "--robots", "3",
                      "--robot-config", "health.down_after=4", "--out", str(tmp_path)])
     doc = json.loads((tmp_path / "fleet.json").read_text())
     md = (tmp_path / "fleet.md").read_text()

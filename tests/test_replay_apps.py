@@ -27,7 +27,7 @@ from testkit.apps import (
 )
 from testkit.daemons import BIN, TEST_DEFAULTS, Launcher
 
-RUNS = 8
+RUNS = 6
 
 
 def run_app(name: str, daemon: Any, *flags: str, tmp: Path, tag: str,
