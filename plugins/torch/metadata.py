@@ -120,6 +120,15 @@ class Out:
             k, tuple(t.shape), t.stride(), t.storage_offset(), t.dtype)
 
 
+def _one_output(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype
+                ) -> tuple[Out, list[Out]]:
+    """The template of a call whose result is one new tensor of this layout (offset 0), as
+    the fast paths describe it without meta execution."""
+    out = Out.__new__(Out)
+    out.k, out.shape, out.stride, out.offset, out.dtype = 0, shape, stride, 0, dtype
+    return (out, [out])
+
+
 def _template(result: Any, outs: list[Out]) -> Any:
     if isinstance(result, torch.Tensor):
         o = Out(len(outs), result)
@@ -196,10 +205,7 @@ class MetaCache:
             return fast
         resized = resampling.resized(func, args, kwargs)
         if resized is not None:
-            out = Out.__new__(Out)
-            out.k, out.offset = 0, 0
-            out.shape, out.stride, out.dtype = resized
-            return (out, [out])
+            return _one_output(*resized)
         margs = _to_meta(args)
         mkwargs = {k: _to_meta(v) for k, v in kwargs.items()}
         try:
@@ -232,9 +238,7 @@ class MetaCache:
         dtype = self._dtypes.of(key, func, args, kwargs)
         if dtype is None:
             return None
-        out = Out.__new__(Out)
-        out.k, out.shape, out.stride, out.offset, out.dtype = 0, shape, strides, 0, dtype
-        return (out, [out])
+        return _one_output(shape, strides, dtype)
 
 
 def app_device(args: tuple, kwargs: dict) -> torch.device:
