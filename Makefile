@@ -21,6 +21,8 @@ $(STAMP): pyproject.toml examples/rrto-example-plugin/pyproject.toml
 	$(BIN)/rrto-run --install-hook
 	touch $@
 
+# One worker per core, each running whole test modules (their daemon fixtures start once).
+PYTEST_ARGS ?= -n auto --dist loadscope
 test: install
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
