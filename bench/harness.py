@@ -190,6 +190,21 @@ def _stop(proc: subprocess.Popen[Any], timeout: float = 5.0) -> None:
             proc.wait()
 
 
+def _host_replay(warm: dict[str, Any] | None, done: dict[str, Any] | None) -> dict[str, float]:
+    """The GPU daemon's time per replayed inference between the two snapshots (its session's
+    ``replay_cpu_s`` and ``replay_wall_s``, rrtod/gpu/replay.py): the replay thread's CPU for
+    the calls, beside the NTO server's compute time of the same model; and from each start
+    frame to its last call. Empty when no replay ran to its end in the window."""
+    if not warm or not done:
+        return {}
+    n = done.get("replays_completed", 0) - warm.get("replays_completed", 0)
+    if n <= 0:
+        return {}
+    return {key: (done.get(field, 0.0) - warm.get(field, 0.0)) / n * 1e3
+            for key, field in (("host_replay_cpu_ms", "replay_cpu_s"),
+                               ("host_replay_ms", "replay_wall_s"))}
+
+
 def _live_session(status: dict[str, Any], pid: int) -> dict[str, Any] | None:
     sessions = status.get("sessions") or []
     for s in sessions:
@@ -325,6 +340,8 @@ def run_cell(env: LinkEnv | None, model: str, system: str, plan: Plan) -> dict[s
                 snap["session"] = _live_session(status, pid)
                 sid = (snap["session"] or {}).get("id")
                 snap["power"] = ((status.get("power") or {}).get("sessions") or {}).get(sid)
+                if env.gpu is not None:  # the host's side of each replayed inference
+                    snap["host"] = _live_session(env.gpu.ctl("status").get("gpu") or {}, pid)
             if env.link is not None:
                 snap["link_bytes"] = env.link.carried()
                 if phase == "warm":  # every system sees the trace from its start
@@ -377,6 +394,7 @@ def run_cell(env: LinkEnv | None, model: str, system: str, plan: Plan) -> dict[s
             per_inf["daemon_replies"] = per_inf["frames_down"]  # frames to the app, beside
             per_inf["daemon_inferences"] = steady["inferences"]
             per_inf["replayed"] = (_replays(done.get("session")) - _replays(at_warm)) / n
+            per_inf.update(_host_replay(warm.get("host"), done.get("host")))
             per_inf["record"] = (done.get("session") or at_warm).get("record")
             sid = at_warm.get("id")
             # A mark reaches the daemon with the app's next write: between the two snapshots it

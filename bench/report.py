@@ -47,6 +47,14 @@ def _outputs(cell: dict[str, Any]) -> str:
     return f"**NO: {len(cell.get('output_mismatches') or [])} of {n} differ**"
 
 
+def _host_ms(cell: dict[str, Any]) -> str:
+    """The host's time per inference: the NTO server's compute, or the GPU daemon's replay
+    thread CPU per replayed inference (``bench.harness._host_replay``)."""
+    if cell["system"] == "nto":
+        return _f(cell.get("host_compute_ms"))
+    return _f(cell.get("per_inference", {}).get("host_replay_cpu_ms"))
+
+
 def energy_label(doc: dict[str, Any]) -> str:
     """What the energy figures are: the model meter's are modelled, not measured."""
     meters = {c.get("power_meter") for c in doc["cells"] if c.get("power_meter")}
@@ -108,9 +116,9 @@ def markdown(doc: dict[str, Any], json_name: str | None = None) -> str:
             "links compare measured throughput with the trace's mean over the same window.", ""]
     out += ["## Latency per inference", "",
             "| link | model | system | median ms | p90 ms | p99 ms | n | round trips (app / daemon) "
-            f"| KB up | KB down | energy J, {energy_label(doc)} | robot W | client CPU ms | replayed "
-            "| limit ms | outputs = local |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            f"| KB up | KB down | energy J, {energy_label(doc)} | robot W | client CPU ms | host ms "
+            "| replayed | limit ms | outputs = local |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in doc["cells"]:
         if c["status"] != "ok" and not wrong_outputs(c):
             continue
@@ -126,13 +134,16 @@ def markdown(doc: dict[str, Any], json_name: str | None = None) -> str:
         out.append(f"| {c['link'] or '(none)'} | {c['model']} | {system} | {_f(lat['median'])} | "
                    f"{_f(lat['p90'])} | {_f(lat['p99'])} | {lat['n']} | {trips} | "
                    f"{_kb(up)} | {_kb(down)} | {_energy(pi)} | {_f(pi.get('robot_power_w'))} | "
-                   f"{_f(c.get('cpu_ms_per_inference'))} | {_pct(pi.get('replayed'))} | "
+                   f"{_f(c.get('cpu_ms_per_inference'))} | {_host_ms(c)} | {_pct(pi.get('replayed'))} | "
                    f"{limit} | {_outputs(c)} |")
     out += ["", "Bytes are what the emulated link carried per measured inference (gRPC framing included);"
             " on loopback, what the app or daemon counted. Round trips, over the measured inferences "
             "only: 1 per call for NTO; for per-op/rrto the replies the app waited for as the shim "
             "counted them (a replayed inference's pushed outputs are one), then the robot daemon's "
-            "frames to the app per inference. Replayed: share of measured inferences the daemon saw "
+            "frames to the app per inference. Host ms: for NTO its server's compute per inference; "
+            "for rrto the GPU daemon's replay thread's CPU per replayed inference (operators and "
+            "the Python around them: beside NTO's compute, what replay adds on the host). "
+            "Replayed: share of measured inferences the daemon saw "
             "replayed (record/replay active). Energy: the robot's energy per measured inference from "
             "its call to the app's last read of its outputs, by the robot daemon's power meter "
             "(per-op, rrto) or the same meter run by the harness around the NTO client; robot W is "

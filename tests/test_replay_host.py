@@ -159,6 +159,26 @@ def test_replay_rebinds_and_streams_outputs_as_they_exist():
     assert ex.store[1000] == 156.0  # the earlier inference's values are untouched
 
 
+def test_replays_run_to_their_end_are_timed_and_counted_once():
+    """``timings``: per replay that ran its last call, its calls' CPU on the replay thread and
+    the time from its start frame, however many frames it took; one stopped short adds none."""
+    r = HostReplayer(NumberExecutor())
+    run(r, ops_pb2.SessionUp(define=sequence()),
+        ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=1000)))
+    assert r.timings()["replays_completed"] == 0  # waits for its input
+    run(r, ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(2.0))))
+    first = r.timings()
+    assert first["replays_completed"] == 1
+    assert 0 < first["replay_cpu_s"] and 0 < first["replay_wall_s"]
+    # Stopped short: the next start finds it without its input (REPLAY_INCOMPLETE).
+    run(r, ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=2000)),
+        ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=3000)),
+        ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(1.0))))
+    after = r.timings()
+    assert after["replays_completed"] == 2 and r.replays == 3
+    assert after["replay_cpu_s"] > first["replay_cpu_s"]
+
+
 def test_rebound_constant_sticks_for_later_inferences():
     ex = NumberExecutor()
     ex.store[555] = 1.0

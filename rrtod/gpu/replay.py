@@ -24,6 +24,7 @@ app holds proxies of them), the rest are released; the session goes on forwardin
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -238,6 +239,8 @@ class Active:
     start: int = 0  # the first call this replay runs (``ReplayStart.position``)
     # per call whose output sizes follow the data: those sizes (``ReplayedPrefix``)
     sizes: dict[int, list[tuple[int, ...] | None]] = field(default_factory=dict)
+    started_ns: int = field(default_factory=time.perf_counter_ns)  # its start frame ran
+    cpu_ns: int = 0  # this thread's CPU running its calls (operators and the Python around)
 
     def id_of(self, i: int) -> int:
         """The id of local value ``i`` in this inference."""
@@ -279,6 +282,11 @@ class HostReplayer:
         self.last: Active | None = None
         self.replays = 0
         self.aborts = 0
+        # Replays that ran to their end (``timings``): the CPU their calls took on the replay
+        # thread, and the time from each start frame to its last call.
+        self.completed = 0
+        self.completed_cpu_ns = 0
+        self.completed_wall_ns = 0
         self.refused = False  # the last start named an unknown sequence
         # Early releases, from the transport's thread: (inference base, ids).
         self._released: deque[tuple[int, Iterable[int]]] = deque()
@@ -507,11 +515,36 @@ class HostReplayer:
         self.last = act if complete else None
         if not complete:
             act.snapshots.clear()
+        else:
+            self.completed += 1
+            self.completed_cpu_ns += act.cpu_ns
+            self.completed_wall_ns += time.perf_counter_ns() - act.started_ns
+
+    def timings(self) -> dict[str, float | int]:
+        """Where a replayed inference's time goes on this host, for status and the benchmark:
+        per replay that ran to its end, the replay thread's CPU for its calls (the operators
+        and this module's Python around them; an operator's other threads not counted) and
+        the time from its start frame to its last call (CPU plus waits for the app's inputs
+        and for the thread). Divided by ``replays_completed`` they are per inference."""
+        return {"replays_completed": self.completed,
+                "replay_cpu_s": self.completed_cpu_ns / 1e9,
+                "replay_wall_s": self.completed_wall_ns / 1e9}
 
     def _advance(self, emit: Emit, limit: int | None = None) -> None:
         act = self.active
         if act is None or act.failed:
             return
+        t0 = time.thread_time_ns()
+        try:
+            ended = self._run_on(act, emit, limit)
+        finally:
+            act.cpu_ns += time.thread_time_ns() - t0
+        if ended and limit is None:
+            self._close(act, complete=True)
+
+    def _run_on(self, act: Active, emit: Emit, limit: int | None) -> bool:
+        """Run what can run now, unrolling loops as their counts become known: True when the
+        replay ran its last call."""
         while True:
             self._run(act, emit, limit)
             calls = act.seq.definition.calls
@@ -519,9 +552,8 @@ class HostReplayer:
                     or (limit is not None and act.position >= limit):
                 break
             if not self._unroll(act, emit):
-                return
-        if act.position == len(calls) and limit is None and not act.failed:
-            self._close(act, complete=True)
+                return False
+        return act.position == len(calls) and not act.failed
 
     def _run(self, act: Active, emit: Emit, limit: int | None) -> None:
         """Run the calls of ``act.seq`` whose inputs are here, up to ``limit``."""

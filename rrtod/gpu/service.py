@@ -318,7 +318,8 @@ class HostSession:
                 "identity": self.identity, "peer": self.peer, "opened": self.opened,
                 "app_versions": self.app_versions, "host_versions": self.host_versions,
                 "frames": self.frames, "sequences": len(self.replayer.sequences),
-                "replays": self.replayer.replays, "aborts": self.replayer.aborts, **stats}
+                "replays": self.replayer.replays, "aborts": self.replayer.aborts,
+                **self.replayer.timings(), **stats}
 
 
 class GpuRole(peer_pb2_grpc.PeerServicer):
