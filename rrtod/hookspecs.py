@@ -144,14 +144,20 @@ class TransportFactory(Protocol):
 
 
 # ================================================================================================
-# scheduler: operator placement. Declared, but no daemon code builds a scheduler yet: every
-# operator of a replayed sequence runs on the host (issue 15 makes the robot daemon use one).
+# scheduler: operator placement. The robot daemon asks the configured scheduler where each call
+# of a verified sequence runs before defining it (``rrtod.partition``): the robot runs its share
+# on the app's own tensors, the host the rest, and only values that cross the cut travel.
 
 
 @runtime_checkable
 class Scheduler(Protocol):
     def place(self, sequence: Sequence[Any], link: Any = None) -> list[str]:
-        """Per operator of ``sequence``, where it runs: ``"host"`` or ``"robot"``."""
+        """Per call of ``sequence``, where it runs: ``"host"`` or ``"robot"``. The daemon passes
+        a ``rrtod.partition.SequenceView`` (its ``calls``: operator, the calls each reads,
+        bytes made, the group that must stay together, whether it may run on the robot) and
+        the host's link (``HostView``, with ``rtt_ms``). A placement that could change a
+        result (``rrtod.partition.split``) is refused: the whole sequence then runs on the
+        host."""
         ...
 
 
@@ -367,6 +373,10 @@ class InterceptionBackend(PluginRecord[InterceptorFactory]):
     # "2.13.0+cpu"}): the shim sends the app's in its hello, the host reports its own, so a
     # session whose two ends run different versions is visible (``rrtoctl status``).
     versions: Callable[[], dict[str, str]] | None = None
+    # What a recorded call writes in place and what its outputs view (``rrtod.partition``'s
+    # ``Written`` and ``Viewed``, None for an operator it does not know): the robot daemon
+    # splits sequences by storage with them. None: its sequences are never split.
+    aliasing: Callable[[], tuple[Any, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -483,8 +493,8 @@ class Specs:
 
     @hookspec
     def rrto_schedulers(self) -> list[PluginRecord[SchedulerFactory]]:
-        """Operator placement, picked by ``scheduler``. ``factory()`` -> ``Scheduler``.
-        Declared and listed, not yet used: the daemon builds no scheduler until issue 15.
+        """Operator placement, picked by ``scheduler``. ``factory()`` -> ``Scheduler``: the
+        robot daemon builds one at start and on a reload that changes ``scheduler``.
 
         Example::
 

@@ -21,40 +21,12 @@ from testkit.apps import (
     HOST,
     MODELS,
     app_env,
-    assert_same_as_local,
+    same_as_local,
     shim_stats,
-    start_local,
 )
 from testkit.daemons import BIN, TEST_DEFAULTS, Launcher
 
 RUNS = 6
-
-
-def run_app(name: str, daemon: Any, *flags: str, tmp: Path, tag: str,
-            extra_env: dict[str, str] | None = None) -> tuple[str, dict]:
-    """Run one app offloaded to completion; returns its output lines and its shim stats."""
-    env = app_env(OMP_WAIT_POLICY="PASSIVE", **(extra_env or {}))
-    dump = tmp / f"{name}-{tag}.json"
-    cmd = [sys.executable, str(APPS / f"{name}.py"), *flags, "--dump", str(dump)]
-    env.update(daemon.env, RRTO_STATS="1", RRTO_FALLBACK="error")
-    cmd = [str(BIN / "rrto-run"), "--", *cmd]
-    out = subprocess.run(cmd, env=env, cwd=APPS, capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stderr[-3000:]
-    stats = shim_stats(out.stderr) or {}
-    assert stats, out.stderr[-3000:]
-    return out.stdout, stats
-
-
-def same_as_local(name: str, daemon: Any, *flags: str, tmp: Path,
-                  extra_env: dict[str, str] | None = None) -> dict:
-    # The local run goes on beside the offloaded one, niced (one made earlier in the session
-    # with these flags is reused): testkit.apps.start_local.
-    local = start_local(name, *flags, dump=tmp / f"{name}-local.json",
-                        extra_env={"OMP_WAIT_POLICY": "PASSIVE"}, background=True)
-    got, stats = run_app(name, daemon, *flags, tmp=tmp, tag="remote", extra_env=extra_env)
-    want = local()
-    assert_same_as_local(name, got, want, tmp / f"{name}-remote.json", tmp / f"{name}-local.json")
-    return stats
 
 
 def finished(daemon: Any) -> dict:

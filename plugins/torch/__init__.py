@@ -7,11 +7,13 @@ Host side (in the GPU daemon): ``make_executor`` builds a ``TorchExecutor`` per 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rrtod.hookspecs import InterceptionBackend, hookimpl
 
 if TYPE_CHECKING:
+    from rrto.v1.ops_pb2 import OpCall
     from rrtod.executor import ExecutorContext
     from rrtod.hookspecs import Channel
 
@@ -56,6 +58,24 @@ def framework_versions() -> dict[str, str]:
     return {"torch": torch.__version__}
 
 
+def call_aliasing() -> tuple[Callable[[OpCall], list[int] | None],
+                             Callable[[OpCall], list[int] | None]]:
+    """``InterceptionBackend.aliasing``: what a recorded call writes in place and what its
+    outputs view, from its operator's schema (None for an operator torch does not have)."""
+    from . import aliasing
+    from .allowlist import lookup
+
+    def written(call: OpCall) -> list[int] | None:
+        op = lookup(call.op)
+        return None if op is None else aliasing.written_ids(op, call)
+
+    def viewed(call: OpCall) -> list[int] | None:
+        op = lookup(call.op)
+        return None if op is None else aliasing.viewed_ids(op, call)
+
+    return written, viewed
+
+
 @hookimpl
 def rrto_interception_backends() -> list[InterceptionBackend]:
     return [
@@ -65,6 +85,7 @@ def rrto_interception_backends() -> list[InterceptionBackend]:
             executor=make_executor,
             operators=builtin_operators,
             versions=framework_versions,
+            aliasing=call_aliasing,
             description="PyTorch: forwards every aten operator of an app's models to a GPU host",
         )
     ]

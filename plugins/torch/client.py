@@ -191,6 +191,9 @@ class RemoteSession:
             if isinstance(t, RemoteTensor) and t._rrto_handle.local is not None:
                 self._written[t._rrto_handle.id] = t._rrto_handle
 
+    def local_is_current(self, handle: Handle) -> bool:
+        return handle.local is not None and handle.id not in self._written
+
     def _before_fork(self) -> None:
         """In the parent, before ``fork``: bring the app's copies of the persistent tensors
         written on the host up to date (one fetch each), so that the child, which computes
@@ -634,6 +637,9 @@ class RemoteSession:
                                    "tensor made before lived on it")
                 return self._encode_tensor(downloads.shape_like(local, t), device)
             if not h.bound:
+                if h.hash is None and h.local is not None:
+                    # made here by a robot-placed call (``ReplayClient._on_robot``): its data
+                    return self._encode_tensor(downloads.shape_like(h.local, t), device)
                 self.bind(h)
             return ops_pb2.TensorRef(id=h.id)
         data = self._upload_data(t, device)

@@ -31,13 +31,14 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from time import thread_time_ns
+from time import perf_counter_ns, thread_time_ns
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from rrto.v1 import ops_pb2
-from rrtod import loops
+from rrtod import loops, partition
 from rrtod.wire import (
     HOST_ID_BASE,
     READ_VALUE,
@@ -49,9 +50,9 @@ from rrtod.wire import (
     scalar_of,
 )
 
-from . import aliasing, codec
+from . import aliasing, codec, downloads
 from .allowlist import lookup
-from .metadata import OpInfo, Out, materialize
+from .metadata import OpInfo, Out, arg_at, materialize
 from .proxy import Handle, RemoteTensor, new_proxy
 from .session_api import Session
 from .sizing import flatten_tensors as sizing_flatten
@@ -180,12 +181,13 @@ class Step:
     fixed: dict[int, tuple[bytes, tuple[int, ...]]] = field(default_factory=dict)
     # everything the step matches and makes, comparable across sequences (``same_prefix``)
     sig: tuple[Any, ...] = ()
+    robot: bool = False  # run here, on the app's tensors (``SequenceDef.robot_calls``)
 
     def signature(self) -> tuple[Any, ...]:
         return (self.op, self.grad_mode, repr(self.args), repr(sorted(self.kwargs.items())),
                 tuple(self.checks), tuple(self.out_local), tuple(sorted(self.input_keys.items())),
                 tuple(self.out_meta), self.answered, repr(self.syms), tuple(sorted(self.any_shape)),
-                tuple(sorted((s, d) for s, (d, _) in self.fixed.items())))
+                tuple(sorted((s, d) for s, (d, _) in self.fixed.items())), self.robot)
 
 
 @dataclass
@@ -222,6 +224,7 @@ class Sequence:
     # is bound (``bindings``, shared with it; the host does the same); None: its own slots.
     canon: list[int] | None = None
     later: frozenset[int] = frozenset()  # head values the calls past the head read (joins)
+    robot_reads: frozenset[int] = frozenset()  # host values robot steps read (pushed)
 
     @property
     def host_failed(self) -> bool:
@@ -321,6 +324,8 @@ def _guard_indices(seq: Sequence, count: int) -> list[list[int]]:
 
 def _compile(d: ops_pb2.SequenceDef) -> Sequence:
     local = {rid: i for i, rid in enumerate(d.local_ids)}
+    robot = partition.robot_calls(d)
+    made_by: dict[int, int] = {}
     steps, slot = [], 0
     for call in d.calls:
         def keep(ref: ops_pb2.TensorRef) -> _Placeholder:
@@ -345,6 +350,7 @@ def _compile(d: ops_pb2.SequenceDef) -> Sequence:
                    if src.kind == _PERSISTENT else src.id)
             step.checks.append((s, src.kind, aux))
         step.answered = call.want_meta
+        step.robot = len(steps) in robot
         step.variable = d.HasField("varies_from") and len(steps) >= d.varies_from
         step.any_shape = frozenset(s for s in slots if d.sources[s].any_shape)
         step.fixed = {s: (bytes(r.upload.data), tuple(r.upload.meta.stride))
@@ -356,6 +362,10 @@ def _compile(d: ops_pb2.SequenceDef) -> Sequence:
                                 if isinstance(a, (list, tuple)) else None)
                                for i, a in enumerate(sargs) if a is not _T))
         steps.append(step)
+        if robot:  # which step makes each value (an output, or an upload bound to it)
+            for rid in (*call.out_ids, *(r.bind_id for r in refs if r.WhichOneof("ref") == "upload")):
+                if rid in local:
+                    made_by.setdefault(local[rid], len(steps) - 1)
     for sym in d.symbols:
         if sym.call >= len(steps) or sym.tensor not in local:
             raise ValueError(f"sequence {d.id}: a symbolic integer names no call or tensor")
@@ -372,7 +382,9 @@ def _compile(d: ops_pb2.SequenceDef) -> Sequence:
         st.sig = st.signature()
         h = hash((h, st.sig))
         chain.append(h)
-    return Sequence(d, steps, local, last_writer, outputs,
+    robot_reads = frozenset(aux for st in steps if st.robot for _s, kind, aux in st.checks
+                            if kind == _PRODUCED and not steps[made_by.get(aux, 0)].robot)
+    return Sequence(d, steps, local, last_writer, outputs, robot_reads=robot_reads,
                     sized=frozenset(i for st in steps for _p, i, d, _n in st.syms
                                     if d != READ_VALUE),
                     valued=frozenset(i for st in steps for _p, i, d, _n in st.syms
@@ -388,9 +400,15 @@ class Active:
     values: dict[int, int] = field(default_factory=dict)  # ``Sequence.valued`` as the app read
     # joined under way: local index -> the id the app already holds it under (forwarded)
     joined: dict[int, int] | None = None
+    pulled: dict[int, torch.Tensor] = field(default_factory=dict)  # host values robot steps read
+    taken: dict[int, ops_pb2.TensorData] = field(default_factory=dict)  # ...the app took first
 
     def id_of(self, i: int) -> int:
         return self.joined.get(i, self.base + i) if self.joined else self.base + i
+
+
+def act_robot_reads(act: Active | None) -> frozenset[int]:
+    return act.seq.robot_reads if act is not None else frozenset()
 
 
 def _with_sizes(step: Step, act: Active) -> tuple[list[Any], dict[str, Any]] | None:
@@ -509,7 +527,8 @@ class ReplayClient:
         self._search_until = 0.0  # monotonic time past which an inference start stops waiting
         self.counters = {"replays": 0, "mismatches": 0, "replayed_ops": 0, "dropped": 0,
                          "failed": 0, "failed_ahead": 0, "answer_waits": 0, "joined": 0,
-                         "switches": 0, "abandoned": 0, "search_waits": 0, "search_wait_ns": 0}
+                         "switches": 0, "abandoned": 0, "search_waits": 0, "search_wait_ns": 0,
+                         "robot_ops": 0, "robot_ns": 0}
 
     # ----- from the reader thread -----
     def define(self, d: ops_pb2.SequenceDef) -> None:
@@ -714,6 +733,12 @@ class ReplayClient:
             elif frames:
                 self.session.send_frames(frames)
         step = act.seq.steps[act.position]
+        if step.robot:
+            result = self._on_robot(act, step, func, args, kwargs, info)
+            if result is MISS:
+                self._mismatch(act)
+                return MISS
+            return self._advance(act, result)
         if step.answered or info.value_op:
             result = self._answer(act, args, kwargs)
             if result is MISS:
@@ -753,6 +778,72 @@ class ReplayClient:
             self._note_sizes(act, step, result)
         return self._advance(act, result)
 
+    # ----- calls the robot runs (a scheduler's placement) -----
+    def _on_robot(self, act: Active, step: Step, func: Any, args: tuple, kwargs: dict,
+                  info: OpInfo) -> Any:
+        """Run a matched step here, on the app's copies of the weights, the values the robot
+        made and those the host pushed (``rrtod.partition``). Its outputs are proxies whose
+        value is here (``Handle.local``, never bound on the host): later robot steps and the
+        app's reads use it, and a host step that reads one uploads it as its input. MISS if
+        a value the host was to push never comes (then the call is forwarded)."""
+        t0 = perf_counter_ns()
+        try:
+            largs = [self._robot_value(act, a) for a in args]
+            lkwargs = {k: self._robot_value(act, v) for k, v in kwargs.items()}
+        except _Unreplayable:
+            return MISS
+        result = func(*largs, **lkwargs)
+        flat, spec = tree_flatten(result)
+        device = self.session.app_device(args, kwargs)
+        k, made = 0, []
+        for x in flat:
+            if not isinstance(x, torch.Tensor):
+                made.append(x)
+                continue
+            alias = info.ret_alias[k] if k < len(info.ret_alias) else None
+            i = step.out_local[k] if k < len(step.out_local) else None
+            k += 1
+            if alias is not None:  # written in place: the proxy itself
+                proxy = arg_at(args, kwargs, *alias)
+                if isinstance(proxy, RemoteTensor) and proxy._rrto_handle.local is not None:
+                    proxy._rrto_handle.local = x.detach()  # its layout, if that changed too
+                made.append(proxy)
+                continue
+            if i is None:
+                return MISS
+            h = Handle(self.session, act.base + i, local=x.detach())
+            h.bound = False  # lives here only: nothing to release on the host
+            made.append(new_proxy(h, tuple(x.shape), x.stride(), x.storage_offset(), x.dtype,
+                                  device, x.requires_grad))
+        self.counters["robot_ops"] += 1
+        self.counters["robot_ns"] += perf_counter_ns() - t0
+        return tree_unflatten(made, spec)
+
+    def _robot_value(self, act: Active, x: Any) -> Any:
+        """``x`` (an argument) as the robot computes on it: a proxy's local value, or the one
+        the host pushed (taken once per inference: ``Active.pulled``)."""
+        if isinstance(x, RemoteTensor):
+            h = x._rrto_handle
+            if h.local is not None:
+                return downloads.shape_like(h.local, x)
+            got = act.pulled.get(h.id)
+            if got is None:
+                data = act.taken.pop(h.id, None)
+                if data is None and self._expects(h.id):
+                    data = self._peek(act, h.id)
+                    if data is None:
+                        raise _Unreplayable
+                if data is not None:
+                    self.session.counters["bytes_down"] += len(data.data)
+                    got = downloads.shape_like(codec.from_tensor_data(data), x)
+                else:  # a value the host holds but does not push (forwarded before a join)
+                    got = downloads.read_value(self.session, x)
+                act.pulled[h.id] = got
+            return got
+        if isinstance(x, (list, tuple)):
+            return type(x)(self._robot_value(act, v) for v in x)
+        return x
+
     # ----- variants -----
     def _switch(self, act: Active, args: tuple, kwargs: dict, info: OpInfo,
                 grad_mode: int) -> Active | None:
@@ -764,8 +855,8 @@ class ReplayClient:
         values the first one made, under a new base so that nothing the first one ran ahead
         can be taken for the variant's. None: no variant matches (a mismatch)."""
         p, a = act.position, act.seq
-        if p == 0:
-            return None
+        if p == 0 or (a.definition.robot_calls and a.definition.robot_calls[0] < p):
+            return None  # (values the robot made before p are not on the host to join)
         for b in self.sequences.get(a.definition.thread, ()):
             if b is a or len(b.steps) <= p or b.steps[p].op != info.name \
                     or not b.same_prefix(a, p):
@@ -1076,6 +1167,12 @@ class ReplayClient:
                         act.joined is None or act.joined.get(aux) != h.id):
                     return None
                 continue
+            if kind == _PERSISTENT and step.robot:
+                # Run here on the app's own copy: nothing to bind on the host.
+                if h is None or not self.session.local_is_current(h) or (h is not bindings.get(
+                        canon[slot] if canon is not None else slot) and h.hash != aux):
+                    return None
+                continue
             if kind == _PERSISTENT:
                 # The host waits for each weight slot to be named once per session: the weight
                 # may be used for the first time right here, and must be bound before use.
@@ -1108,6 +1205,14 @@ class ReplayClient:
                     (act.seq.root or act.seq).stale = True
                     return None
                 continue
+            if kind == _INPUT and step.robot:
+                # The app's own data, used here: checked, not sent.
+                if h is not None or _input_key(t) != step.input_keys.get(slot):
+                    return None
+                continue
+            if kind == _INPUT and h is not None and h.hash is None and h.local is not None:
+                # A value the robot made (``_on_robot``): its data is here, and goes up.
+                t, h = downloads.shape_like(h.local, t), None
             if kind == _INPUT:
                 if h is not None:
                     ref = ops_pb2.TensorRef(id=h.id)
@@ -1241,6 +1346,8 @@ class ReplayClient:
                 data = None
             if data is not None:
                 self._replied(oid, waited=False)
+                if i in act_robot_reads(act):  # a robot step reads it too
+                    act.taken[oid] = data  # type: ignore[union-attr]
                 if act is not None and i in act.seq.valued:
                     self._note_value(act, i, data)
                 return data
@@ -1255,6 +1362,8 @@ class ReplayClient:
             data = self._pushed.pop(oid, None)
             if data is not None:
                 self._replied(oid, waited=True)
+                if i in act_robot_reads(act):
+                    act.taken[oid] = data  # type: ignore[union-attr]
                 if act is not None and i in act.seq.valued:
                     self._note_value(act, i, data)
             return data

@@ -83,6 +83,10 @@ class Session(Protocol):
         """A proxy's value once its host is lost (the app's copy, or rebuilt by the journal);
         None when there is none."""
 
+    def local_is_current(self, handle: Any) -> bool:
+        """Whether the app's copy of a persistent tensor (``handle.local``) still holds its
+        value: not written on the host since (a buffer the forward updates)."""
+
     def persist(self, tensors: list[torch.Tensor]) -> list[Any]:
         """Proxies for new persistent tensors (offered by hash, uploaded if missing)."""
 

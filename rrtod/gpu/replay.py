@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rrto.v1 import ops_pb2
-from rrtod import loops
+from rrtod import loops, partition
 from rrtod.executor import ReplayExtension
 from rrtod.wire import (
     READ_VALUE,
@@ -106,6 +106,7 @@ class Compiled:
     # Unrolled: per slot, the slot of the defined sequence it comes from, under which a weight
     # is bound (``sticky``, shared with it: ``rrtod.loops``); None: the slots are its own.
     canon: list[int] | None = None
+    robot: frozenset[int] = frozenset()  # calls the robot runs (``SequenceDef.robot_calls``)
 
     def bound(self, slot: int) -> ops_pb2.TensorRef | None:
         """The weight or constant bound for ``slot`` (``sticky``), if any."""
@@ -131,15 +132,29 @@ def compile_sequence(d: ops_pb2.SequenceDef,
             raise ValueError(f"sequence {d.id}: produced source {src.id} is not a local id")
     if any(o not in local for o in d.outputs):
         raise ValueError(f"sequence {d.id}: an output is not a local id")
+    robot = partition.robot_calls(d)
+    if robot and partition.why_not_split(d):
+        raise ValueError(f"sequence {d.id} cannot be split: {partition.why_not_split(d)}")
     inputs, writes, mutates, binding, n = [], [], [], [], 0
     produced: set[int] = set()
-    for call, count in zip(d.calls, counts, strict=True):
+    robot_made: set[int] = set()  # ids only the robot has
+    for k, (call, count) in enumerate(zip(d.calls, counts, strict=True)):
         own = list(range(n, n + count))
         n += count
+        if k in robot:  # the robot runs it: nothing to wait for, run, snapshot or check
+            binding.append([])
+            inputs.append([])
+            writes.append([])
+            mutates.append(False)
+            robot_made.update(r for r in call.out_ids if r not in produced)
+            produced.update(call.out_ids)
+            continue
         plan = []
         for s, ref in zip(own, iter_tensor_refs(call), strict=True):
             kind = ref.WhichOneof("ref")
             src = d.sources[s]
+            if src.kind == SRC.PRODUCED and src.id in robot_made:
+                raise ValueError(f"sequence {d.id}: call {k} reads a value only the robot makes")
             plan.append((s, ref, kind, local.get(ref.bind_id) if kind == "upload" else None,
                          local[src.id] if src.kind == SRC.PRODUCED else None))
         binding.append(plan)
@@ -151,6 +166,8 @@ def compile_sequence(d: ops_pb2.SequenceDef,
         writes.append([j for j, r in enumerate(call.out_ids) if r in produced or r not in local])
         mutates.append(bool(written and written(call)))
         produced.update(call.out_ids)
+    if any(o in robot_made for o in d.outputs):
+        raise ValueError(f"sequence {d.id}: an output is made by the robot")
     outputs = {local[o] for o in d.outputs if o in local}
     # an output is pushed once nothing writes its storage any more (a view of it included)
     last_writer = final_writes(d, written, viewed)
@@ -205,7 +222,7 @@ def compile_sequence(d: ops_pb2.SequenceDef,
     return Compiled(d, local, inputs, outputs, pushes, writes, mutates, binding, out_local,
                     last_use, free_after, written=written, constants=constants,
                     constants_at=constants_at, symbols=symbols, varying=varying,
-                    answered=answered)
+                    answered=answered, robot=robot)
 
 
 def pinned_by(seq: Compiled) -> str | None:
@@ -215,6 +232,8 @@ def pinned_by(seq: Compiled) -> str | None:
     left on this host; or outputs only this host can name (ids it assigns itself)."""
     d = seq.definition
     for k, call in enumerate(d.calls):
+        if k in seq.robot:
+            continue
         outside = [r for r in call.out_ids if r not in seq.local]
         if seq.written is not None:
             outside += [r for r in seq.written(call) if r not in seq.local]
@@ -437,7 +456,8 @@ class HostReplayer:
         except (ValueError, KeyError) as exc:
             emit(ops_pb2.SessionDown(defined=ops_pb2.SequenceAck(id=d.id, reason=str(exc))))
             return
-        compiled.prepared = [self._prepare(call) for call in compiled.definition.calls]
+        compiled.prepared = [None if k in compiled.robot else self._prepare(call)
+                             for k, call in enumerate(compiled.definition.calls)]
         self.sequences[d.id] = compiled
         pinned = pinned_by(compiled) if not d.loops else self._pinned_by(d)
         emit(ops_pb2.SessionDown(defined=ops_pb2.SequenceAck(
@@ -559,8 +579,12 @@ class HostReplayer:
         """Run the calls of ``act.seq`` whose inputs are here, up to ``limit``."""
         calls = act.seq.definition.calls
         stop = len(calls) if limit is None else min(limit, len(calls))
+        robot = act.seq.robot
         while act.position < stop:
             k = act.position
+            if k in robot:  # the robot runs it
+                act.position += 1
+                continue
             if any(s not in act.args and act.seq.bound(s) is None for s in act.seq.inputs[k]):
                 return  # waits for the app to produce this input
             if act.seq.gone and any(s in act.seq.gone for s in act.seq.constants_at[k]):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -178,8 +179,12 @@ class AppRelay:
 
     def __init__(self, session: AppSession, call: grpc.aio.StreamStreamCall,
                  frames: FrameReader, writer: asyncio.StreamWriter, energy: Any = None,
-                 placement: Placement | None = None):
+                 placement: Placement | None = None,
+                 place: Callable[[ops_pb2.SequenceDef], ops_pb2.SequenceDef] | None = None):
         self.session = session
+        # The scheduler's placement of a sequence's calls (``rrtod.robot.scheduling``), applied
+        # to each definition on its way to the host; None: every call runs there.
+        self.place = place
         self.recorder = session.recorder
         self.call = call
         self.frames = frames  # the app's frames, within the socket's limits
@@ -555,6 +560,8 @@ class AppRelay:
         """Host first; the shim gets a definition once the host has accepted it (``defined``,
         handled in ``down``), so the shim never asks for a replay the host cannot run. A drop
         (no calls) goes to both at once."""
+        if d.calls and self.place is not None:
+            d = self.place(d)
         if d.calls and self.recorder is not None:
             self.recorder.offered(d)
         async with self.write_lock:

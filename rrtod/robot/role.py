@@ -32,6 +32,7 @@ from rrtod.robot.host_source import HostSource, Resolver, source_for, system_res
 from rrtod.robot.placement import Lane, Placement
 from rrtod.robot.recorder import Recorder, SearchBudget
 from rrtod.robot.relay import AppRelay, AppSession, error_reply
+from rrtod.robot.scheduling import Scheduling
 
 log = structlog.get_logger("rrtod.robot")
 
@@ -53,6 +54,7 @@ class RobotRole:
         self.balancer: HostBalancer = build_balancer(registry, config)
         self._balancer_selection = balancing.selection(config)
         self.search_factory = registry.get("search", config.search).factory
+        self.scheduling = Scheduling(registry, config)  # ``scheduler``: placement of calls
         self.draining = False
         self._ids = itertools.count(1)
         # Counters of sessions that have ended, so demos and benchmarks can read what a
@@ -91,6 +93,8 @@ class RobotRole:
             self.balancer = build_balancer(self.registry, config)
             self._balancer_selection = balancing.selection(config)
         self.search_factory = self.registry.get("search", config.search).factory
+        if config.scheduler != self.scheduling.name:  # sequences defined from now on
+            self.scheduling = Scheduling(self.registry, config)
         await self._set_sources(config, reconnect)
 
     async def _set_sources(self, config: Config, reconnect: bool = False) -> None:
@@ -176,7 +180,8 @@ class RobotRole:
         if self.config.placement == "inference":
             placement = Placement(Lane(link, call, primary=True), lambda: list(self.hosts.values()),
                                   lambda: self.balancer, request)
-        relay = AppRelay(session, call, frames, writer, self.energy, placement)
+        relay = AppRelay(session, call, frames, writer, self.energy, placement,
+                         place=lambda d: self.scheduling.place(d, link))
         link.sessions += 1
         self.relays[sid] = relay
         try:
@@ -220,6 +225,7 @@ class RobotRole:
             "host_sources": [s.describe() for s in self.sources.values()],
             "sessions": [s.describe() for s in self.sessions.values()],
             "finished": dict(self.finished),
+            "scheduling": self.scheduling.describe(),
         }
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import struct
 
 from rrto.v1 import ops_pb2
-from rrtod.hookspecs import InterceptionBackend, hookimpl
+from rrtod.hookspecs import InterceptionBackend, PluginRecord, hookimpl
 
 
 class EchoExecutor:
@@ -50,3 +50,29 @@ class EchoExecutor:
 def rrto_interception_backends():
     return [InterceptionBackend(name="echo", factory=lambda client: None, executor=EchoExecutor,
                                 description="test backend: echoes, no framework")]
+
+
+class AlternateGroups:
+    """A test scheduler that cuts as often as it can: every other movable group of calls on
+    the robot, so that values cross the link both ways many times in one inference."""
+
+    def place(self, sequence, link=None):
+        order = []
+        for call in sequence.calls:
+            if call.movable and call.group not in order:
+                order.append(call.group)
+        robot = set(order[::2])
+        return ["robot" if c.group in robot else "host" for c in sequence.calls]
+
+
+class BrokenScheduler:
+    """A test scheduler that fails: the daemon must replay the sequence on the host whole."""
+
+    def place(self, sequence, link=None):
+        raise RuntimeError("this scheduler always fails")
+
+
+@hookimpl
+def rrto_schedulers():
+    return [PluginRecord("test-alternate", AlternateGroups, "test: every other group on the robot"),
+            PluginRecord("test-broken", BrokenScheduler, "test: raises")]

@@ -364,7 +364,7 @@ class SeqSource(_message.Message):
     def __init__(self, kind: _Optional[_Union[SeqSource.Kind, str]] = ..., id: _Optional[int] = ..., hash: _Optional[bytes] = ..., meta: _Optional[_Union[TensorMeta, _Mapping]] = ..., any_shape: _Optional[bool] = ..., fixed: _Optional[bool] = ...) -> None: ...
 
 class SequenceDef(_message.Message):
-    __slots__ = ("id", "calls", "local_ids", "sources", "outputs", "thread", "symbols", "varies_from", "loops")
+    __slots__ = ("id", "calls", "local_ids", "sources", "outputs", "thread", "symbols", "varies_from", "loops", "robot_calls")
     ID_FIELD_NUMBER: _ClassVar[int]
     CALLS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -374,6 +374,7 @@ class SequenceDef(_message.Message):
     SYMBOLS_FIELD_NUMBER: _ClassVar[int]
     VARIES_FROM_FIELD_NUMBER: _ClassVar[int]
     LOOPS_FIELD_NUMBER: _ClassVar[int]
+    ROBOT_CALLS_FIELD_NUMBER: _ClassVar[int]
     id: int
     calls: _containers.RepeatedCompositeFieldContainer[OpCall]
     local_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -383,7 +384,8 @@ class SequenceDef(_message.Message):
     symbols: _containers.RepeatedCompositeFieldContainer[SymbolicInt]
     varies_from: int
     loops: _containers.RepeatedCompositeFieldContainer[SeqLoop]
-    def __init__(self, id: _Optional[int] = ..., calls: _Optional[_Iterable[_Union[OpCall, _Mapping]]] = ..., local_ids: _Optional[_Iterable[int]] = ..., sources: _Optional[_Iterable[_Union[SeqSource, _Mapping]]] = ..., outputs: _Optional[_Iterable[int]] = ..., thread: _Optional[int] = ..., symbols: _Optional[_Iterable[_Union[SymbolicInt, _Mapping]]] = ..., varies_from: _Optional[int] = ..., loops: _Optional[_Iterable[_Union[SeqLoop, _Mapping]]] = ...) -> None: ...
+    robot_calls: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, id: _Optional[int] = ..., calls: _Optional[_Iterable[_Union[OpCall, _Mapping]]] = ..., local_ids: _Optional[_Iterable[int]] = ..., sources: _Optional[_Iterable[_Union[SeqSource, _Mapping]]] = ..., outputs: _Optional[_Iterable[int]] = ..., thread: _Optional[int] = ..., symbols: _Optional[_Iterable[_Union[SymbolicInt, _Mapping]]] = ..., varies_from: _Optional[int] = ..., loops: _Optional[_Iterable[_Union[SeqLoop, _Mapping]]] = ..., robot_calls: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SeqLoop(_message.Message):
     __slots__ = ("start", "body", "tensor", "dim", "gathers", "scatters", "guards", "variants")

@@ -1,0 +1,291 @@
+"""Split a replayed sequence between the robot and the GPU host (a scheduler's placement).
+
+A scheduler (``rrtod.hookspecs.Scheduler``) says, per call of a verified sequence, where it
+runs. ``view`` describes the sequence as schedulers see it; ``split`` turns a placement into
+the definition both ends replay (``SequenceDef.robot_calls``):
+
+- the host skips the robot's calls; a host call that reads a value the robot makes reads it as
+  an INPUT, which the shim uploads when the app reaches that call;
+- each value the host makes that a robot call reads is an output, pushed to the robot as soon
+  as it is final; values the robot makes are no longer outputs (the app has them).
+
+What may be split is decided on the values' storage, so that a placement cannot change a
+result: a value, its views, the calls that write it in place and the calls that read it
+before its last write form one *group*, which runs on one side (else one side would read a
+stale copy). A call that writes state outliving the inference (a weight, a buffer), reads a
+constant of an earlier inference, or whose operator's aliasing is unknown stays on the host.
+Only sequences without loops, symbolic integers, varying shapes or answered calls are split
+(their calls' outputs are known before they run); others run on the host whole.
+
+Framework-neutral: the interception backend says what a call writes and views
+(``InterceptionBackend.aliasing``), as it does for both replay ends (``wire.final_writes``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from rrto.v1 import ops_pb2
+from rrtod.wire import final_writes, iter_tensor_refs
+
+SRC = ops_pb2.SeqSource
+ROBOT, HOST = "robot", "host"
+# Per call: the ids of arguments it writes in place; per output, the id it views (0: new
+# storage). None from either: the operator is unknown to the backend (the call stays home).
+Written = Callable[[ops_pb2.OpCall], "list[int] | None"]
+Viewed = Callable[[ops_pb2.OpCall], "list[int] | None"]
+
+_ITEMSIZE = {"float64": 8, "int64": 8, "complex64": 8, "float32": 4, "int32": 4,
+             "float16": 2, "bfloat16": 2, "int16": 2, "bool": 1, "uint8": 1, "int8": 1}
+
+
+@dataclass(frozen=True)
+class CallView:
+    """One call of a sequence as a scheduler sees it."""
+
+    op: str  # qualified operator name
+    reads: tuple[int, ...]  # the earlier calls whose values it reads
+    out_bytes: int  # bytes of the values it makes
+    input_bytes: int  # bytes of the app's inputs it reads
+    group: int  # calls of one group run on the same side (see the module's docstring)
+    movable: bool  # it may run on the robot
+
+
+@dataclass(frozen=True)
+class SequenceView:
+    """A verified sequence as a scheduler places it: ``calls`` in the app's order, and the
+    calls whose values the app downloads (``downloads``: they end on the robot)."""
+
+    id: int
+    calls: tuple[CallView, ...]
+    downloads: tuple[int, ...]
+
+
+def why_not_split(d: ops_pb2.SequenceDef) -> str | None:
+    """Why ``d`` runs on the host whole whatever the scheduler says; None if it may be split."""
+    if d.loops:
+        return "it has loops"
+    if d.symbols:
+        return "it has symbolic integers"
+    if d.HasField("varies_from"):
+        return "its shapes vary"
+    if any(call.want_meta for call in d.calls):
+        return "the host answers some of its calls"
+    return None
+
+
+def _bytes(m: ops_pb2.TensorMeta) -> int:
+    n = _ITEMSIZE.get(m.dtype, 4)
+    for s in m.shape:
+        n *= s
+    return n
+
+
+def _dense(m: ops_pb2.TensorMeta | None) -> bool:
+    """Whether a value with metadata ``m`` fills its storage exactly (C-contiguous or another
+    order of its dimensions, no offset): then a transfer keeps its layout bit for bit."""
+    if m is None or m.storage_offset:
+        return False
+    dims = sorted((st, sh) for st, sh in zip(m.stride, m.shape, strict=False) if sh != 1)
+    expect = 1
+    for st, sh in dims:
+        if st != expect:
+            return False
+        expect *= sh
+    return len(m.stride) == len(m.shape)
+
+
+class _Groups:
+    """Union-find over call positions."""
+
+    def __init__(self, n: int):
+        self.parent = list(range(n))
+
+    def find(self, k: int) -> int:
+        while self.parent[k] != k:
+            self.parent[k] = self.parent[self.parent[k]]
+            k = self.parent[k]
+        return k
+
+    def union(self, a: int, b: int) -> None:
+        a, b = self.find(a), self.find(b)
+        if a != b:
+            self.parent[max(a, b)] = min(a, b)
+
+
+@dataclass
+class _Facts:
+    local: dict[int, int]  # recorded id -> local index
+    maker: dict[int, int]  # local index -> the call that makes it (an output or a bound upload)
+    output_of: dict[int, bool]  # local index -> made as a call's output (not an upload)
+    meta: dict[int, ops_pb2.TensorMeta]  # local index -> its metadata after its last write
+    reads: list[list[tuple[int, int]]]  # per call: (slot, local index) of PRODUCED sources
+    groups: _Groups
+    movable: list[bool]
+
+
+def _facts(d: ops_pb2.SequenceDef, written: Written, viewed: Viewed) -> _Facts:
+    local = {rid: i for i, rid in enumerate(d.local_ids)}
+    n = len(d.calls)
+    maker: dict[int, int] = {}
+    output_of: dict[int, bool] = {}
+    meta: dict[int, ops_pb2.TensorMeta] = {}
+    reads: list[list[tuple[int, int]]] = []
+    movable = [True] * n
+    root: dict[int, int] = {}  # local index -> the local index whose storage it is
+    members: dict[int, list[int]] = {}  # storage root -> calls that make, view or write it
+    state: set[int] = set()  # ids outside the inference that its calls write (buffers)
+    for call in d.calls:
+        state.update(r for r in call.out_ids if r not in local)
+        state.update(r for r in (written(call) or ()) if r not in local)
+    slot = 0
+    for k, call in enumerate(d.calls):
+        wrote = written(call)
+        views = viewed(call)
+        if wrote is None or views is None:
+            movable[k], wrote, views = False, [], []
+        mine: list[tuple[int, int]] = []
+        for ref in iter_tensor_refs(call):
+            src = d.sources[slot]
+            if src.kind == SRC.PRODUCED and src.id in local:
+                mine.append((slot, local[src.id]))
+            elif src.kind == SRC.CONSTANT or (src.kind == SRC.PERSISTENT and src.id in state):
+                # its value lives on the host: made by an earlier inference, or a buffer the
+                # inference updates there (the app's own copy is stale)
+                movable[k] = False
+            if ref.WhichOneof("ref") == "upload" and ref.bind_id in local:
+                i = local[ref.bind_id]
+                maker.setdefault(i, k)
+                meta.setdefault(i, ref.upload.meta)
+            slot += 1
+        reads.append(mine)
+        for j, rid in enumerate(call.out_ids):
+            i = local.get(rid)
+            if i is None:
+                movable[k] = False  # writes a value that outlives the inference
+                continue
+            if i in maker:  # written in place and returned (its metadata may change:
+                members.setdefault(root.get(i, i), []).append(k)  # ``transpose_``)
+                if j < len(call.out_meta):
+                    meta[i] = call.out_meta[j]
+                continue
+            maker[i], output_of[i] = k, True
+            if j < len(call.out_meta):
+                meta[i] = call.out_meta[j]
+            src = local.get(views[j]) if j < len(views) and views[j] else None
+            if src is not None:
+                root[i] = root.get(src, src)
+            members.setdefault(root.get(i, i), []).append(k)
+        for rid in wrote:
+            i = local.get(rid)
+            if i is None:
+                movable[k] = False  # a weight or buffer updated in place
+                continue
+            members.setdefault(root.get(i, i), []).append(k)
+    final = final_writes(d, lambda c: written(c) or [], lambda c: viewed(c) or [])
+    groups = _Groups(n)
+    for calls in members.values():
+        for k in calls[1:]:
+            groups.union(calls[0], k)
+    for k, mine in enumerate(reads):
+        for _slot, i in mine:
+            if i not in maker:
+                continue
+            if not output_of.get(i) or final.get(i, maker[i]) > k or not _dense(meta.get(i)):
+                # an upload only its binder's side has, a value read before its last write, or
+                # one whose layout a transfer would not keep (a view with gaps or an offset:
+                # an operator on a copy of it may sum in another order)
+                groups.union(k, maker[i])
+                r = root.get(i, i)
+                for w in members.get(r, ()):
+                    groups.union(k, w)
+    return _Facts(local, maker, output_of, meta, reads, groups, movable)
+
+
+def view(d: ops_pb2.SequenceDef, written: Written, viewed: Viewed) -> SequenceView:
+    """``d`` as a scheduler sees it. A group with a call that must stay home is not movable."""
+    f = _facts(d, written, viewed)
+    home = {f.groups.find(k) for k, m in enumerate(f.movable) if not m}
+    calls = []
+    slot = 0
+    for k, call in enumerate(d.calls):
+        inputs = 0
+        for ref in iter_tensor_refs(call):
+            if d.sources[slot].kind == SRC.INPUT and ref.WhichOneof("ref") == "upload":
+                inputs += _bytes(ref.upload.meta)
+            slot += 1
+        g = f.groups.find(k)
+        calls.append(CallView(
+            op=call.op, reads=tuple(sorted({f.maker[i] for _s, i in f.reads[k] if i in f.maker})),
+            out_bytes=sum(_bytes(m) for m in call.out_meta), input_bytes=inputs, group=g,
+            movable=g not in home))
+    downloads = tuple(sorted({f.maker[f.local[o]] for o in d.outputs
+                              if o in f.local and f.local[o] in f.maker}))
+    return SequenceView(d.id, tuple(calls), downloads)
+
+
+def split(d: ops_pb2.SequenceDef, placement: list[str], written: Written,
+          viewed: Viewed) -> ops_pb2.SequenceDef:
+    """The definition both ends replay for ``placement`` (per call, ``ROBOT`` or ``HOST``);
+    ``d`` itself when every call is on the host. ValueError if the placement could change a
+    result (a group split across sides, a call that must stay home placed on the robot) or
+    ``d`` cannot be split at all."""
+    if len(placement) != len(d.calls) or any(p not in (ROBOT, HOST) for p in placement):
+        raise ValueError(f"a placement names {ROBOT!r} or {HOST!r} for each of the "
+                         f"{len(d.calls)} calls")
+    robot = [k for k, p in enumerate(placement) if p == ROBOT]
+    if not robot:
+        return d
+    why = why_not_split(d)
+    if why is not None:
+        raise ValueError(f"sequence {d.id} runs on the host whole: {why}")
+    f = _facts(d, written, viewed)
+    side: dict[int, str] = {}
+    for k, p in enumerate(placement):
+        if p == ROBOT and not f.movable[k]:
+            raise ValueError(f"call {k} ({d.calls[k].op}) must run on the host")
+        g = f.groups.find(k)
+        if side.setdefault(g, p) != p:
+            raise ValueError(f"call {k} ({d.calls[k].op}) is placed apart from the values it "
+                             "shares storage with")
+    on_robot = set(robot)
+    out = ops_pb2.SequenceDef()
+    out.CopyFrom(d)
+    out.robot_calls[:] = robot
+    pulled: set[int] = set()  # host values robot calls read
+    slot = 0
+    for k, call in enumerate(out.calls):
+        for ref in iter_tensor_refs(call):
+            src = out.sources[slot]
+            if src.kind == SRC.PRODUCED and src.id in f.local:
+                i = f.local[src.id]
+                made_on_robot = f.maker.get(i) in on_robot
+                if k in on_robot and not made_on_robot:
+                    pulled.add(i)
+                elif k not in on_robot and made_on_robot:
+                    # the robot's value, uploaded by the shim when the app reaches this call
+                    src.Clear()
+                    src.kind = SRC.INPUT
+                    ref.Clear()
+                    ref.upload.meta.CopyFrom(f.meta[i])
+            slot += 1
+    outputs = [o for o in d.outputs if f.maker.get(f.local.get(o, -1)) not in on_robot]
+    known = set(outputs)
+    outputs += [d.local_ids[i] for i in sorted(pulled) if d.local_ids[i] not in known]
+    out.outputs[:] = outputs
+    return out
+
+
+def robot_calls(d: ops_pb2.SequenceDef) -> frozenset[int]:
+    """The calls of ``d`` the robot runs (checked: ascending, each a call of ``d``)."""
+    calls = list(d.robot_calls)
+    if calls != sorted(set(calls)) or (calls and calls[-1] >= len(d.calls)):
+        raise ValueError(f"sequence {d.id}: robot_calls must ascend and name its calls")
+    return frozenset(calls)
+
+
+def placed(view_: SequenceView, robot: Iterable[int]) -> list[str]:
+    """A placement with ``robot`` on the robot and everything else on the host."""
+    on = set(robot)
+    return [ROBOT if k in on else HOST for k in range(len(view_.calls))]

@@ -1,0 +1,239 @@
+"""Splitting a sequence between robot and host (``rrtod.partition``): which calls must stay
+together, what crosses the cut and how, and what both replay ends make of a split definition
+(the host skips the robot's calls and takes their values as inputs)."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from rrto.v1 import ops_pb2
+from rrtod import partition
+from rrtod.gpu.replay import HostReplayer, compile_sequence
+from rrtod.robot.scheduling import Scheduling
+from testkit.numbers import NumberExecutor, num
+
+SRC = ops_pb2.SeqSource
+META = ops_pb2.TensorMeta(dtype="float64", shape=[], stride=[])
+
+
+def written(c: ops_pb2.OpCall) -> list[int] | None:
+    if c.op == "opaque":
+        return None
+    return [c.args[1].tensor.id] if c.op == "bump" else []
+
+
+def viewed(c: ops_pb2.OpCall) -> list[int] | None:
+    if c.op == "opaque":
+        return None
+    if c.op in ("view", "relu_"):
+        return [c.args[0].tensor.id]
+    return [0] * len(c.out_ids)
+
+
+def call(op: str, out: int, *refs: ops_pb2.TensorRef, meta: ops_pb2.TensorMeta = META
+         ) -> ops_pb2.OpCall:
+    c = ops_pb2.OpCall(op=op, out_ids=[out], out_meta=[meta])
+    for r in refs:
+        c.args.add().tensor.CopyFrom(r)
+    return c
+
+
+def ref(i: int) -> ops_pb2.TensorRef:
+    return ops_pb2.TensorRef(id=i)
+
+
+def upload() -> ops_pb2.TensorRef:
+    return ops_pb2.TensorRef(upload=ops_pb2.TensorData(meta=META))
+
+
+def weight(i: int) -> ops_pb2.TensorRef:
+    return ops_pb2.TensorRef(id=i)
+
+
+def chain() -> ops_pb2.SequenceDef:
+    """a = x + w;  b = a * a;  relu_(b);  c = b + w;  d = c * c.   out: d. Ids 1..4, w is 50."""
+    d = ops_pb2.SequenceDef(id=3, local_ids=[1, 2, 3, 4], outputs=[4])
+    d.calls.extend([call("add", 1, upload(), weight(50)), call("mul", 2, ref(1), ref(1)),
+                    call("relu_", 2, ref(2)), call("add", 3, ref(2), weight(50)),
+                    call("mul", 4, ref(3), ref(3))])
+    for kind, i in [(SRC.INPUT, 0), (SRC.PERSISTENT, 50), (SRC.PRODUCED, 1), (SRC.PRODUCED, 1),
+                    (SRC.PRODUCED, 2), (SRC.PRODUCED, 2), (SRC.PERSISTENT, 50),
+                    (SRC.PRODUCED, 3), (SRC.PRODUCED, 3)]:
+        d.sources.add(kind=kind, id=i, hash=b"w" if kind == SRC.PERSISTENT else b"")
+    return d
+
+
+def test_a_value_and_the_calls_that_write_it_in_place_form_one_group():
+    v = partition.view(chain(), written, viewed)
+    groups = [c.group for c in v.calls]
+    assert groups[1] == groups[2]  # b and relu_(b)
+    assert len({groups[0], groups[1], groups[3], groups[4]}) == 4
+    assert [c.reads for c in v.calls] == [(), (0,), (1,), (1,), (3,)]
+    assert all(c.movable for c in v.calls) and v.downloads == (4,)
+    assert v.calls[0].input_bytes == 8 and v.calls[1].out_bytes == 8
+
+
+def test_calls_that_keep_state_read_constants_or_are_unknown_stay_on_the_host():
+    d = chain()
+    d.calls[3].op = "opaque"  # the backend does not know its aliasing
+    d.calls[0].args[1].tensor.id = 60
+    d.sources[1].CopyFrom(SRC(kind=SRC.CONSTANT, id=60))  # a constant of an earlier inference
+    v = partition.view(d, written, viewed)
+    assert [c.movable for c in v.calls] == [False, True, True, False, True]
+    with pytest.raises(ValueError, match="must run on the host"):
+        partition.split(d, ["host", "host", "host", "robot", "host"], written, viewed)
+
+
+def test_a_placement_that_splits_a_group_is_refused():
+    with pytest.raises(ValueError, match="apart from the values"):
+        partition.split(chain(), ["host", "robot", "host", "host", "host"], written, viewed)
+
+
+def test_a_value_read_before_its_last_write_stays_with_its_writer():
+    """b is read by call 2 before relu_ writes it at call 3: reading a copy of it elsewhere
+    would see the old value for call 2 but never the write."""
+    d = chain()
+    d.calls[2].CopyFrom(call("add", 5, ref(2), weight(50)))  # reads b
+    d.calls[3].CopyFrom(call("relu_", 2, ref(2)))  # then b is written
+    d.calls[4].CopyFrom(call("mul", 4, ref(5), ref(2)))
+    d.local_ids[:] = [1, 2, 5, 4]
+    del d.sources[:]
+    for kind, i in [(SRC.INPUT, 0), (SRC.PERSISTENT, 50), (SRC.PRODUCED, 1), (SRC.PRODUCED, 1),
+                    (SRC.PRODUCED, 2), (SRC.PERSISTENT, 50), (SRC.PRODUCED, 2),
+                    (SRC.PRODUCED, 5), (SRC.PRODUCED, 2)]:
+        d.sources.add(kind=kind, id=i, hash=b"w" if kind == SRC.PERSISTENT else b"")
+    groups = [c.group for c in partition.view(d, written, viewed).calls]
+    assert groups[1] == groups[2] == groups[3]
+
+
+def test_a_view_with_an_offset_does_not_cross_the_cut():
+    d = chain()
+    for k in (1, 2):  # b, as made and as relu_ leaves it
+        d.calls[k].out_meta[0].CopyFrom(ops_pb2.TensorMeta(dtype="float64", shape=[2],
+                                                           stride=[2], storage_offset=1))
+    groups = [c.group for c in partition.view(d, written, viewed).calls]
+    assert groups[1] == groups[2] == groups[3]  # b is read by call 3: with it
+
+
+def test_split_rewrites_what_crosses_the_cut():
+    """Robot: a = x + w and d = c * c; host: b, relu_(b), c. The host reads a as an input,
+    the robot reads c as a pushed output; d, made on the robot, is no longer an output."""
+    placed = partition.split(chain(), ["robot", "host", "host", "host", "robot"],
+                             written, viewed)
+    assert list(placed.robot_calls) == [0, 4]
+    assert placed.sources[2].kind == SRC.INPUT and placed.sources[3].kind == SRC.INPUT
+    first = placed.calls[1].args[0].tensor
+    assert first.WhichOneof("ref") == "upload" and first.upload.meta == META
+    assert list(placed.outputs) == [3]
+    assert list(chain().outputs) == [4]  # the definition itself is untouched
+    assert partition.split(chain(), ["host"] * 5, written, viewed) == chain()
+
+
+def test_dynamic_sequences_are_never_split():
+    d = chain()
+    d.varies_from = 2
+    assert partition.why_not_split(d) == "its shapes vary"
+    with pytest.raises(ValueError, match="whole"):
+        partition.split(d, ["robot"] + ["host"] * 4, written, viewed)
+
+
+def test_the_host_skips_robot_calls_and_takes_their_values_as_inputs():
+    """The robot computed a = 3 (x = 1, w = 2): the host gets it as call 1's input, runs b, c
+    and pushes c; it never runs the robot's calls."""
+    placed = partition.split(chain(), ["robot", "host", "host", "host", "robot"],
+                             written, viewed)
+    ex = NumberExecutor()
+    ex.store[50] = 2.0
+    ex.handle = _with_relu(ex.handle)
+    r = HostReplayer(ex)
+    out: list[ops_pb2.SessionDown] = []
+    r.process(ops_pb2.SessionUp(define=placed), out.append)
+    assert out[0].defined.accepted, out[0].defined.reason
+    base = 1 << 20
+    frames = [ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=3, base_id=base)),
+              ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=6, tensor=ref(50))),
+              *(ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=s, tensor=ops_pb2.TensorRef(
+                  upload=num(3.0)))) for s in (2, 3))]
+    out.clear()
+    for f in frames:
+        r.process(f, out.append)
+    pushed = [(d.fetched.id, struct.unpack("<d", d.fetched.tensor.data)[0]) for d in out]
+    assert pushed == [(base + 2, 9.0 + 2.0)]  # c = relu(3 * 3) + 2
+    assert ex.calls == ["mul", "add_", "add"]  # (relu_ runs as add_ of 0 here)
+
+
+def _with_relu(handle):
+    def wrapped(frame):
+        if frame.WhichOneof("msg") == "call" and frame.call.op == "relu_":
+            frame.call.op = "add_"  # x + 0: relu of a positive number
+            frame.call.args.add().tensor.CopyFrom(ops_pb2.TensorRef(upload=num(0.0)))
+            result = list(handle(frame))
+            return iter(result)
+        return handle(frame)
+    return wrapped
+
+
+def test_the_host_refuses_a_split_that_reads_what_only_the_robot_has():
+    placed = partition.split(chain(), ["robot", "host", "host", "host", "robot"],
+                             written, viewed)
+    placed.sources[2].CopyFrom(SRC(kind=SRC.PRODUCED, id=1))  # a, as if the host had it
+    with pytest.raises(ValueError, match="only the robot makes"):
+        compile_sequence(placed)
+    placed = partition.split(chain(), ["robot", "host", "host", "host", "robot"],
+                             written, viewed)
+    placed.robot_calls[:] = [4, 0]
+    with pytest.raises(ValueError, match="ascend"):
+        compile_sequence(placed)
+    placed.robot_calls[:] = [0, 4]
+    placed.outputs.append(4)
+    with pytest.raises(ValueError, match="made by the robot"):
+        compile_sequence(placed)
+
+
+class _Registry:
+    def __init__(self, scheduler, aliasing=None):
+        self.scheduler, self.aliasing = scheduler, aliasing
+
+    def get(self, family, name):
+        if family == "scheduler":
+            return type("R", (), {"factory": self.scheduler})
+        return type("R", (), {"aliasing": self.aliasing})
+
+
+class _Config:
+    scheduler = "test"
+    intercept = type("I", (), {"backend": "numbers"})
+
+
+def test_a_scheduler_that_fails_or_cuts_badly_costs_the_split_not_the_sequence():
+    class Broken:
+        def place(self, sequence, link=None):
+            raise RuntimeError("no")
+
+    class SplitsGroups:
+        def place(self, sequence, link=None):
+            return ["host", "robot", "host", "host", "host"]
+
+    for scheduler in (Broken, SplitsGroups):
+        s = Scheduling(_Registry(scheduler, lambda: (written, viewed)), _Config())
+        assert s.place(chain()) == chain() and s.refused == 1
+
+
+def test_a_scheduler_that_never_splits_loads_no_aliasing():
+    class Never:
+        splits = False
+
+        def place(self, sequence, link=None):
+            raise AssertionError("not asked")
+
+    def aliasing():
+        raise AssertionError("not loaded")
+
+    s = Scheduling(_Registry(Never, aliasing), _Config())
+    assert s.place(chain()) == chain()
+    s = Scheduling(_Registry(type("All", (), {"place": lambda self, v, link=None: [
+        "robot" if c.movable else "host" for c in v.calls]}), lambda: (written, viewed)),
+        _Config())
+    assert list(s.place(chain()).robot_calls) == [0, 1, 2, 3, 4] and s.placed == 1

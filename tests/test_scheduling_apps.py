@@ -1,0 +1,59 @@
+"""The ``scheduler`` key end to end: unmodified torch apps (tests/apps) under ``rrto-run``
+against real daemons whose only difference is the scheduler. What runs where changes (the shim
+counts the calls it ran on the robot), the outputs never do: every run equals local execution
+bit for bit, with values crossing the cut both ways, in-place writes, views and a recurrent
+state (``rrtod.partition``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from testkit.apps import DAEMON_ENV, HOST, same_as_local
+from testkit.daemons import TEST_DEFAULTS, Launcher
+
+RUNS = 5
+
+
+@pytest.fixture(scope="module")
+def daemons():
+    """One robot+gpu daemon per scheduler: the built-in ``remote-all`` (the default) and
+    ``robot-all``, and the test plugin's ``test-alternate`` (every other group of calls on the
+    robot: the most crossings a placement can have; testkit/echo_plugin)."""
+    with Launcher(extra_env=DAEMON_ENV) as launcher:
+        yield {name: launcher.start(f"rrtod-{name}", **{**TEST_DEFAULTS, **HOST,
+                                                          "scheduler": name})
+               for name in ("remote-all", "robot-all", "test-alternate")}
+
+
+def replayed(daemon: Any, name: str, tmp) -> dict:
+    daemon.ask("flush", all="1")
+    stats = same_as_local(name, daemon, "--runs", str(RUNS), tmp=tmp)
+    assert stats["replays"] >= RUNS - 2 and stats["mismatches"] == 0, stats
+    return stats
+
+
+def test_the_scheduler_key_changes_what_runs_where(daemons, tmp_path):
+    """small_cnn: every call on the host, every call on the robot, or some of each; the
+    robot daemon says how it placed the sequence."""
+    host = replayed(daemons["remote-all"], "small_cnn", tmp_path)
+    assert host["robot_ops"] == 0 and host["replayed_ops"] > 0, host
+    robot = replayed(daemons["robot-all"], "small_cnn", tmp_path)
+    assert robot["robot_ops"] == robot["replayed_ops"] > 0, robot
+    split = replayed(daemons["test-alternate"], "small_cnn", tmp_path)
+    assert 0 < split["robot_ops"] < split["replayed_ops"], split
+    # the robot ran everything: only the inputs' first uploads and the weights' query travel
+    assert robot["bytes_down"] < host["bytes_down"], (robot, host)
+    for name, placed in (("remote-all", 0), ("robot-all", 1), ("test-alternate", 1)):
+        scheduling = daemons[name].ask("status")["scheduling"]
+        assert scheduling["scheduler"] == name and scheduling["placed"] == placed, scheduling
+
+
+@pytest.mark.parametrize("name", ["gru", "transformer"])
+def test_a_split_inference_equals_local(daemons, name, tmp_path):
+    """The gru app (a recurrent state read across the cut, ``transpose_`` changing a value's
+    layout in place, views of a stacked output) and the transformer block (attention's
+    reshapes and softmax), cut as often as possible."""
+    stats = replayed(daemons["test-alternate"], name, tmp_path)
+    assert 0 < stats["robot_ops"] < stats["replayed_ops"], stats
