@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from bench.cpus import split
-from bench.harness import SYSTEMS, Plan, run
-from bench.link import LINKS
+from bench.harness import SCHEDULED, SYSTEMS, Plan, run
+from bench.link import ALL_LINKS, LINKS
 from bench.models import MODELS, QUICK_MODELS
 from bench.report import update_readme, write
 
@@ -42,8 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a few minutes on this machine")
     parser.add_argument("--models", type=lambda v: _csv(v, list(MODELS), "model"))
-    parser.add_argument("--links", type=lambda v: _csv(v, list(LINKS), "link"))
-    parser.add_argument("--systems", type=lambda v: _csv(v, SYSTEMS, "system"))
+    parser.add_argument("--links", type=lambda v: _csv(v, list(ALL_LINKS), "link"),
+                        help="default: " + ",".join(LINKS) + "; also a bandwidth sweep: "
+                             + ",".join(k for k in ALL_LINKS if k not in LINKS))
+    parser.add_argument("--systems", type=lambda v: _csv(v, [*SYSTEMS, *SCHEDULED], "system"),
+                        help="default: " + ",".join(SYSTEMS) + "; also rrto under another "
+                             "scheduler: " + ",".join(SCHEDULED))
     parser.add_argument("--iters", type=int, help="measured inferences per cell")
     parser.add_argument("--warmup", type=int, help="warm-up inferences per cell (record phase)")
     parser.add_argument("--budget-s", type=float, help="stop measuring a cell after this")
@@ -52,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split-cpus", action="store_true",
                         help="pin the robot side (apps, robot daemons) and the host side (GPU "
                              "daemon, NTO server) to disjoint halves of the CPUs (bench/cpus.py)")
+    parser.add_argument("--robot-cpu", type=float,
+                        help="run the robot side (apps, robot daemons) in a cgroup with this many "
+                             "CPUs' worth of time (e.g. 0.25; cgroup v1, root): a slower robot")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
     plan = Plan(
@@ -64,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         cell_timeout_s=120.0 if args.quick else 300.0,
         quick=args.quick,
         threads=args.threads,
+        robot_cpu=args.robot_cpu,
     )
     if args.split_cpus:
         try:
@@ -76,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
           f"systems {','.join(plan.systems)}; {plan.iters} iterations after {plan.warmup} warm-up")
     try:
         doc = run(plan)
+    except OSError as exc:
+        parser.error(f"--robot-cpu: cannot make the robot's cgroup: {exc}")
     except KeyboardInterrupt:
         print("bench: interrupted; child processes stopped, nothing written", file=sys.stderr)
         return 130

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from bench import stats
-from bench.cpus import Split, pinned
+from bench.cpus import Split, pinned, robot_group
 from bench.energy import RobotMeter
-from bench.link import LINKS, LinkProcess, LinkSpec, MeasureServer, measure
+from bench.link import ALL_LINKS, LinkProcess, LinkSpec, MeasureServer, measure
 from rrtod.config import PowerConfig
 from rrtod.grpc_options import CHANNEL_OPTIONS, POLLING_EXPERIMENTS, SERVER_OPTIONS
 from testkit.apps import shim_stats
@@ -38,7 +38,10 @@ REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "bench" / "app.py"
 BIN = Path(sys.executable).parent
 SYSTEMS = ("local", "per-op", "nto", "rrto")
-DAEMON_SYSTEMS = ("per-op", "rrto")
+# rrto under another scheduler than the default remote-all (``rrto:<scheduler>``, its robot
+# daemon's ``scheduler:``; docs/scheduling.md): not part of the default run.
+SCHEDULED = ("rrto:robot-all", "rrto:min-cut")
+DAEMON_SYSTEMS = ("per-op", "rrto", *SCHEDULED)
 # Mode overrides the shim reads from the environment (see plugins/torch and rrtod/shim).
 # RRTO_FALLBACK=error: a shim that cannot reach its daemon must fail the cell, not quietly run
 # the model locally and report local numbers as offloaded ones. RRTO_STATS=1 asks the shim for
@@ -46,6 +49,12 @@ DAEMON_SYSTEMS = ("per-op", "rrto")
 _SHIM_ENV = {"RRTO_FALLBACK": "error", "RRTO_STATS": "1"}
 MODE_ENV = {"per-op": {"RRTO_MODE": "sync", "RRTO_REPLAY": "0", **_SHIM_ENV},
             "rrto": {"RRTO_MODE": "stream", "RRTO_REPLAY": "1", **_SHIM_ENV}}
+MODE_ENV.update({s: MODE_ENV["rrto"] for s in SCHEDULED})
+
+
+def scheduler_of(system: str) -> str:
+    """The robot daemon's ``scheduler:`` for a daemon system."""
+    return system.split(":", 1)[1] if system.startswith("rrto:") else "remote-all"
 
 
 # Set for every process of a run (apps, NTO server and client, daemons, link proxy) unless the
@@ -73,6 +82,10 @@ class Plan:
     quick: bool = False
     threads: int | None = None  # OMP_NUM_THREADS for every process (None: torch's default)
     cpus: Split | None = None  # robot side and host side pinned apart (bench/cpus.py)
+    # The robot side (apps, robot daemons) in a cgroup with this many CPUs' worth of time
+    # (``--robot-cpu``; bench/cpus.py): a robot slower than its host
+    robot_cpu: float | None = None
+    robot_cgroup: str | None = None  # that cgroup (set by ``run``)
     out_dir: Path = field(default_factory=lambda: REPO / "bench" / "results")
 
     def to_dict(self) -> dict[str, Any]:
@@ -110,7 +123,7 @@ class LinkEnv:
     """Everything one link needs, started in order and torn down in reverse (also on errors)."""
 
     def __init__(self, spec: LinkSpec, systems: list[str], stack: contextlib.ExitStack,
-                 cpus: Split | None = None):
+                 cpus: Split | None = None, robot_cgroup: str | None = None):
         self.spec = spec
         robot_cpus, host_cpus = (cpus.robot, cpus.host) if cpus else (None, None)
         self.robots: dict[str, Any] = {}  # system -> its robot daemon
@@ -161,8 +174,9 @@ class LinkEnv:
         # daemon and link: sequences that a per-op session recorded must not be restored into an
         # rrto session (the result would depend on the order of the cells).
         starting = {system: self.launcher.start(
-                        f"robot-{system}", roles=["robot"], wait=False,
-                        prefix=pinned([], robot_cpus),
+                        f"robot-{system.replace(':', '-')}", roles=["robot"], wait=False,
+                        prefix=pinned([], robot_cpus, robot_cgroup),
+                        scheduler=scheduler_of(system),
                         hosts=[{"name": "gpu", "address": self.addresses["gpu"]}])
                     for system in DAEMON_SYSTEMS if system in systems and self.gpu is not None}
         for system, robot in starting.items():
@@ -280,7 +294,7 @@ def run_app(cmd: list[str], env: dict[str, str], timeout: float,
 def _command(env: LinkEnv | None, model: str, system: str, plan: Plan) -> tuple[list[str], dict[str, str]]:
     """The process one cell runs (on the robot side's CPUs), and the environment it adds."""
     cmd, extra = _unpinned_command(env, model, system, plan)
-    return pinned(cmd, plan.cpus.robot if plan.cpus else None), extra
+    return pinned(cmd, plan.cpus.robot if plan.cpus else None, plan.robot_cgroup), extra
 
 
 def _unpinned_command(env: LinkEnv | None, model: str, system: str,
@@ -545,7 +559,7 @@ def finish_cells(cells: list[dict[str, Any]], links: dict[str, Any]) -> list[dic
         pi = c.get("per_inference", {})
         up = pi.get("link_bytes_up", pi.get("bytes_up", 0.0))
         down = pi.get("link_bytes_down", pi.get("bytes_down", 0.0))
-        up_rate, down_rate = window_rates(c, LINKS[c["link"]])
+        up_rate, down_rate = window_rates(c, ALL_LINKS[c["link"]])
         c["limit_ms"] = stats.physical_limit_ms(m["rtt_ms"], up_rate, down_rate, up, down, compute)
         c["limit_rates_mbps"] = [up_rate, down_rate]
         # A bound the cell beat is no bound: shown flagged, never silently.
@@ -567,14 +581,24 @@ def finish_cells(cells: list[dict[str, Any]], links: dict[str, Any]) -> list[dic
             # Time over all operators includes host waits and the record phase: an upper bound
             # shown in the table, not a figure the target can be judged on.
             judged = None if basis == "ops" else shim_us
-            comp = stats.comparisons(medians, LINKS[link].emulated, judged)
+            comp = stats.comparisons(medians, ALL_LINKS[link].emulated, judged)
             comps.append({"link": link, "model": model, "medians_ms": medians,
                           "shim_us_per_op": shim_us, "shim_us_per_op_basis": basis, **comp})
     return comps
 
 
 def run(plan: Plan, log: Any = print) -> dict[str, Any]:
-    """The whole benchmark; returns the results document (also what gets written as JSON)."""
+    """The whole benchmark; returns the results document (also what gets written as JSON).
+    With ``plan.robot_cpu`` the robot side runs in a CPU-quota cgroup made for the run
+    (``bench.cpus.robot_group``: OSError without the cgroup v1 cpu controller or root)."""
+    if plan.robot_cpu is None:
+        return _run(plan, log)
+    with robot_group(plan.robot_cpu) as group:
+        plan.robot_cgroup = group
+        return _run(plan, log)
+
+
+def _run(plan: Plan, log: Any) -> dict[str, Any]:
     started = time.time()
     for key, value in PROCESS_ENV.items():
         os.environ.setdefault(key, value)
@@ -590,14 +614,14 @@ def run(plan: Plan, log: Any = print) -> dict[str, Any]:
             cells.append(cell)
     remote = [s for s in plan.systems if s != "local"]
     for link_name in plan.links:
-        spec = LINKS[link_name]
+        spec = ALL_LINKS[link_name]
         info: dict[str, Any] = {"spec": asdict(spec)}
         links[link_name] = info
         if not remote:
             continue
         with contextlib.ExitStack() as stack:
             try:
-                env = LinkEnv(spec, remote, stack, plan.cpus)
+                env = LinkEnv(spec, remote, stack, plan.cpus, plan.robot_cgroup)
             except Exception as e:  # noqa: BLE001
                 info["error"] = f"{type(e).__name__}: {e}"
                 log(f"[{link_name}] could not set up: {info['error']}")

@@ -67,6 +67,11 @@ LINKS: dict[str, LinkSpec] = {
     "indoor": LinkSpec("indoor", rtt_ms=2.6, trace="indoor.csv"),
     "outdoor": LinkSpec("outdoor", rtt_ms=2.6, trace="outdoor.csv"),
 }
+# A bandwidth sweep at the Wi-Fi link's RTT (``--links rate-10,rate-50,...``), for schedulers:
+# where the best placement moves between the robot and the host. Not part of the default run.
+SWEEP: dict[str, LinkSpec] = {f"rate-{r}": LinkSpec(f"rate-{r}", rtt_ms=2.6, mbps=float(r))
+                              for r in (10, 20, 50, 100, 200, 500)}
+ALL_LINKS: dict[str, LinkSpec] = {**LINKS, **SWEEP}
 
 
 class Trace:

@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bench.link import LINKS
+from bench.link import ALL_LINKS
 
 
 def _f(x: float | None, digits: int = 3) -> str:
@@ -105,7 +105,7 @@ def markdown(doc: dict[str, Any], json_name: str | None = None) -> str:
             "| link | RTT target | RTT measured | rate target (Mbit/s) | up measured | down measured | "
             "cells refused |", "|---|---|---|---|---|---|---|"]
     for name, info in doc["links"].items():
-        spec = LINKS[name]
+        spec = ALL_LINKS[name]
         ms = info.get("measured_at_start") or {}
         refused = sum(1 for c in doc["cells"] if c["link"] == name and c["status"] == "refused")
         rate = (_f(spec.mbps) if spec.mbps else
@@ -169,6 +169,7 @@ def markdown(doc: dict[str, Any], json_name: str | None = None) -> str:
                    f"{bound}{_f(comp.get('shim_us_per_op'))} | {met} |")
     out += ["", "Shim µs/op: the shim's own time per replayed operator; \"≤\" marks time over all operators "
             "with host waits included (an upper bound the target is not judged on).", ""]
+    out += scheduling(doc)
     bad = [c for c in doc["cells"] if c["status"] != "ok"]
     if bad:
         out += ["", "## Cells not reported", "", "| link | model | system | status | reason |",
@@ -177,6 +178,51 @@ def markdown(doc: dict[str, Any], json_name: str | None = None) -> str:
             reason = (c.get("error") or "").splitlines()[0][:160].replace("|", "/")
             out.append(f"| {c['link']} | {c['model']} | {c['system']} | {c['status']} | {reason} |")
     return "\n".join(out) + "\n"
+
+
+PLACED = ("local", "nto", "rrto", "rrto:robot-all", "rrto:min-cut")
+
+
+def _medians(doc: dict[str, Any]) -> dict[tuple[str | None, str, str], float]:
+    """(link, model, system) -> median latency of each reported cell; local under every link."""
+    out: dict[tuple[str | None, str, str], float] = {}
+    for c in doc["cells"]:
+        if c["status"] == "ok":
+            for link in (doc["links"] if c["system"] == "local" else [c["link"]]):
+                out[(link, c["model"], c["system"])] = c["latency"]["median"]
+    return out
+
+
+def scheduling(doc: dict[str, Any]) -> list[str]:
+    """Where the calls ran (docs/scheduling.md): rrto under each scheduler beside local and
+    nto, per link and model; the robot's slowdown as measured in the same run (local's median
+    over the NTO server's own compute of the model, on the host side)."""
+    if not any(c["system"].startswith("rrto:") for c in doc["cells"]):
+        return []
+    med = _medians(doc)
+    host = {(c["link"], c["model"]): c.get("host_compute_ms") for c in doc["cells"]
+            if c["system"] == "nto" and c["status"] == "ok"}
+    out = ["", "## Scheduling: which calls run on the robot (median ms)", "",
+           "| link | model | robot slowdown | " + " | ".join(PLACED)
+           + " | best of local, rrto | min-cut / best |",
+           "|---|---|---|" + "---|" * len(PLACED) + "---|---|"]
+    for link in doc["links"]:
+        for model in dict.fromkeys(c["model"] for c in doc["cells"]):
+            row = [med.get((link, model, s)) for s in PLACED]
+            if all(v is None for v in row[1:]):
+                continue
+            local, compute = med.get((link, model, "local")), host.get((link, model))
+            slow = local / compute if local and compute else None
+            best = min((v for v in (row[0], row[2]) if v is not None), default=None)
+            cut = row[4]
+            out.append(f"| {link} | {model} | {_f(slow)} | " + " | ".join(_f(v) for v in row)
+                       + f" | {_f(best)} | {_f(cut / best if cut and best else None)} |")
+    out += ["", "rrto is the default scheduler (remote-all); rrto:robot-all runs every call that "
+            "may run on the robot there; rrto:min-cut measures the calls on both sides in its "
+            "first replays, then runs at the minimum-latency cut for the measured link (its "
+            "warm-up must cover those replays: a dozen inferences). Robot slowdown: local's "
+            "median over the NTO server's compute of the same model in the same run.", ""]
+    return out
 
 
 def plot(doc: dict[str, Any], path: Path) -> Path | None:
@@ -298,4 +344,43 @@ def write(doc: dict[str, Any], out_dir: Path, stamp: str) -> dict[str, Path]:
     png = plot(doc, out_dir / "latest.png")
     if png:
         paths["png"] = png
+    sweep = plot_sweep(doc, out_dir / "scheduling.png")
+    if sweep:
+        paths["sweep png"] = sweep
     return paths
+
+
+def plot_sweep(doc: dict[str, Any], path: Path) -> Path | None:
+    """Latency against the link's rate per system, one panel per model: the fixed-rate links
+    of a run (a bandwidth sweep, ``--links rate-10,...``), when it has two or more."""
+    rates = {name: ALL_LINKS[name].mbps for name in doc["links"]
+             if ALL_LINKS[name].mbps and not ALL_LINKS[name].trace}
+    if len(rates) < 2 or not any(c["system"].startswith("rrto:") for c in doc["cells"]):
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    med = _medians(doc)
+    models = list(dict.fromkeys(c["model"] for c in doc["cells"]))
+    fig, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models), 4), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=False):
+        for system in PLACED:
+            pts = sorted((rate, med[(link, model, system)]) for link, rate in rates.items()
+                         if (link, model, system) in med)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=system,
+                        linestyle="--" if system == "local" else "-")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("link rate (Mbit/s), RTT 2.6 ms")
+        ax.set_title(model)
+    axes[0][0].set_ylabel("median latency per inference (ms)")
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -137,6 +137,9 @@ class ReplayExtension(Protocol):
         """Those of ``ids`` that are not live in this session (released, or never made)."""
         ...
 
+    # Optional: ``synchronize()`` waits until the device has run what was queued on it, so
+    # that a profiled replay (``rrtod.gpu.replay.PROFILED``) times each call's work, not its
+    # launch; without it a call's time is the time until its call returned.
     # Optional: ``release(ids)`` frees live tensors as a ``Release`` frame of ``ids`` would,
     # without one (a replay frees each value after its last use: a frame each cost as much as
     # a small operator). Without it the replayer sends the executor ``Release`` frames.

@@ -1,8 +1,9 @@
 """Split a replayed sequence between the robot and the GPU host (a scheduler's placement).
 
 A scheduler (``rrtod.hookspecs.Scheduler``) says, per call of a verified sequence, where it
-runs. ``view`` describes the sequence as schedulers see it; ``split`` turns a placement into
-the definition both ends replay (``SequenceDef.robot_calls``):
+runs. ``view`` describes the sequence as schedulers see it; ``split`` checks a placement,
+``with_plan`` adds it to the definition as a plan (``SequenceDef.plans``: a replay names the
+one it runs), and ``rewrite`` is what both ends replay for a plan:
 
 - the host skips the robot's calls; a host call that reads a value the robot makes reads it as
   an INPUT, which the shim uploads when the app reaches that call;
@@ -54,12 +55,17 @@ class CallView:
 
 @dataclass(frozen=True)
 class SequenceView:
-    """A verified sequence as a scheduler places it: ``calls`` in the app's order, and the
-    calls whose values the app downloads (``downloads``: they end on the robot)."""
+    """A verified sequence as a scheduler places it: ``calls`` in the app's order, the calls
+    whose values the app downloads (``downloads``: they end on the robot), and what its calls
+    took where, once measured."""
 
     id: int
     calls: tuple[CallView, ...]
     downloads: tuple[int, ...]
+    # Per call, its time on the host and on the robot in ns, as the replays measured them so
+    # far (``SequenceProfile``); None where not measured yet, empty before any profile.
+    host_ns: tuple[float | None, ...] = ()
+    robot_ns: tuple[float | None, ...] = ()
 
 
 def why_not_split(d: ops_pb2.SequenceDef) -> str | None:
@@ -226,17 +232,16 @@ def view(d: ops_pb2.SequenceDef, written: Written, viewed: Viewed) -> SequenceVi
 
 
 def split(d: ops_pb2.SequenceDef, placement: list[str], written: Written,
-          viewed: Viewed) -> ops_pb2.SequenceDef:
-    """The definition both ends replay for ``placement`` (per call, ``ROBOT`` or ``HOST``);
-    ``d`` itself when every call is on the host. ValueError if the placement could change a
-    result (a group split across sides, a call that must stay home placed on the robot) or
-    ``d`` cannot be split at all."""
+          viewed: Viewed) -> frozenset[int]:
+    """The calls ``placement`` (per call, ``ROBOT`` or ``HOST``) puts on the robot, checked.
+    ValueError if the placement could change a result (a group split across sides, a call
+    that must stay home placed on the robot) or ``d`` cannot be split at all."""
     if len(placement) != len(d.calls) or any(p not in (ROBOT, HOST) for p in placement):
         raise ValueError(f"a placement names {ROBOT!r} or {HOST!r} for each of the "
                          f"{len(d.calls)} calls")
-    robot = [k for k, p in enumerate(placement) if p == ROBOT]
+    robot = frozenset(k for k, p in enumerate(placement) if p == ROBOT)
     if not robot:
-        return d
+        return robot
     why = why_not_split(d)
     if why is not None:
         raise ValueError(f"sequence {d.id} runs on the host whole: {why}")
@@ -249,10 +254,55 @@ def split(d: ops_pb2.SequenceDef, placement: list[str], written: Written,
         if side.setdefault(g, p) != p:
             raise ValueError(f"call {k} ({d.calls[k].op}) is placed apart from the values it "
                              "shares storage with")
-    on_robot = set(robot)
+    return robot
+
+
+def with_plan(d: ops_pb2.SequenceDef, robot: frozenset[int]) -> ops_pb2.SequenceDef:
+    """``d`` with the plan that puts ``robot`` on the robot as its current one: an existing
+    plan with those calls, else a new one appended (plans are only ever appended)."""
     out = ops_pb2.SequenceDef()
     out.CopyFrom(d)
-    out.robot_calls[:] = robot
+    if not robot:
+        out.plan = 0
+        return out
+    calls = sorted(robot)
+    for k, plan in enumerate(out.plans):
+        if list(plan.robot_calls) == calls:
+            out.plan = k + 1
+            return out
+    out.plans.add().robot_calls[:] = calls
+    out.plan = len(out.plans)
+    return out
+
+
+def plan_calls(d: ops_pb2.SequenceDef, plan: int) -> frozenset[int]:
+    """The calls plan ``plan`` of ``d`` runs on the robot (0: none). ValueError if there is no
+    such plan, its calls do not ascend or name no call of ``d``, or ``d`` cannot be split."""
+    if plan == 0:
+        return frozenset()
+    if plan > len(d.plans):
+        raise ValueError(f"sequence {d.id} has no plan {plan}")
+    calls = list(d.plans[plan - 1].robot_calls)
+    if calls != sorted(set(calls)) or (calls and calls[-1] >= len(d.calls)):
+        raise ValueError(f"sequence {d.id}: plan {plan}'s calls must ascend and name its calls")
+    why = why_not_split(d)
+    if calls and why is not None:
+        raise ValueError(f"sequence {d.id} cannot be split: {why}")
+    return frozenset(calls)
+
+
+def rewrite(d: ops_pb2.SequenceDef, robot: frozenset[int]) -> ops_pb2.SequenceDef:
+    """``d`` as both ends replay it with ``robot`` on the robot (its plans cleared): a host
+    call that reads a value the robot makes reads it as an INPUT (an upload with the value's
+    metadata), each host value a robot call reads is an output, and values the robot makes
+    are outputs no more. Pure: the same on both ends, from the definition alone."""
+    out = ops_pb2.SequenceDef()
+    out.CopyFrom(d)
+    del out.plans[:]
+    out.plan = 0
+    if not robot:
+        return out
+    f = _facts(d, _writes_nothing, _views_nothing)
     pulled: set[int] = set()  # host values robot calls read
     slot = 0
     for k, call in enumerate(out.calls):
@@ -260,29 +310,29 @@ def split(d: ops_pb2.SequenceDef, placement: list[str], written: Written,
             src = out.sources[slot]
             if src.kind == SRC.PRODUCED and src.id in f.local:
                 i = f.local[src.id]
-                made_on_robot = f.maker.get(i) in on_robot
-                if k in on_robot and not made_on_robot:
+                made_on_robot = f.maker.get(i) in robot
+                if k in robot and not made_on_robot:
                     pulled.add(i)
-                elif k not in on_robot and made_on_robot:
+                elif k not in robot and made_on_robot:
                     # the robot's value, uploaded by the shim when the app reaches this call
                     src.Clear()
                     src.kind = SRC.INPUT
                     ref.Clear()
                     ref.upload.meta.CopyFrom(f.meta[i])
             slot += 1
-    outputs = [o for o in d.outputs if f.maker.get(f.local.get(o, -1)) not in on_robot]
+    outputs = [o for o in d.outputs if f.maker.get(f.local.get(o, -1)) not in robot]
     known = set(outputs)
     outputs += [d.local_ids[i] for i in sorted(pulled) if d.local_ids[i] not in known]
     out.outputs[:] = outputs
     return out
 
 
-def robot_calls(d: ops_pb2.SequenceDef) -> frozenset[int]:
-    """The calls of ``d`` the robot runs (checked: ascending, each a call of ``d``)."""
-    calls = list(d.robot_calls)
-    if calls != sorted(set(calls)) or (calls and calls[-1] >= len(d.calls)):
-        raise ValueError(f"sequence {d.id}: robot_calls must ascend and name its calls")
-    return frozenset(calls)
+def _writes_nothing(call: ops_pb2.OpCall) -> list[int]:
+    return []
+
+
+def _views_nothing(call: ops_pb2.OpCall) -> list[int]:
+    return [0] * len(call.out_ids)
 
 
 def placed(view_: SequenceView, robot: Iterable[int]) -> list[str]:

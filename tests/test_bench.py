@@ -335,3 +335,43 @@ def test_split_cpus_gives_each_side_its_own_cpus_and_the_launcher_pins_what_it_r
 
     assert "pinned to CPU 0" in _cpus_line(plan.to_dict(), {"cpu_count": 2})
     assert "same 2-CPU machine" in _cpus_line({"cpus": None}, {"cpu_count": 2})
+
+
+def test_the_robot_side_joins_its_cgroup_before_it_runs_anything(tmp_path: Path) -> None:
+    """``--robot-cpu``: the launcher writes its own PID into the group's ``cgroup.procs`` and
+    then becomes the command (same PID), so the command is throttled from its start. (A
+    plain directory stands in for the cgroup here: making a real one needs root.)"""
+    from bench.cpus import pinned
+    from bench.harness import Plan, _command, scheduler_of
+
+    group = tmp_path / "robot"
+    group.mkdir()
+    out = subprocess.run(pinned([sys.executable, "-c", "import os; print(os.getpid())"], None,
+                                str(group)), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert (group / "cgroup.procs").read_text() == out.stdout.strip()
+    plan = Plan(models=["mlp"], links=[], systems=["local"], robot_cgroup=str(group))
+    cmd, _ = _command(None, "mlp", "local", plan)
+    assert cmd[1:6] == [str(REPO / "bench" / "cpus.py"), "all", "--cgroup", str(group), "--"]
+    assert [scheduler_of(s) for s in ("rrto", "rrto:min-cut", "per-op")] == [
+        "remote-all", "min-cut", "remote-all"]
+
+
+def test_the_scheduling_table_compares_each_placement_with_the_best_fixed_one() -> None:
+    from bench.report import scheduling
+
+    def cell(system: str, link: str | None, median: float, **extra: float) -> dict:
+        return {"system": system, "link": link, "model": "resnet", "status": "ok",
+                "latency": {"median": median}, **extra}
+
+    doc = {"links": {"rate-10": {}, "rate-500": {}}, "cells": [
+        cell("local", None, 400.0),
+        cell("nto", "rate-10", 150.0, host_compute_ms=100.0), cell("rrto", "rate-10", 600.0),
+        cell("rrto:min-cut", "rate-10", 360.0), cell("nto", "rate-500", 110.0,
+                                                     host_compute_ms=100.0),
+        cell("rrto", "rate-500", 120.0), cell("rrto:min-cut", "rate-500", 126.0)]}
+    table = "\n".join(scheduling(doc))
+    # slowdown 400 / 100; best of local (400) and rrto (600) at 10 Mbit/s: local; 360 / 400
+    assert "| rate-10 | resnet | 4 | 400 | 150 | 600 | – | 360 | 400 | 0.9 |" in table
+    assert "| rate-500 | resnet | 4 | 400 | 110 | 120 | – | 126 | 120 | 1.05 |" in table
+    assert scheduling({"links": {}, "cells": [cell("rrto", "x", 1.0)]}) == []

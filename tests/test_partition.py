@@ -117,18 +117,38 @@ def test_a_view_with_an_offset_does_not_cross_the_cut():
     assert groups[1] == groups[2] == groups[3]  # b is read by call 3: with it
 
 
-def test_split_rewrites_what_crosses_the_cut():
+ROBOT_ENDS = ["robot", "host", "host", "host", "robot"]
+
+
+def placed_chain() -> ops_pb2.SequenceDef:
+    return partition.with_plan(chain(), partition.split(chain(), ROBOT_ENDS, written, viewed))
+
+
+def test_a_placement_is_a_plan_of_the_definition_and_plans_are_only_appended():
+    d = placed_chain()
+    assert [list(p.robot_calls) for p in d.plans] == [[0, 4]] and d.plan == 1
+    assert partition.plan_calls(d, 1) == {0, 4} and partition.plan_calls(d, 0) == set()
+    again = partition.with_plan(d, frozenset({0, 4}))
+    assert again == d  # the same placement: the same plan
+    other = partition.with_plan(d, frozenset({0}))
+    assert [list(p.robot_calls) for p in other.plans] == [[0, 4], [0]] and other.plan == 2
+    home = partition.with_plan(other, frozenset())
+    assert len(home.plans) == 2 and home.plan == 0
+    assert partition.split(chain(), ["host"] * 5, written, viewed) == frozenset()
+    with pytest.raises(ValueError, match="no plan 3"):
+        partition.plan_calls(other, 3)
+
+
+def test_rewrite_is_what_crosses_the_cut():
     """Robot: a = x + w and d = c * c; host: b, relu_(b), c. The host reads a as an input,
     the robot reads c as a pushed output; d, made on the robot, is no longer an output."""
-    placed = partition.split(chain(), ["robot", "host", "host", "host", "robot"],
-                             written, viewed)
-    assert list(placed.robot_calls) == [0, 4]
-    assert placed.sources[2].kind == SRC.INPUT and placed.sources[3].kind == SRC.INPUT
-    first = placed.calls[1].args[0].tensor
+    rewritten = partition.rewrite(placed_chain(), frozenset({0, 4}))
+    assert not rewritten.plans and rewritten.plan == 0
+    assert rewritten.sources[2].kind == SRC.INPUT and rewritten.sources[3].kind == SRC.INPUT
+    first = rewritten.calls[1].args[0].tensor
     assert first.WhichOneof("ref") == "upload" and first.upload.meta == META
-    assert list(placed.outputs) == [3]
+    assert list(rewritten.outputs) == [3]
     assert list(chain().outputs) == [4]  # the definition itself is untouched
-    assert partition.split(chain(), ["host"] * 5, written, viewed) == chain()
 
 
 def test_dynamic_sequences_are_never_split():
@@ -141,9 +161,9 @@ def test_dynamic_sequences_are_never_split():
 
 def test_the_host_skips_robot_calls_and_takes_their_values_as_inputs():
     """The robot computed a = 3 (x = 1, w = 2): the host gets it as call 1's input, runs b, c
-    and pushes c; it never runs the robot's calls."""
-    placed = partition.split(chain(), ["robot", "host", "host", "host", "robot"],
-                             written, viewed)
+    and pushes c; it never runs the robot's calls. The same sequence defined again with
+    another plan keeps the weight the app bound; a start may name either plan."""
+    placed = placed_chain()
     ex = NumberExecutor()
     ex.store[50] = 2.0
     ex.handle = _with_relu(ex.handle)
@@ -152,7 +172,7 @@ def test_the_host_skips_robot_calls_and_takes_their_values_as_inputs():
     r.process(ops_pb2.SessionUp(define=placed), out.append)
     assert out[0].defined.accepted, out[0].defined.reason
     base = 1 << 20
-    frames = [ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=3, base_id=base)),
+    frames = [ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=3, base_id=base, plan=1)),
               ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=6, tensor=ref(50))),
               *(ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=s, tensor=ops_pb2.TensorRef(
                   upload=num(3.0)))) for s in (2, 3))]
@@ -162,6 +182,23 @@ def test_the_host_skips_robot_calls_and_takes_their_values_as_inputs():
     pushed = [(d.fetched.id, struct.unpack("<d", d.fetched.tensor.data)[0]) for d in out]
     assert pushed == [(base + 2, 9.0 + 2.0)]  # c = relu(3 * 3) + 2
     assert ex.calls == ["mul", "add_", "add"]  # (relu_ runs as add_ of 0 here)
+    profile = [d.profile for d in out if d.WhichOneof("msg") == "profile"]
+    assert not profile  # (after ``PROFILED`` replays of a plan)
+    again = partition.with_plan(placed, frozenset({0}))  # now only a = x + w on the robot
+    out.clear()
+    r.process(ops_pb2.SessionUp(define=again), out.append)
+    assert out[0].defined.accepted, out[0].defined.reason
+    out.clear()
+    for f in [ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=3, base_id=2 * base, plan=2)),
+              *frames[2:]]:  # no rebind of the weight: it is still bound
+        r.process(f, out.append)
+    pushed = [(d.fetched.id, struct.unpack("<d", d.fetched.tensor.data)[0]) for d in out
+              if d.WhichOneof("msg") == "fetched"]
+    assert pushed == [(2 * base + 3, 11.0 * 11.0)]  # d = c * c, on the host now
+    out.clear()
+    r.process(ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=3, base_id=3 * base,
+                                                          plan=3)), out.append)
+    assert out[0].error.code == "BAD_START"
 
 
 def _with_relu(handle):
@@ -176,20 +213,20 @@ def _with_relu(handle):
 
 
 def test_the_host_refuses_a_split_that_reads_what_only_the_robot_has():
-    placed = partition.split(chain(), ["robot", "host", "host", "host", "robot"],
-                             written, viewed)
-    placed.sources[2].CopyFrom(SRC(kind=SRC.PRODUCED, id=1))  # a, as if the host had it
+    robot = frozenset({0, 4})
+    rewritten = partition.rewrite(chain(), robot)
+    rewritten.sources[2].CopyFrom(SRC(kind=SRC.PRODUCED, id=1))  # a, as if the host had it
     with pytest.raises(ValueError, match="only the robot makes"):
-        compile_sequence(placed)
-    placed = partition.split(chain(), ["robot", "host", "host", "host", "robot"],
-                             written, viewed)
-    placed.robot_calls[:] = [4, 0]
-    with pytest.raises(ValueError, match="ascend"):
-        compile_sequence(placed)
-    placed.robot_calls[:] = [0, 4]
-    placed.outputs.append(4)
+        compile_sequence(rewritten, robot=robot)
+    rewritten = partition.rewrite(chain(), robot)
+    rewritten.outputs.append(4)
     with pytest.raises(ValueError, match="made by the robot"):
-        compile_sequence(placed)
+        compile_sequence(rewritten, robot=robot)
+    bad = placed_chain()
+    bad.plans[0].robot_calls[:] = [4, 0]
+    r, out = HostReplayer(NumberExecutor()), []
+    r.process(ops_pb2.SessionUp(define=bad), out.append)
+    assert not out[0].defined.accepted and "ascend" in out[0].defined.reason
 
 
 class _Registry:
@@ -218,7 +255,7 @@ def test_a_scheduler_that_fails_or_cuts_badly_costs_the_split_not_the_sequence()
 
     for scheduler in (Broken, SplitsGroups):
         s = Scheduling(_Registry(scheduler, lambda: (written, viewed)), _Config())
-        assert s.place(chain()) == chain() and s.refused == 1
+        assert s.session().place(chain()) == chain() and s.refused == 1
 
 
 def test_a_scheduler_that_never_splits_loads_no_aliasing():
@@ -232,8 +269,63 @@ def test_a_scheduler_that_never_splits_loads_no_aliasing():
         raise AssertionError("not loaded")
 
     s = Scheduling(_Registry(Never, aliasing), _Config())
-    assert s.place(chain()) == chain()
-    s = Scheduling(_Registry(type("All", (), {"place": lambda self, v, link=None: [
-        "robot" if c.movable else "host" for c in v.calls]}), lambda: (written, viewed)),
-        _Config())
-    assert list(s.place(chain()).robot_calls) == [0, 1, 2, 3, 4] and s.placed == 1
+    assert s.session().place(chain()) == chain()
+
+
+def test_profiles_reach_the_scheduler_and_a_changed_placement_is_a_new_plan():
+    """The scheduler sees the times measured so far: none at first (every call on the host),
+    the host's after its profile (every call on the robot, to measure them there), both after
+    the robot's (the robot's ends only). Each change is a new plan of the same sequence."""
+    seen = []
+
+    class Measuring:
+        def place(self, v, link=None):
+            seen.append((v.host_ns, v.robot_ns, link.mbit_s))
+            if not v.host_ns or None in v.host_ns:
+                return ["host"] * 5
+            if None in v.robot_ns:
+                return ["robot"] * 5
+            return ROBOT_ENDS
+
+    s = Scheduling(_Registry(Measuring, lambda: (written, viewed)), _Config())
+    placer = s.session()
+    d = placer.place(chain())
+    assert d.plan == 0 and not d.plans and seen == [((None,) * 5, (None,) * 5, None)]
+    host = ops_pb2.SequenceProfile(sequence=3, plan=0, call_ns=[10, 20, 30, 40, 50])
+    d = placer.profiled(host, robot_side=False, mbit_s=100.0)
+    assert d is not None and d.plan == 1 and list(d.plans[0].robot_calls) == [0, 1, 2, 3, 4]
+    assert seen[-1] == ((10.0, 20.0, 30.0, 40.0, 50.0), (None,) * 5, 100.0)
+    robot = ops_pb2.SequenceProfile(sequence=3, plan=1, call_ns=[1, 2, 3, 4, 5])
+    d = placer.profiled(robot, robot_side=True)
+    assert d is not None and d.plan == 2 and list(d.plans[1].robot_calls) == [0, 4]
+    assert seen[-1][1] == (1.0, 2.0, 3.0, 4.0, 5.0)
+    assert placer.profiled(robot, robot_side=True) is None  # nothing changed
+    assert s.replaced == 2
+    assert placer.place(chain()) == d  # the same sequence offered again: as placed
+
+
+def test_the_host_times_the_calls_it_runs_in_a_plans_first_replays():
+    """A definition the scheduler places by measured times (``profile``): after ``PROFILED``
+    replays of a plan the host reports per call what it took, 0 for the robot's calls."""
+    from rrtod.gpu.replay import PROFILED
+
+    placed = placed_chain()
+    placed.profile = True
+    ex = NumberExecutor()
+    ex.store[50] = 2.0
+    ex.handle = _with_relu(ex.handle)
+    r, out = HostReplayer(ex), []
+    r.process(ops_pb2.SessionUp(define=placed), out.append)
+    for n in range(1, PROFILED + 1):
+        for f in [ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=3, base_id=n << 20,
+                                                              plan=1)),
+                  ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=6, tensor=ref(50))),
+                  *(ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=s, tensor=ops_pb2.TensorRef(
+                      upload=num(3.0)))) for s in (2, 3))]:
+            r.process(f, out.append)
+    r.process(ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=3, base_id=9 << 20)),
+              out.append)  # the last replay ends when the next one starts
+    (profile,) = [d.profile for d in out if d.WhichOneof("msg") == "profile"]
+    assert profile.sequence == 3 and profile.plan == 1 and profile.replays == PROFILED
+    assert profile.call_ns[0] == profile.call_ns[4] == 0  # the robot's
+    assert all(ns > 0 for ns in profile.call_ns[1:4])

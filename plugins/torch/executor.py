@@ -362,6 +362,11 @@ class TorchExecutor:
         """Ids no live tensor has: a sequence reading one as its constant can never match."""
         return [i for i in ids if self.store.get(i) is None]
 
+    def synchronize(self) -> None:
+        """Wait for the device's queued work (a profiled replay times each call so)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def shape(self, tid: int) -> tuple[int, ...] | None:
         """The live tensor's sizes (a replayed call's symbolic integers), None if not live."""
         t = self.store.get(tid)

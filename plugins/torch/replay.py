@@ -77,6 +77,7 @@ RELEASE_EARLY_AT = 32  # released values worth a frame of their own while waitin
 # The longest an inference start waits for a search (``SearchHint``): the robot's
 # ``record.search_wait`` bounds it (at most this); a guard against a robot's wrong value.
 SEARCH_WAIT_MAX_S = 10.0
+PROFILED = 3  # inferences of each plan whose robot steps are timed (``SequenceProfile``)
 
 
 class _Unreplayable(Exception):
@@ -181,7 +182,7 @@ class Step:
     fixed: dict[int, tuple[bytes, tuple[int, ...]]] = field(default_factory=dict)
     # everything the step matches and makes, comparable across sequences (``same_prefix``)
     sig: tuple[Any, ...] = ()
-    robot: bool = False  # run here, on the app's tensors (``SequenceDef.robot_calls``)
+    robot: bool = False  # run here, on the app's tensors (its plan's ``Plan.robot_calls``)
 
     def signature(self) -> tuple[Any, ...]:
         return (self.op, self.grad_mode, repr(self.args), repr(sorted(self.kwargs.items())),
@@ -225,6 +226,15 @@ class Sequence:
     canon: list[int] | None = None
     later: frozenset[int] = frozenset()  # head values the calls past the head read (joins)
     robot_reads: frozenset[int] = frozenset()  # host values robot steps read (pushed)
+    # Placements (``SequenceDef.plans``): per plan its compiled rewrite (``root`` is this one,
+    # whose per-slot state it shares), the one the next inferences run (0: none), and for a
+    # plan its number and the robot steps' times of its first replays (``SequenceProfile``).
+    plans: list[Sequence] = field(default_factory=list)
+    current: int = 0
+    plan: int = 0
+    base: bytes = b""
+    profile_ns: list[int] = field(default_factory=list)
+    profiled: int = 0
 
     @property
     def host_failed(self) -> bool:
@@ -270,7 +280,12 @@ def compile_sequence(d: ops_pb2.SequenceDef, check: bool = True) -> Sequence:
     to unroll at the head's end (``ReplayClient._unroll``). Its loops are checked
     (``loops.check``) unless ``check`` is False: an unrolling of a definition checked so."""
     if not d.loops:
-        return _compile(d)
+        seq = _compile(d)
+        seq.base = _without_plans(d)
+        add_plans(seq, d)
+        return seq
+    if d.plans:
+        raise ValueError(f"sequence {d.id} has loops and plans")
     if check:
         loops.check(d)
     seq = _compile(loops.head(d))
@@ -278,6 +293,29 @@ def compile_sequence(d: ops_pb2.SequenceDef, check: bool = True) -> Sequence:
     seq.later = _read_later(d)
     seq.sized = seq.sized | {seq.counted[0]}  # type: ignore[index]
     return seq
+
+
+def add_plans(seq: Sequence, d: ops_pb2.SequenceDef) -> None:
+    """Compile the plans of ``d`` that ``seq`` (compiled from it, or from a definition with
+    fewer plans) does not have yet, sharing its per-slot state, and take ``d``'s current
+    plan. ValueError if a plan is not one ``d`` can run."""
+    for k in range(len(seq.plans) + 1, len(d.plans) + 1):
+        robot = partition.plan_calls(d, k)
+        plan = _compile(partition.rewrite(d, robot), robot)
+        plan.bindings, plan.sent, plan.recent = seq.bindings, seq.sent, seq.recent
+        plan.root, plan.plan = seq, k
+        seq.plans.append(plan)
+    if d.plan > len(seq.plans):
+        raise ValueError(f"sequence {d.id} has no plan {d.plan}")
+    seq.current = d.plan
+
+
+def _without_plans(d: ops_pb2.SequenceDef) -> bytes:
+    base = ops_pb2.SequenceDef()
+    base.CopyFrom(d)
+    del base.plans[:]
+    base.plan = 0
+    return base.SerializeToString(deterministic=True)
 
 
 # Counts a sequence keeps unrolled (each one's steps, planned at their first replay).
@@ -322,9 +360,8 @@ def _guard_indices(seq: Sequence, count: int) -> list[list[int]]:
     return got
 
 
-def _compile(d: ops_pb2.SequenceDef) -> Sequence:
+def _compile(d: ops_pb2.SequenceDef, robot: frozenset[int] = frozenset()) -> Sequence:
     local = {rid: i for i, rid in enumerate(d.local_ids)}
-    robot = partition.robot_calls(d)
     made_by: dict[int, int] = {}
     steps, slot = [], 0
     for call in d.calls:
@@ -402,6 +439,7 @@ class Active:
     joined: dict[int, int] | None = None
     pulled: dict[int, torch.Tensor] = field(default_factory=dict)  # host values robot steps read
     taken: dict[int, ops_pb2.TensorData] = field(default_factory=dict)  # ...the app took first
+    timing: list[int] | None = None  # per step, the robot's time running it (profiled)
 
     def id_of(self, i: int) -> int:
         return self.joined.get(i, self.base + i) if self.joined else self.base + i
@@ -535,7 +573,11 @@ class ReplayClient:
         if not d.calls:
             self._remove(d.id)
             return
+        known = next((s for s in self.sequences.get(d.thread, []) if s.id == d.id), None)
         try:
+            if known is not None and d.plans and not d.loops and known.base == _without_plans(d):
+                add_plans(known, d)  # placed anew: what it holds stays
+                return
             seq = compile_sequence(d)
         except (codec.CodecError, KeyError, ValueError, IndexError, TypeError, RuntimeError):
             return  # never replay what we cannot read: the calls keep being forwarded
@@ -695,7 +737,11 @@ class ReplayClient:
             for seq in seqs:
                 if seq.steps[0].op != info.name:
                     continue
+                if seq.current:  # placed: run the plan the robot chose
+                    seq = seq.plans[seq.current - 1]
                 act = Active(seq, REPLAY_BASE + next(self._inference) * SPAN)
+                if seq.plan and seq.profiled < PROFILED and seq.definition.profile:
+                    act.timing = [0] * len(seq.steps)
                 frames = self._match(act, args, kwargs, info, grad_mode)
                 if frames is not None:
                     break
@@ -716,7 +762,7 @@ class ReplayClient:
             self._forget_before(act.base - 4 * SPAN)
             self._bases[act.base] = seq
             start = ops_pb2.SessionUp(start=ops_pb2.ReplayStart(
-                sequence=seq.id, base_id=act.base, inference=act.base,
+                sequence=seq.id, base_id=act.base, inference=act.base, plan=seq.plan,
                 position=act.position, joined=_read_after(seq, act.position, act.joined)))
             self.session.send_frames([start, *frames])
             self._tls.active = act
@@ -779,6 +825,20 @@ class ReplayClient:
         return self._advance(act, result)
 
     # ----- calls the robot runs (a scheduler's placement) -----
+    def _profiled(self, act: Active) -> None:
+        """An inference of a plan, timed, ran to its end: add its robot steps' times to the
+        plan's profile, and send the profile to the robot daemon once ``PROFILED`` are in."""
+        seq = act.seq
+        if not seq.profile_ns:
+            seq.profile_ns = [0] * len(seq.steps)
+        for k, ns in enumerate(act.timing or ()):
+            seq.profile_ns[k] += ns
+        seq.profiled += 1
+        if seq.profiled == PROFILED:
+            self.session.send_frames([ops_pb2.SessionUp(profile=ops_pb2.SequenceProfile(
+                sequence=seq.id, plan=seq.plan, replays=seq.profiled,
+                call_ns=[ns // seq.profiled for ns in seq.profile_ns]))])
+
     def _on_robot(self, act: Active, step: Step, func: Any, args: tuple, kwargs: dict,
                   info: OpInfo) -> Any:
         """Run a matched step here, on the app's copies of the weights, the values the robot
@@ -792,7 +852,10 @@ class ReplayClient:
             lkwargs = {k: self._robot_value(act, v) for k, v in kwargs.items()}
         except _Unreplayable:
             return MISS
+        t_op = perf_counter_ns()
         result = func(*largs, **lkwargs)
+        if act.timing is not None:
+            act.timing[act.position] = perf_counter_ns() - t_op
         flat, spec = tree_flatten(result)
         device = self.session.app_device(args, kwargs)
         k, made = 0, []
@@ -855,7 +918,7 @@ class ReplayClient:
         values the first one made, under a new base so that nothing the first one ran ahead
         can be taken for the variant's. None: no variant matches (a mismatch)."""
         p, a = act.position, act.seq
-        if p == 0 or (a.definition.robot_calls and a.definition.robot_calls[0] < p):
+        if p == 0 or any(st.robot for st in a.steps[:p]):
             return None  # (values the robot made before p are not on the host to join)
         for b in self.sequences.get(a.definition.thread, ()):
             if b is a or len(b.steps) <= p or b.steps[p].op != info.name \
@@ -1006,6 +1069,8 @@ class ReplayClient:
                     continue  # (an empty loop may end the inference, or reach the next loop)
                 break
             self._tls.active = None
+            if act.timing is not None:
+                self._profiled(act)
             root = act.seq.root or act.seq
             root.mismatches = 0
             root.stale = False

@@ -46,6 +46,10 @@ from rrtod.wire import (
 Emit = Callable[[ops_pb2.SessionDown], None]
 SRC = ops_pb2.SeqSource
 MAX_UNROLLED = 64  # counts a sequence with a loop keeps compiled
+# Replays of each plan of a sequence that are timed call by call, then reported to the robot
+# (``SequenceProfile``): what a scheduler places with. A timed call waits for the device, so
+# only these few are timed.
+PROFILED = 3
 
 
 class Runner(Protocol):
@@ -106,7 +110,16 @@ class Compiled:
     # Unrolled: per slot, the slot of the defined sequence it comes from, under which a weight
     # is bound (``sticky``, shared with it: ``rrtod.loops``); None: the slots are its own.
     canon: list[int] | None = None
-    robot: frozenset[int] = frozenset()  # calls the robot runs (``SequenceDef.robot_calls``)
+    robot: frozenset[int] = frozenset()  # calls the robot runs (this plan's: ``partition``)
+    # Per plan of the definition (``SequenceDef.plans``): its compiled rewrite, sharing this
+    # one's per-slot state (weights bound, latest inputs); a start names the one it runs.
+    plans: list[Compiled] = field(default_factory=list)
+    plan: int = 0  # which plan this is (0: the definition itself, every call here)
+    # Per call, the time of the profiled replays that ran to their end, summed, and how many
+    # (``SequenceProfile``, sent once ``PROFILED`` have run)
+    profile_ns: list[int] = field(default_factory=list)
+    profiled: int = 0
+    base: bytes = b""  # the definition without its plans: what a redefinition must match
 
     def bound(self, slot: int) -> ops_pb2.TensorRef | None:
         """The weight or constant bound for ``slot`` (``sticky``), if any."""
@@ -115,10 +128,12 @@ class Compiled:
 
 def compile_sequence(d: ops_pb2.SequenceDef,
                      written: Callable[[ops_pb2.OpCall], list[int]] | None = None,
-                     viewed: Callable[[ops_pb2.OpCall], list[int]] | None = None) -> Compiled:
+                     viewed: Callable[[ops_pb2.OpCall], list[int]] | None = None,
+                     robot: frozenset[int] = frozenset()) -> Compiled:
     """Index a definition for replay; ValueError if it is inconsistent (never trusted blindly:
     a bad definition must fail here, not halfway through an inference). ``written``: the ids
-    of arguments a call writes in place without returning them (from the executor)."""
+    of arguments a call writes in place without returning them (from the executor).
+    ``robot``: the calls the robot runs (a plan's, ``d`` then its ``partition.rewrite``)."""
     if len(d.local_ids) > SPAN:  # inference k's ids are base + index: they would reach k+1's
         raise ValueError(f"sequence {d.id}: {len(d.local_ids)} local ids, more than an "
                          f"inference's id range holds ({SPAN}, rrtod.wire.SPAN)")
@@ -132,9 +147,10 @@ def compile_sequence(d: ops_pb2.SequenceDef,
             raise ValueError(f"sequence {d.id}: produced source {src.id} is not a local id")
     if any(o not in local for o in d.outputs):
         raise ValueError(f"sequence {d.id}: an output is not a local id")
-    robot = partition.robot_calls(d)
     if robot and partition.why_not_split(d):
         raise ValueError(f"sequence {d.id} cannot be split: {partition.why_not_split(d)}")
+    if robot and max(robot) >= len(d.calls):
+        raise ValueError(f"sequence {d.id}: a robot call is not one of its calls")
     inputs, writes, mutates, binding, n = [], [], [], [], 0
     produced: set[int] = set()
     robot_made: set[int] = set()  # ids only the robot has
@@ -260,6 +276,7 @@ class Active:
     sizes: dict[int, list[tuple[int, ...] | None]] = field(default_factory=dict)
     started_ns: int = field(default_factory=time.perf_counter_ns)  # its start frame ran
     cpu_ns: int = 0  # this thread's CPU running its calls (operators and the Python around)
+    timing: list[int] | None = None  # per call, its time (a profiled replay: ``PROFILED``)
 
     def id_of(self, i: int) -> int:
         """The id of local value ``i`` in this inference."""
@@ -346,7 +363,16 @@ class HostReplayer:
                 emit(_error("UNKNOWN_SEQUENCE", f"no sequence {frame.start.sequence} defined",
                             frame.start.sequence))
                 return
+            if frame.start.plan:
+                if frame.start.plan > len(seq.plans):  # its arguments follow: dropped
+                    self.refused = True
+                    emit(_error("BAD_START", f"sequence {frame.start.sequence} has no plan "
+                                f"{frame.start.plan}", frame.start.sequence))
+                    return
+                seq = seq.plans[frame.start.plan - 1]
             act = Active(seq, frame.start.base_id)
+            if seq.definition.profile and seq.profiled < PROFILED and seq.folded is None:
+                act.timing = [0] * len(seq.definition.calls)
             if frame.start.position or frame.start.joined:
                 why = _bad_join(seq, frame.start)
                 if why is not None:  # its arguments follow: dropped like an unknown sequence's
@@ -442,8 +468,26 @@ class HostReplayer:
             self.sequences.pop(d.id, None)  # an empty definition drops the sequence
             return
         replay = self.replay
+        known = self.sequences.get(d.id)
+        base = _without_plans(d)
+        if known is not None and known.base == base and len(d.plans) >= len(known.plans):
+            # The same sequence with more plans (a scheduler placed it anew): what both ends
+            # hold for it (bound weights, latest inputs) stays; the new plans are compiled.
+            try:
+                for k in range(len(known.plans) + 1, len(d.plans) + 1):
+                    self._add_plan(known, d, k)
+            except (ValueError, KeyError) as exc:
+                emit(ops_pb2.SessionDown(defined=ops_pb2.SequenceAck(id=d.id, reason=str(exc))))
+                return
+            known.definition.plans.extend(d.plans[len(known.definition.plans):])
+            emit(ops_pb2.SessionDown(defined=ops_pb2.SequenceAck(
+                id=d.id, accepted=True, pinned=pinned_by(known) or "")))
+            return
         try:
             compiled = self._compile(d)
+            compiled.base = base
+            for k in range(1, len(d.plans) + 1):
+                self._add_plan(compiled, d, k)
             if (any(compiled.writes) or any(compiled.mutates)) and replay is None:
                 raise ValueError(f"sequence {d.id} writes values in place and this executor "
                                  "cannot snapshot them (it declares no replay extension)")
@@ -462,6 +506,20 @@ class HostReplayer:
         pinned = pinned_by(compiled) if not d.loops else self._pinned_by(d)
         emit(ops_pb2.SessionDown(defined=ops_pb2.SequenceAck(
             id=d.id, accepted=True, pinned=pinned or "")))
+
+    def _add_plan(self, seq: Compiled, d: ops_pb2.SequenceDef, k: int) -> None:
+        """Compile plan ``k`` of ``d`` (``partition.rewrite``) beside ``seq``, sharing its
+        per-slot state. ValueError if the plan is not one ``d`` can run."""
+        robot = partition.plan_calls(d, k)
+        replay = self.replay
+        plan = compile_sequence(partition.rewrite(d, robot),
+                                replay.written_ids if replay is not None else None,
+                                replay.viewed_ids if replay is not None else None, robot)
+        plan.sticky, plan.latest, plan.gone = seq.sticky, seq.latest, seq.gone
+        plan.plan = k
+        plan.prepared = [None if j in robot else self._prepare(call)
+                         for j, call in enumerate(plan.definition.calls)]
+        seq.plans.append(plan)
 
     def _compile(self, d: ops_pb2.SequenceDef, check: bool = True) -> Compiled:
         """``compile_sequence`` with this executor's aliasing; a definition with loops compiles
@@ -561,6 +619,22 @@ class HostReplayer:
             act.cpu_ns += time.thread_time_ns() - t0
         if ended and limit is None:
             self._close(act, complete=True)
+            if act.timing is not None:
+                self._profiled(act, emit)
+
+    def _profiled(self, act: Active, emit: Emit) -> None:
+        """A timed replay ran to its end: add it to its plan's profile, and report the
+        profile once ``PROFILED`` replays are in."""
+        seq = act.seq
+        if not seq.profile_ns:
+            seq.profile_ns = [0] * len(act.timing or ())
+        for k, ns in enumerate(act.timing or ()):
+            seq.profile_ns[k] += ns
+        seq.profiled += 1
+        if seq.profiled == PROFILED:
+            emit(ops_pb2.SessionDown(profile=ops_pb2.SequenceProfile(
+                sequence=seq.definition.id, plan=seq.plan, replays=seq.profiled,
+                call_ns=[ns // seq.profiled for ns in seq.profile_ns])))
 
     def _run_on(self, act: Active, emit: Emit, limit: int | None) -> bool:
         """Run what can run now, unrolling loops as their counts become known: True when the
@@ -579,7 +653,8 @@ class HostReplayer:
         """Run the calls of ``act.seq`` whose inputs are here, up to ``limit``."""
         calls = act.seq.definition.calls
         stop = len(calls) if limit is None else min(limit, len(calls))
-        robot = act.seq.robot
+        robot, timing = act.seq.robot, act.timing
+        sync = getattr(self.replay, "synchronize", None)
         while act.position < stop:
             k = act.position
             if k in robot:  # the robot runs it
@@ -604,6 +679,7 @@ class HostReplayer:
                     call = self._rebind(act, k, refs, out_ids)
                     ids += act.seq.written(call)  # ids as rebound for this inference
                 act.snapshots.append((k, self.replay.snapshot(ids)))  # replay: checked at define
+            t_call = time.perf_counter_ns() if timing is not None else 0
             if prepared is not None:  # only with a replay extension (``_prepare``)
                 downs = self.replay.run_prepared(prepared, refs, out_ids, ints, answered)
             else:
@@ -625,6 +701,10 @@ class HostReplayer:
                         base_id=act.base, position=act.app_position(k), result=down.result)))
                 else:
                     emit(down)
+            if timing is not None:
+                if sync is not None:
+                    sync()  # the device's work for this call, not only its launch
+                timing[k] = time.perf_counter_ns() - t_call
             if k in act.seq.varying and self.replay is not None:  # for an abort's account
                 act.sizes[k] = [self.replay.shape(i) for i in out_ids]
             act.position += 1
@@ -857,6 +937,16 @@ class HostReplayer:
                 calls=[ops_pb2.OutSizes(outs=[ops_pb2.Sizes(dims=s, known=True) if s is not None
                                               else ops_pb2.Sizes() for s in act.sizes.get(k, ())])
                        for k in _host_positions(app, act.start, position)])))
+
+
+def _without_plans(d: ops_pb2.SequenceDef) -> bytes:
+    """``d`` without its plans, serialized: two definitions of one sequence that differ only
+    in their plans (a scheduler placed it anew) compare equal so."""
+    base = ops_pb2.SequenceDef()
+    base.CopyFrom(d)
+    del base.plans[:]
+    base.plan = 0
+    return base.SerializeToString(deterministic=True)
 
 
 def _host_positions(app: Any, start: int, end: int) -> list[int]:

@@ -35,6 +35,9 @@ from rrto.v1 import peer_pb2, peer_pb2_grpc
 from rrtod import __version__
 from rrtod.config import HealthConfig, HostConfig, TLSConfig
 
+THROUGHPUT_PROBE_BYTES = 256 << 10  # a ping this big measures the link's throughput
+THROUGHPUT_MAX_AGE_S = 30.0  # a throughput measured longer ago than this is measured again
+
 log = structlog.get_logger("rrtod.host")
 
 # Called when a link goes from up to down, with the link and why ("no answer to 2 pings in
@@ -76,6 +79,9 @@ class HostLink:
         self._lost = 0  # lost pings in a row
         self._lost_since = 0.0  # when the first of them was sent (time.monotonic)
         self._task: asyncio.Task[None] | None = None
+        # The link's throughput (``probe_throughput``) and when it was measured (monotonic)
+        self.mbit_s: float | None = None
+        self._mbit_at = 0.0
 
     # The attributes host balancers read (see plugins/balancers).
     @property
@@ -119,6 +125,28 @@ class HostLink:
         self.device = reply.device
         self.executors = list(reply.executors)
         self.remote_version = reply.version
+
+    async def probe_throughput(self, max_age_s: float = THROUGHPUT_MAX_AGE_S) -> float | None:
+        """The link's throughput towards the host in Mbit/s, measured by a ping that carries
+        ``THROUGHPUT_PROBE_BYTES`` (its time less the median round trip), at most every
+        ``max_age_s``; None if it cannot be measured (the host is down, no round trip yet).
+        Schedulers place calls with it (``rrtod.robot.scheduling``)."""
+        now = time.monotonic()
+        if self.mbit_s is not None and now - self._mbit_at < max_age_s:
+            return self.mbit_s
+        rtt = self.rtt_ms
+        if rtt is None or not self.up:
+            return self.mbit_s
+        sent = time.monotonic_ns()
+        try:
+            await self.stub.Ping(peer_pb2.PingRequest(
+                sent_ns=sent, payload=bytes(THROUGHPUT_PROBE_BYTES)), timeout=self.health.timeout)
+        except grpc.aio.AioRpcError:
+            return self.mbit_s
+        took_s = (time.monotonic_ns() - sent) / 1e9 - rtt / 1e3
+        self.mbit_s = THROUGHPUT_PROBE_BYTES * 8 / 1e6 / max(took_s, 1e-6)
+        self._mbit_at = now
+        return self.mbit_s
 
     async def ping(self) -> float:
         sent = time.monotonic_ns()
@@ -164,6 +192,7 @@ class HostLink:
             "state": self.state,
             "since": self.since,
             "rtt_ms": None if self.rtt_ms is None else round(self.rtt_ms, 3),
+            "mbit_s": None if self.mbit_s is None else round(self.mbit_s, 1),
             "device": self.device,
             "version": self.remote_version,
             "sessions": self.sessions,

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -38,6 +37,7 @@ from rrtod.robot.host_link import HostLink
 from rrtod.robot.oplog import NUMBERS
 from rrtod.robot.placement import Lane, NeedPull, Placement, Unplaceable
 from rrtod.robot.recorder import Recorder
+from rrtod.robot.scheduling import SessionPlacer
 from rrtod.wire import session_prefix
 
 log = structlog.get_logger("rrtod.robot")
@@ -179,12 +179,13 @@ class AppRelay:
 
     def __init__(self, session: AppSession, call: grpc.aio.StreamStreamCall,
                  frames: FrameReader, writer: asyncio.StreamWriter, energy: Any = None,
-                 placement: Placement | None = None,
-                 place: Callable[[ops_pb2.SequenceDef], ops_pb2.SequenceDef] | None = None):
+                 placement: Placement | None = None, placer: SessionPlacer | None = None):
         self.session = session
         # The scheduler's placement of a sequence's calls (``rrtod.robot.scheduling``), applied
-        # to each definition on its way to the host; None: every call runs there.
-        self.place = place
+        # to each definition on its way to the host and renewed as profiles come in; None:
+        # every call runs there.
+        self.placer = placer
+        self._placing: set[asyncio.Task[None]] = set()  # placements being renewed
         self.recorder = session.recorder
         self.call = call
         self.frames = frames  # the app's frames, within the socket's limits
@@ -342,6 +343,9 @@ class AppRelay:
                     energy.append(None)
                 if fkind == "define" and rec is not None:  # the shim gave one up
                     rec.drop(frame.define.id, forget=True)
+                if fkind == "profile":  # the robot's times: for this daemon's scheduler
+                    self._profile_later(frame.profile, robot_side=True)
+                    continue
                 await out.add(frame, n)
                 if fkind == "query":  # restored definitions follow the query on the stream
                     await out.flush()
@@ -489,6 +493,9 @@ class AppRelay:
                     if rec is not None:
                         rec.observe_replayed(frame.replayed)
                     continue
+                elif what == "profile":  # for this daemon's scheduler only
+                    self._profile_later(frame.profile, robot_side=False)
+                    continue
                 if what == "defined":
                     d = rec.acknowledged(frame.defined) if rec is not None else None
                     if d is not None:
@@ -508,6 +515,31 @@ class AppRelay:
                 await writer.drain()
                 if framing.TRACING:
                     framing.hop("robot.down.written")
+
+    def _profile_later(self, profile: ops_pb2.SequenceProfile, robot_side: bool) -> None:
+        """``_profiled`` off the relay's path: it may measure the link first."""
+        if self.placer is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._profiled(profile, robot_side))
+        self._placing.add(task)
+        task.add_done_callback(self._placing.discard)
+
+    async def _profiled(self, profile: ops_pb2.SequenceProfile, robot_side: bool) -> None:
+        """A profile of a replayed sequence (``SequenceProfile``): the scheduler places it
+        again with what is now known, and a placement it changes goes out as a new plan."""
+        placer = self.placer
+        if placer is None or profile.sequence not in placer.defined:
+            return
+        mbit_s = None
+        probe = getattr(self.session.host, "probe_throughput", None)
+        try:
+            if probe is not None:
+                mbit_s = await probe()
+            placed = placer.profiled(profile, robot_side, mbit_s)
+            if placed is not None and self.phase is Phase.RELAYING:
+                await self.push_sequence(placed, placed=True)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, ConnectionError, OSError):
+            pass  # the session is ending (its host stream or its app gone)
 
     async def _hint_search(self, rec: Recorder, frames: list[ops_pb2.SessionUp]) -> bool:
         """If ``frames`` download a value and the search that will start on it is one the
@@ -556,12 +588,16 @@ class AppRelay:
         except (ConnectionError, OSError):
             pass  # the app is gone: its session ends on the up side
 
-    async def push_sequence(self, d: ops_pb2.SequenceDef) -> None:
+    async def push_sequence(self, d: ops_pb2.SequenceDef, placed: bool = False) -> None:
         """Host first; the shim gets a definition once the host has accepted it (``defined``,
         handled in ``down``), so the shim never asks for a replay the host cannot run. A drop
-        (no calls) goes to both at once."""
-        if d.calls and self.place is not None:
-            d = self.place(d)
+        (no calls) goes to both at once. ``placed``: ``d`` carries the scheduler's plans
+        already (a placement renewed), else the scheduler places it now."""
+        if self.placer is not None:
+            if not d.calls:
+                self.placer.forget(d.id)
+            elif not placed:
+                d = self.placer.place(d)
         if d.calls and self.recorder is not None:
             self.recorder.offered(d)
         async with self.write_lock:
@@ -604,6 +640,8 @@ class AppRelay:
         if self.phase is Phase.CLOSED:
             return
         self.phase = Phase.CLOSED
+        for task in self._placing:
+            task.cancel()
         self.call.cancel()
         if self.recorder is not None:
             self.recorder.close()

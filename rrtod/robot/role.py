@@ -181,7 +181,7 @@ class RobotRole:
             placement = Placement(Lane(link, call, primary=True), lambda: list(self.hosts.values()),
                                   lambda: self.balancer, request)
         relay = AppRelay(session, call, frames, writer, self.energy, placement,
-                         place=lambda d: self.scheduling.place(d, link))
+                         placer=self.scheduling.session(link))
         link.sessions += 1
         self.relays[sid] = relay
         try:

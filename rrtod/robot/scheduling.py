@@ -1,18 +1,23 @@
-"""The configured scheduler (``scheduler:``), applied to each sequence the robot defines.
+"""The configured scheduler (``scheduler:``), applied to the sequences the robot defines.
 
 Before a verified sequence goes to the host (``AppRelay.push_sequence``) the scheduler places
-its calls (``rrtod.partition``): the definition the host and the shim then replay says which
-calls the robot runs. A placement that could change a result, or one the scheduler fails to
-make, is logged and the sequence runs on the host whole: placing is an optimisation, never a
-reason to lose replay.
+its calls (``rrtod.partition``); the placement becomes a plan of the definition that both ends
+replay (``SequenceDef.plans``, ``ReplayStart.plan``). Then both ends time the calls they run
+in a plan's first replays and report it (``SequenceProfile``: the host its calls, the shim the
+robot's); with each profile the scheduler is asked again, with the times known so far and the
+link as measured now, and a placement it changes is sent as a new plan of the same sequence
+(``SessionPlacer.profiled``). A placement that could change a result, or one the scheduler
+fails to make, is logged and the sequence keeps running as it did: placing is an optimisation,
+never a reason to lose replay.
 
 A scheduler that never places a call on the robot says so (``splits = False``, as
-``remote-all`` does): then nothing is analysed, and the interception backend's aliasing (for
-torch, an import of torch into the daemon) is never loaded.
+``remote-all`` does): then nothing is analysed or timed for it, and the interception backend's
+aliasing (for torch, an import of torch into the daemon) is never loaded.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
@@ -23,6 +28,16 @@ from rrtod.config import Config
 from rrtod.plugins import Registry
 
 log = structlog.get_logger("rrtod.robot")
+
+
+@dataclass(frozen=True)
+class LinkEstimate:
+    """The host's link as a scheduler sees it: median round trip and throughput, measured by
+    the robot daemon (None: not measured yet)."""
+
+    name: str
+    rtt_ms: float | None
+    mbit_s: float | None
 
 
 class Scheduling:
@@ -36,32 +51,14 @@ class Scheduling:
         self._backend = registry.get("interception", config.intercept.backend)
         self._aliasing: tuple[partition.Written, partition.Viewed] | None = None
         self.placed = 0  # sequences defined with calls on the robot
-        self.refused = 0  # placements refused (or failed): run on the host whole
+        self.replaced = 0  # placements changed by what profiles showed
+        self.refused = 0  # placements refused (or failed): the sequence ran as it was
 
-    def place(self, d: ops_pb2.SequenceDef, link: Any = None) -> ops_pb2.SequenceDef:
-        """``d`` as the scheduler places it (``d`` itself when everything runs on the host)."""
-        if not self.splits or not d.calls or partition.why_not_split(d) is not None:
-            return d
-        aliasing = self._load_aliasing()
-        if aliasing is None:
-            return d
-        written, viewed = aliasing
-        try:
-            view = partition.view(d, written, viewed)
-            placement = list(self.scheduler.place(view, link))
-            placed = partition.split(d, placement, written, viewed)
-        except Exception as exc:  # noqa: BLE001 - a plugin's failure must not cost replay
-            self.refused += 1
-            log.warning("placement refused: the sequence runs on the host", scheduler=self.name,
-                        sequence=d.id, reason=str(exc))
-            return d
-        if placed.robot_calls:
-            self.placed += 1
-            log.info("sequence placed", scheduler=self.name, sequence=d.id,
-                     robot_calls=len(placed.robot_calls), calls=len(d.calls))
-        return placed
+    def session(self, link: Any = None) -> SessionPlacer:
+        """The placer of one app session's sequences, on ``link`` (its host's ``HostLink``)."""
+        return SessionPlacer(self, link)
 
-    def _load_aliasing(self) -> tuple[partition.Written, partition.Viewed] | None:
+    def aliasing(self) -> tuple[partition.Written, partition.Viewed] | None:
         if self._aliasing is None:
             factory = getattr(self._backend, "aliasing", None)
             if factory is None:
@@ -70,4 +67,116 @@ class Scheduling:
         return self._aliasing
 
     def describe(self) -> dict[str, Any]:
-        return {"scheduler": self.name, "placed": self.placed, "refused": self.refused}
+        return {"scheduler": self.name, "placed": self.placed, "replaced": self.replaced,
+                "refused": self.refused}
+
+
+class SessionPlacer:
+    """Places one app session's sequences, and places them anew as profiles come in."""
+
+    def __init__(self, scheduling: Scheduling, link: Any = None):
+        self.scheduling = scheduling
+        self.link = link
+        self.defined: dict[int, ops_pb2.SequenceDef] = {}  # by id, as last sent (with plans)
+        # per sequence, per call: its time on the host and on the robot (ns), as measured
+        self.host_ns: dict[int, list[float | None]] = {}
+        self.robot_ns: dict[int, list[float | None]] = {}
+        # (sequence, plan, from the robot) of the profiles taken: one each, a repeat is
+        # ignored (each costs the scheduler a placement)
+        self.taken: set[tuple[int, int, bool]] = set()
+
+    def place(self, d: ops_pb2.SequenceDef) -> ops_pb2.SequenceDef:
+        """``d`` (a sequence about to be defined) with the scheduler's plan."""
+        if not self.scheduling.splits or not d.calls:
+            return d
+        known = self.defined.get(d.id)
+        if known is not None and _same_calls(known, d):
+            return known  # sent again (restored, re-offered): as placed before
+        self.forget(d.id)
+        placed = self._placed(d, self._link())
+        if placed is not None:
+            self.defined[d.id] = placed
+            if placed.plan:
+                self.scheduling.placed += 1
+        return placed if placed is not None else d
+
+    def profiled(self, profile: ops_pb2.SequenceProfile, robot_side: bool,
+                 mbit_s: float | None = None) -> ops_pb2.SequenceDef | None:
+        """A profile of sequence ``profile.sequence`` came in (from the shim: ``robot_side``):
+        the definition to send again if the scheduler now places it otherwise, else None."""
+        d = self.defined.get(profile.sequence)
+        key = (profile.sequence, profile.plan, robot_side)
+        if d is None or profile.plan > len(d.plans) or len(profile.call_ns) != len(d.calls) \
+                or key in self.taken:
+            return None
+        self.taken.add(key)
+        robot = partition.plan_calls(d, profile.plan)
+        n = len(d.calls)
+        host = self.host_ns.setdefault(d.id, [None] * n)
+        mine = self.robot_ns.setdefault(d.id, [None] * n)
+        for k, ns in enumerate(profile.call_ns):
+            if robot_side and k in robot:
+                mine[k] = float(ns)
+            elif not robot_side and k not in robot:
+                host[k] = float(ns)
+        link = self._link(mbit_s)
+        placed = self._placed(d, link)
+        if placed is None or placed.plan == d.plan:
+            return None
+        self.defined[d.id] = placed
+        self.scheduling.replaced += 1
+        log.info("sequence placed anew", scheduler=self.scheduling.name, sequence=d.id,
+                 plan=placed.plan, robot_calls=len(placed.plans[placed.plan - 1].robot_calls)
+                 if placed.plan else 0, mbit_s=link.mbit_s, rtt_ms=link.rtt_ms)
+        return placed
+
+    def forget(self, seq_id: int) -> None:
+        self.taken = {k for k in self.taken if k[0] != seq_id}
+        self.defined.pop(seq_id, None)
+        self.host_ns.pop(seq_id, None)
+        self.robot_ns.pop(seq_id, None)
+
+    def _placed(self, d: ops_pb2.SequenceDef, link: LinkEstimate) -> ops_pb2.SequenceDef | None:
+        """``d`` with the scheduler's placement as its current plan; None if it cannot be
+        split, or the placement was refused (logged)."""
+        if partition.why_not_split(d) is not None:
+            return None
+        aliasing = self.scheduling.aliasing()
+        if aliasing is None:
+            return None
+        written, viewed = aliasing
+        try:
+            view = partition.view(d, written, viewed)
+            n = len(d.calls)
+            view = replace(view, host_ns=tuple(self.host_ns.get(d.id, [None] * n)),
+                           robot_ns=tuple(self.robot_ns.get(d.id, [None] * n)))
+            placement = list(self.scheduling.scheduler.place(view, link))
+            robot = partition.split(d, placement, written, viewed)
+        except Exception as exc:  # noqa: BLE001 - a plugin's failure must not cost replay
+            self.scheduling.refused += 1
+            log.warning("placement refused: the sequence runs as it did",
+                        scheduler=self.scheduling.name, sequence=d.id, reason=str(exc))
+            return None
+        placed = partition.with_plan(d, robot)
+        placed.profile = True  # the scheduler places again with what replays measure
+        return placed
+
+    def _link(self, mbit_s: float | None = None) -> LinkEstimate:
+        link = self.link
+        return LinkEstimate(name=getattr(link, "name", ""),
+                            rtt_ms=getattr(link, "rtt_ms", None),
+                            mbit_s=mbit_s if mbit_s is not None
+                            else getattr(link, "mbit_s", None))
+
+
+def _same_calls(a: ops_pb2.SequenceDef, b: ops_pb2.SequenceDef) -> bool:
+    """Whether ``a`` and ``b`` define the same sequence (plans aside)."""
+    x, y = ops_pb2.SequenceDef(), ops_pb2.SequenceDef()
+    x.CopyFrom(a)
+    y.CopyFrom(b)
+    for m in (x, y):
+        del m.plans[:]
+        m.plan = 0
+        m.profile = False
+    return x == y
+

@@ -250,7 +250,7 @@ class Close(_message.Message):
     def __init__(self) -> None: ...
 
 class SessionUp(_message.Message):
-    __slots__ = ("open", "call", "fetch", "release", "blob", "query", "close", "define", "start", "arg", "abort", "batch")
+    __slots__ = ("open", "call", "fetch", "release", "blob", "query", "close", "define", "start", "arg", "abort", "batch", "profile")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     CALL_FIELD_NUMBER: _ClassVar[int]
     FETCH_FIELD_NUMBER: _ClassVar[int]
@@ -263,6 +263,7 @@ class SessionUp(_message.Message):
     ARG_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
     open: SessionOpen
     call: OpCall
     fetch: Fetch
@@ -275,7 +276,8 @@ class SessionUp(_message.Message):
     arg: ReplayArg
     abort: ReplayAbort
     batch: SessionUpBatch
-    def __init__(self, open: _Optional[_Union[SessionOpen, _Mapping]] = ..., call: _Optional[_Union[OpCall, _Mapping]] = ..., fetch: _Optional[_Union[Fetch, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., blob: _Optional[_Union[BlobPut, _Mapping]] = ..., query: _Optional[_Union[BlobQuery, _Mapping]] = ..., close: _Optional[_Union[Close, _Mapping]] = ..., define: _Optional[_Union[SequenceDef, _Mapping]] = ..., start: _Optional[_Union[ReplayStart, _Mapping]] = ..., arg: _Optional[_Union[ReplayArg, _Mapping]] = ..., abort: _Optional[_Union[ReplayAbort, _Mapping]] = ..., batch: _Optional[_Union[SessionUpBatch, _Mapping]] = ...) -> None: ...
+    profile: SequenceProfile
+    def __init__(self, open: _Optional[_Union[SessionOpen, _Mapping]] = ..., call: _Optional[_Union[OpCall, _Mapping]] = ..., fetch: _Optional[_Union[Fetch, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., blob: _Optional[_Union[BlobPut, _Mapping]] = ..., query: _Optional[_Union[BlobQuery, _Mapping]] = ..., close: _Optional[_Union[Close, _Mapping]] = ..., define: _Optional[_Union[SequenceDef, _Mapping]] = ..., start: _Optional[_Union[ReplayStart, _Mapping]] = ..., arg: _Optional[_Union[ReplayArg, _Mapping]] = ..., abort: _Optional[_Union[ReplayAbort, _Mapping]] = ..., batch: _Optional[_Union[SessionUpBatch, _Mapping]] = ..., profile: _Optional[_Union[SequenceProfile, _Mapping]] = ...) -> None: ...
 
 class SessionUpBatch(_message.Message):
     __slots__ = ("frames",)
@@ -284,7 +286,7 @@ class SessionUpBatch(_message.Message):
     def __init__(self, frames: _Optional[_Iterable[_Union[SessionUp, _Mapping]]] = ...) -> None: ...
 
 class SessionDown(_message.Message):
-    __slots__ = ("ready", "result", "fetched", "query", "error", "sequence", "defined", "batch", "answer", "replayed", "search")
+    __slots__ = ("ready", "result", "fetched", "query", "error", "sequence", "defined", "batch", "answer", "replayed", "search", "profile")
     READY_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     FETCHED_FIELD_NUMBER: _ClassVar[int]
@@ -296,6 +298,7 @@ class SessionDown(_message.Message):
     ANSWER_FIELD_NUMBER: _ClassVar[int]
     REPLAYED_FIELD_NUMBER: _ClassVar[int]
     SEARCH_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
     ready: SessionReady
     result: OpResult
     fetched: Fetched
@@ -307,7 +310,20 @@ class SessionDown(_message.Message):
     answer: ReplayAnswer
     replayed: ReplayedPrefix
     search: SearchHint
-    def __init__(self, ready: _Optional[_Union[SessionReady, _Mapping]] = ..., result: _Optional[_Union[OpResult, _Mapping]] = ..., fetched: _Optional[_Union[Fetched, _Mapping]] = ..., query: _Optional[_Union[BlobQueryReply, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., sequence: _Optional[_Union[SequenceDef, _Mapping]] = ..., defined: _Optional[_Union[SequenceAck, _Mapping]] = ..., batch: _Optional[_Union[SessionDownBatch, _Mapping]] = ..., answer: _Optional[_Union[ReplayAnswer, _Mapping]] = ..., replayed: _Optional[_Union[ReplayedPrefix, _Mapping]] = ..., search: _Optional[_Union[SearchHint, _Mapping]] = ...) -> None: ...
+    profile: SequenceProfile
+    def __init__(self, ready: _Optional[_Union[SessionReady, _Mapping]] = ..., result: _Optional[_Union[OpResult, _Mapping]] = ..., fetched: _Optional[_Union[Fetched, _Mapping]] = ..., query: _Optional[_Union[BlobQueryReply, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., sequence: _Optional[_Union[SequenceDef, _Mapping]] = ..., defined: _Optional[_Union[SequenceAck, _Mapping]] = ..., batch: _Optional[_Union[SessionDownBatch, _Mapping]] = ..., answer: _Optional[_Union[ReplayAnswer, _Mapping]] = ..., replayed: _Optional[_Union[ReplayedPrefix, _Mapping]] = ..., search: _Optional[_Union[SearchHint, _Mapping]] = ..., profile: _Optional[_Union[SequenceProfile, _Mapping]] = ...) -> None: ...
+
+class SequenceProfile(_message.Message):
+    __slots__ = ("sequence", "plan", "call_ns", "replays")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    CALL_NS_FIELD_NUMBER: _ClassVar[int]
+    REPLAYS_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    plan: int
+    call_ns: _containers.RepeatedScalarFieldContainer[int]
+    replays: int
+    def __init__(self, sequence: _Optional[int] = ..., plan: _Optional[int] = ..., call_ns: _Optional[_Iterable[int]] = ..., replays: _Optional[int] = ...) -> None: ...
 
 class SearchHint(_message.Message):
     __slots__ = ("running", "wait_us")
@@ -364,7 +380,7 @@ class SeqSource(_message.Message):
     def __init__(self, kind: _Optional[_Union[SeqSource.Kind, str]] = ..., id: _Optional[int] = ..., hash: _Optional[bytes] = ..., meta: _Optional[_Union[TensorMeta, _Mapping]] = ..., any_shape: _Optional[bool] = ..., fixed: _Optional[bool] = ...) -> None: ...
 
 class SequenceDef(_message.Message):
-    __slots__ = ("id", "calls", "local_ids", "sources", "outputs", "thread", "symbols", "varies_from", "loops", "robot_calls")
+    __slots__ = ("id", "calls", "local_ids", "sources", "outputs", "thread", "symbols", "varies_from", "loops", "plans", "plan", "profile")
     ID_FIELD_NUMBER: _ClassVar[int]
     CALLS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -374,7 +390,9 @@ class SequenceDef(_message.Message):
     SYMBOLS_FIELD_NUMBER: _ClassVar[int]
     VARIES_FROM_FIELD_NUMBER: _ClassVar[int]
     LOOPS_FIELD_NUMBER: _ClassVar[int]
-    ROBOT_CALLS_FIELD_NUMBER: _ClassVar[int]
+    PLANS_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
     id: int
     calls: _containers.RepeatedCompositeFieldContainer[OpCall]
     local_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -384,8 +402,16 @@ class SequenceDef(_message.Message):
     symbols: _containers.RepeatedCompositeFieldContainer[SymbolicInt]
     varies_from: int
     loops: _containers.RepeatedCompositeFieldContainer[SeqLoop]
+    plans: _containers.RepeatedCompositeFieldContainer[Plan]
+    plan: int
+    profile: bool
+    def __init__(self, id: _Optional[int] = ..., calls: _Optional[_Iterable[_Union[OpCall, _Mapping]]] = ..., local_ids: _Optional[_Iterable[int]] = ..., sources: _Optional[_Iterable[_Union[SeqSource, _Mapping]]] = ..., outputs: _Optional[_Iterable[int]] = ..., thread: _Optional[int] = ..., symbols: _Optional[_Iterable[_Union[SymbolicInt, _Mapping]]] = ..., varies_from: _Optional[int] = ..., loops: _Optional[_Iterable[_Union[SeqLoop, _Mapping]]] = ..., plans: _Optional[_Iterable[_Union[Plan, _Mapping]]] = ..., plan: _Optional[int] = ..., profile: _Optional[bool] = ...) -> None: ...
+
+class Plan(_message.Message):
+    __slots__ = ("robot_calls",)
+    ROBOT_CALLS_FIELD_NUMBER: _ClassVar[int]
     robot_calls: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, id: _Optional[int] = ..., calls: _Optional[_Iterable[_Union[OpCall, _Mapping]]] = ..., local_ids: _Optional[_Iterable[int]] = ..., sources: _Optional[_Iterable[_Union[SeqSource, _Mapping]]] = ..., outputs: _Optional[_Iterable[int]] = ..., thread: _Optional[int] = ..., symbols: _Optional[_Iterable[_Union[SymbolicInt, _Mapping]]] = ..., varies_from: _Optional[int] = ..., loops: _Optional[_Iterable[_Union[SeqLoop, _Mapping]]] = ..., robot_calls: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, robot_calls: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SeqLoop(_message.Message):
     __slots__ = ("start", "body", "tensor", "dim", "gathers", "scatters", "guards", "variants")
@@ -492,7 +518,7 @@ class Sizes(_message.Message):
     def __init__(self, dims: _Optional[_Iterable[int]] = ..., known: _Optional[bool] = ...) -> None: ...
 
 class ReplayStart(_message.Message):
-    __slots__ = ("sequence", "base_id", "inference", "position", "joined")
+    __slots__ = ("sequence", "base_id", "inference", "position", "joined", "plan")
     class JoinedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -505,12 +531,14 @@ class ReplayStart(_message.Message):
     INFERENCE_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     JOINED_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     base_id: int
     inference: int
     position: int
     joined: _containers.ScalarMap[int, int]
-    def __init__(self, sequence: _Optional[int] = ..., base_id: _Optional[int] = ..., inference: _Optional[int] = ..., position: _Optional[int] = ..., joined: _Optional[_Mapping[int, int]] = ...) -> None: ...
+    plan: int
+    def __init__(self, sequence: _Optional[int] = ..., base_id: _Optional[int] = ..., inference: _Optional[int] = ..., position: _Optional[int] = ..., joined: _Optional[_Mapping[int, int]] = ..., plan: _Optional[int] = ...) -> None: ...
 
 class ReplayArg(_message.Message):
     __slots__ = ("slot", "tensor", "same_as")
