@@ -59,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--robot-cpu", type=float,
                         help="run the robot side (apps, robot daemons) in a cgroup with this many "
                              "CPUs' worth of time (e.g. 0.25; cgroup v1, root): a slower robot")
+    parser.add_argument("--preload-weights", action="store_true",
+                        help="put each model's weights in the GPU daemon's cache over a direct "
+                             "route before a link's cells (a slow link then carries inferences "
+                             "only, as NTO's server has its model already)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
     plan = Plan(
@@ -72,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         quick=args.quick,
         threads=args.threads,
         robot_cpu=args.robot_cpu,
+        preload=args.preload_weights,
     )
     if args.split_cpus:
         try:

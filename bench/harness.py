@@ -86,6 +86,10 @@ class Plan:
     # (``--robot-cpu``; bench/cpus.py): a robot slower than its host
     robot_cpu: float | None = None
     robot_cgroup: str | None = None  # that cgroup (set by ``run``)
+    # Each model's weights put in the GPU daemon's cache over a direct route before a link's
+    # cells (``--preload-weights``): the link then carries inferences only, as NTO's server
+    # has its model already. Without it a slow link's first rrto cell uploads them.
+    preload: bool = False
     out_dir: Path = field(default_factory=lambda: REPO / "bench" / "results")
 
     def to_dict(self) -> dict[str, Any]:
@@ -123,7 +127,8 @@ class LinkEnv:
     """Everything one link needs, started in order and torn down in reverse (also on errors)."""
 
     def __init__(self, spec: LinkSpec, systems: list[str], stack: contextlib.ExitStack,
-                 cpus: Split | None = None, robot_cgroup: str | None = None):
+                 cpus: Split | None = None, robot_cgroup: str | None = None,
+                 preload: list[str] | None = None):
         self.spec = spec
         robot_cpus, host_cpus = (cpus.robot, cpus.host) if cpus else (None, None)
         self.robots: dict[str, Any] = {}  # system -> its robot daemon
@@ -161,6 +166,9 @@ class LinkEnv:
             except Exception as e:  # noqa: BLE001 - recorded per cell, the run goes on
                 self.daemon_error = f"GPU daemon did not start: {e}"
                 self.gpu = None
+        self.preloaded: dict[str, float] = {}
+        if self.gpu is not None and preload:
+            self.preloaded = self._preload(preload)
         names = list(targets)
         if spec.emulated:
             self.link = stack.enter_context(LinkProcess(spec, list(targets.values())))
@@ -187,6 +195,28 @@ class LinkEnv:
                 self.robots[system] = robot
             except Exception as e:  # noqa: BLE001
                 self.daemon_error = f"robot daemon for {system} not ready: {e}"
+
+    def _preload(self, models: list[str]) -> dict[str, float]:
+        """Run each model once (forwarded) through a robot daemon that reaches the GPU daemon
+        directly, not through the link: its weights are then in the host's cache, which every
+        later session finds by content hash. Seconds each took."""
+        robot = self.launcher.start("robot-preload", roles=["robot"],
+                                    hosts=[{"name": "gpu", "address": self.gpu.listen}])
+        robot.wait_for(lambda s: s["hosts"] and s["hosts"][0]["state"] == "up", timeout=30,
+                       what="GPU host up")
+        took = {}
+        for model in models:
+            t0 = time.monotonic()
+            out = subprocess.run([str(BIN / "rrto-run"), sys.executable, str(APP), "--model",
+                                  model, "--iters", "1", "--warmup", "0"],
+                                 env={**os.environ, **robot.env, **MODE_ENV["per-op"]},
+                                 capture_output=True, text=True, timeout=600, cwd=str(REPO))
+            if out.returncode != 0:
+                raise RuntimeError(f"preloading {model}'s weights failed: "
+                                   f"{_stderr_tail(out.stderr)}")
+            took[model] = time.monotonic() - t0
+        robot.stop()
+        return took
 
     def measure(self) -> dict[str, Any]:
         return measure(self.addresses["measure"], self.spec, self.link).to_dict()
@@ -621,7 +651,8 @@ def _run(plan: Plan, log: Any) -> dict[str, Any]:
             continue
         with contextlib.ExitStack() as stack:
             try:
-                env = LinkEnv(spec, remote, stack, plan.cpus, plan.robot_cgroup)
+                env = LinkEnv(spec, remote, stack, plan.cpus, plan.robot_cgroup,
+                              plan.models if plan.preload else None)
             except Exception as e:  # noqa: BLE001
                 info["error"] = f"{type(e).__name__}: {e}"
                 log(f"[{link_name}] could not set up: {info['error']}")
@@ -631,7 +662,7 @@ def _run(plan: Plan, log: Any) -> dict[str, Any]:
                                       "status": "failed", "error": info["error"]})
                 continue
             info.update(one_way_delay_s=env.one_way_delay_s, daemon_error=env.daemon_error,
-                        measured_at_start=env.measure())
+                        measured_at_start=env.measure(), weights_preloaded_s=env.preloaded)
             if env.link and env.link.trace:
                 info["trace_mean_mbps"] = env.link.trace.overall_mean_mbps()
             log(f"[{link_name}] link measured: {_fmt_measure(info['measured_at_start'])}")

@@ -32,8 +32,9 @@ log = structlog.get_logger("rrtod.robot")
 
 @dataclass(frozen=True)
 class LinkEstimate:
-    """The host's link as a scheduler sees it: median round trip and throughput, measured by
-    the robot daemon (None: not measured yet)."""
+    """The host's link as a scheduler sees it: its round trip (the least of the recent pings:
+    the link's own latency, not queueing behind data) and throughput, measured by the robot
+    daemon (None: not measured yet)."""
 
     name: str
     rtt_ms: float | None
@@ -121,13 +122,18 @@ class SessionPlacer:
                 host[k] = float(ns)
         link = self._link(mbit_s)
         placed = self._placed(d, link)
-        if placed is None or placed.plan == d.plan:
+        if placed is None:
+            return None
+        changed = placed.plan != d.plan
+        log.info("sequence placed anew" if changed else "sequence placement kept",
+                 scheduler=self.scheduling.name, sequence=d.id, plan=placed.plan,
+                 robot_calls=len(placed.plans[placed.plan - 1].robot_calls) if placed.plan else 0,
+                 calls=n, mbit_s=link.mbit_s, rtt_ms=link.rtt_ms, host_ms=_total_ms(host),
+                 robot_ms=_total_ms(mine), profile="robot" if robot_side else "host")
+        if not changed:
             return None
         self.defined[d.id] = placed
         self.scheduling.replaced += 1
-        log.info("sequence placed anew", scheduler=self.scheduling.name, sequence=d.id,
-                 plan=placed.plan, robot_calls=len(placed.plans[placed.plan - 1].robot_calls)
-                 if placed.plan else 0, mbit_s=link.mbit_s, rtt_ms=link.rtt_ms)
         return placed
 
     def forget(self, seq_id: int) -> None:
@@ -164,9 +170,15 @@ class SessionPlacer:
     def _link(self, mbit_s: float | None = None) -> LinkEstimate:
         link = self.link
         return LinkEstimate(name=getattr(link, "name", ""),
-                            rtt_ms=getattr(link, "rtt_ms", None),
+                            rtt_ms=getattr(link, "rtt_min_ms", None)
+                            or getattr(link, "rtt_ms", None),
                             mbit_s=mbit_s if mbit_s is not None
                             else getattr(link, "mbit_s", None))
+
+
+def _total_ms(times: list[float | None]) -> float | None:
+    """The measured times' sum in ms (None if any is missing), for the log."""
+    return None if any(t is None for t in times) else round(sum(times) / 1e6, 3)  # type: ignore[arg-type]
 
 
 def _same_calls(a: ops_pb2.SequenceDef, b: ops_pb2.SequenceDef) -> bool:
