@@ -327,6 +327,18 @@ def rewrite(d: ops_pb2.SequenceDef, robot: frozenset[int]) -> ops_pb2.SequenceDe
     return out
 
 
+def without_plans(d: ops_pb2.SequenceDef) -> bytes:
+    """``d`` serialized without its plans (``plans``, ``plan``, ``profile``): two definitions
+    of one sequence that a scheduler placed differently compare equal so, on both replay ends
+    and in the robot daemon."""
+    base = ops_pb2.SequenceDef()
+    base.CopyFrom(d)
+    del base.plans[:]
+    base.plan = 0
+    base.profile = False
+    return base.SerializeToString(deterministic=True)
+
+
 def _writes_nothing(call: ops_pb2.OpCall) -> list[int]:
     return []
 

@@ -281,7 +281,7 @@ def compile_sequence(d: ops_pb2.SequenceDef, check: bool = True) -> Sequence:
     (``loops.check``) unless ``check`` is False: an unrolling of a definition checked so."""
     if not d.loops:
         seq = _compile(d)
-        seq.base = _without_plans(d)
+        seq.base = partition.without_plans(d)
         add_plans(seq, d)
         return seq
     if d.plans:
@@ -309,13 +309,6 @@ def add_plans(seq: Sequence, d: ops_pb2.SequenceDef) -> None:
         raise ValueError(f"sequence {d.id} has no plan {d.plan}")
     seq.current = d.plan
 
-
-def _without_plans(d: ops_pb2.SequenceDef) -> bytes:
-    base = ops_pb2.SequenceDef()
-    base.CopyFrom(d)
-    del base.plans[:]
-    base.plan = 0
-    return base.SerializeToString(deterministic=True)
 
 
 # Counts a sequence keeps unrolled (each one's steps, planned at their first replay).
@@ -575,7 +568,7 @@ class ReplayClient:
             return
         known = next((s for s in self.sequences.get(d.thread, []) if s.id == d.id), None)
         try:
-            if known is not None and d.plans and not d.loops and known.base == _without_plans(d):
+            if known is not None and d.plans and not d.loops and known.base == partition.without_plans(d):
                 add_plans(known, d)  # placed anew: what it holds stays
                 return
             seq = compile_sequence(d)

@@ -469,7 +469,7 @@ class HostReplayer:
             return
         replay = self.replay
         known = self.sequences.get(d.id)
-        base = _without_plans(d)
+        base = partition.without_plans(d)
         if known is not None and known.base == base and len(d.plans) >= len(known.plans):
             # The same sequence with more plans (a scheduler placed it anew): what both ends
             # hold for it (bound weights, latest inputs) stays; the new plans are compiled.
@@ -938,15 +938,6 @@ class HostReplayer:
                                               else ops_pb2.Sizes() for s in act.sizes.get(k, ())])
                        for k in _host_positions(app, act.start, position)])))
 
-
-def _without_plans(d: ops_pb2.SequenceDef) -> bytes:
-    """``d`` without its plans, serialized: two definitions of one sequence that differ only
-    in their plans (a scheduler placed it anew) compare equal so."""
-    base = ops_pb2.SequenceDef()
-    base.CopyFrom(d)
-    del base.plans[:]
-    base.plan = 0
-    return base.SerializeToString(deterministic=True)
 
 
 def _host_positions(app: Any, start: int, end: int) -> list[int]:

@@ -91,7 +91,7 @@ class SessionPlacer:
         if not self.scheduling.splits or not d.calls:
             return d
         known = self.defined.get(d.id)
-        if known is not None and _same_calls(known, d):
+        if known is not None and partition.without_plans(known) == partition.without_plans(d):
             return known  # sent again (restored, re-offered): as placed before
         self.forget(d.id)
         placed = self._placed(d, self._link())
@@ -179,16 +179,3 @@ class SessionPlacer:
 def _total_ms(times: list[float | None]) -> float | None:
     """The measured times' sum in ms (None if any is missing), for the log."""
     return None if any(t is None for t in times) else round(sum(times) / 1e6, 3)  # type: ignore[arg-type]
-
-
-def _same_calls(a: ops_pb2.SequenceDef, b: ops_pb2.SequenceDef) -> bool:
-    """Whether ``a`` and ``b`` define the same sequence (plans aside)."""
-    x, y = ops_pb2.SequenceDef(), ops_pb2.SequenceDef()
-    x.CopyFrom(a)
-    y.CopyFrom(b)
-    for m in (x, y):
-        del m.plans[:]
-        m.plan = 0
-        m.profile = False
-    return x == y
-
