@@ -1,4 +1,5 @@
-"""Energy per inference for a cell without a robot daemon (NTO), measured like the daemon does.
+"""Energy per inference for a cell without a robot daemon (NTO, local), measured like the daemon
+does.
 
 The robot daemon's accountant (``rrtod.robot.energy``) attributes the robot's energy to each inference
 from the app's marks. The hand-written NTO client has no daemon, so the harness runs the same
@@ -7,7 +8,9 @@ accountant with the meter the robot daemon would pick (``power.meter: auto`` wit
 (the model meter counts its CPU time as robot work) and puts it in the ``communication`` state
 while it runs, as the robot daemon does for a session whose frames are on the link. The client's
 own per-inference spans (from the call to the last output read, CLOCK_MONOTONIC) become the
-marks, so NTO's figure covers the same span as per-op's and rrto's.
+marks, so NTO's figure covers the same span as per-op's and rrto's. Local execution is metered
+the same way, so that its figure compares with a placement that runs calls on the robot (whose
+CPU time the daemon's meter counts as robot work in the same state).
 """
 
 from __future__ import annotations

@@ -366,19 +366,23 @@ def run_cell(env: LinkEnv | None, model: str, system: str, plan: Plan) -> dict[s
         robot = env.robots.get(system) if env is not None else None
         before = robot.ctl("status") if daemon and robot is not None else None
 
-        meter: list[Any] = []  # NTO: the robot's meter around the client (bench/energy.py)
+        # NTO and local: the robot's meter around the app (bench/energy.py), as the robot
+        # daemon's accountant meters an offloading app
+        meter: list[Any] = []
 
         def snapshot(phase: str, pid: int) -> None:
             """Counters at the end of the warm-up and after the last measured inference."""
             snaps[phase]["t"] = time.monotonic()
-            if env is None or system == "local":
+            if env is None:
                 return
-            snap = snaps[phase]
-            if system == "nto":
+            if system in ("nto", "local"):
                 if phase == "warm":
                     meter.append(RobotMeter(pid))
                 elif meter:
                     meter[0].stop()
+            if system == "local":
+                return
+            snap = snaps[phase]
             if daemon and robot is not None:
                 status = robot.ctl("status")
                 snap["session"] = _live_session(status, pid)
@@ -421,11 +425,11 @@ def run_cell(env: LinkEnv | None, model: str, system: str, plan: Plan) -> dict[s
             per_inf.update(round_trips=result["round_trips_per_inference"],
                            bytes_up=result["bytes_up_per_inference"],
                            bytes_down=result["bytes_down_per_inference"])
-            if meter:
-                cell["power_meter"] = meter[0].name
-                session = meter[0].per_inference([tuple(s) for s in result["spans_ns"]])
-                per_inf.update(_energy_figures(meter[0].name, session.get("energy_per_inference_j"),
-                                               session.get("mean_inference_s"), mean_s))
+        if meter:
+            cell["power_meter"] = meter[0].name
+            session = meter[0].per_inference([tuple(s) for s in result["spans_ns"]])
+            per_inf.update(_energy_figures(meter[0].name, session.get("energy_per_inference_j"),
+                                           session.get("mean_inference_s"), mean_s))
         if before is not None and robot is not None:
             after = robot.wait_for(lambda s: not s["sessions"], timeout=30, what="session end")
             totals = {k: after["finished"][k] - before["finished"][k] for k in COUNTERS}

@@ -217,6 +217,18 @@ def scheduling(doc: dict[str, Any]) -> list[str]:
             cut = row[4]
             out.append(f"| {link} | {model} | {_f(slow)} | " + " | ".join(_f(v) for v in row)
                        + f" | {_f(best)} | {_f(cut / best if cut and best else None)} |")
+    energy = {(link, c["model"], c["system"]): c["per_inference"].get("energy_j")
+              for c in doc["cells"] if c["status"] == "ok" and c.get("per_inference")
+              for link in (doc["links"] if c["system"] == "local" else [c["link"]])}
+    if any(v is not None for v in energy.values()):
+        out += ["", f"Energy per inference (J, {energy_label(doc)}):", "",
+                "| link | model | " + " | ".join(PLACED) + " |",
+                "|---|---|" + "---|" * len(PLACED)]
+        for link in doc["links"]:
+            for model in dict.fromkeys(c["model"] for c in doc["cells"]):
+                row = [energy.get((link, model, s)) for s in PLACED]
+                if any(v is not None for v in row[1:]):
+                    out.append(f"| {link} | {model} | " + " | ".join(_f(v) for v in row) + " |")
     out += ["", "rrto is the default scheduler (remote-all); rrto:robot-all runs every call that "
             "may run on the robot there; rrto:min-cut measures the calls on both sides in its "
             "first replays, then runs at the minimum-latency cut for the measured link (its "

@@ -24,8 +24,8 @@ Framework-neutral: the interception backend says what a call writes and views
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 
 from rrto.v1 import ops_pb2
 from rrtod.wire import final_writes, iter_tensor_refs
@@ -66,6 +66,10 @@ class SequenceView:
     # far (``SequenceProfile``); None where not measured yet, empty before any profile.
     host_ns: tuple[float | None, ...] = ()
     robot_ns: tuple[float | None, ...] = ()
+    # The app's latency of one inference (ns, a median) under each placement measured so far,
+    # by the calls it put on the robot (an empty set: every call on the host). None: it cannot
+    # be measured (the sequence replays with others in one inference): place by the model.
+    measured_ns: Mapping[frozenset[int], float] | None = field(default_factory=dict)
 
 
 def why_not_split(d: ops_pb2.SequenceDef) -> str | None:

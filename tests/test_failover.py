@@ -132,8 +132,9 @@ def test_fallback_error_raises_host_lost(tmp_path):
 
 
 def _until_offloading(itc, m: nn.Module, x: torch.Tensor, ref: torch.Tensor) -> int:
-    """Infer until a new host took the session; every result must equal ``ref``."""
-    deadline = time.monotonic() + 30
+    """Infer until a new host took the session; every result must equal ``ref``. (A liveness
+    bound, not a timing: 30 s was once exceeded with the suite on two workers.)"""
+    deadline = time.monotonic() + 90
     n, before = 0, itc.session.counters["reconnects"]
     while itc.session.counters["reconnects"] == before:
         assert time.monotonic() < deadline, itc.session._reconnect.last_error

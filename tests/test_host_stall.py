@@ -189,3 +189,33 @@ def test_a_failing_callback_does_not_stop_the_others_or_the_ping_loop():
             await link.close()
 
     asyncio.run(main())
+
+
+def test_the_throughput_estimate_is_the_best_recent_probe():
+    """A probe queued behind the app's data reads the link slower than it is, never faster:
+    the estimate is the best probe of the window, and a slower probe after it (here: one that
+    waits behind 50 ms of other data) does not lower it. A probe is taken at most every
+    ``max_age_s``."""
+
+    class Rated(Stub):
+        queued = 0.0
+
+        async def Ping(self, request, timeout):  # noqa: N802
+            await asyncio.sleep(0.002 + len(request.payload) * 8 / 100e6 + self.queued)
+            return await super().Ping(request, timeout)
+
+    async def main() -> None:
+        link, _ = link_with(HealthConfig())
+        stub = link.stub = Rated()  # type: ignore[assignment]
+        link.state = "up"
+        first = await link.probe_throughput(max_age_s=0)
+        assert first is not None and first > 0
+        assert await link.probe_throughput() == first  # taken just now: not probed again
+        stub.queued = 0.05
+        slower = await link.probe_throughput(max_age_s=0)
+        assert slower == first and link._probes[-1][1] < first
+        stub.queued = 0.0
+        best = await link.probe_throughput(max_age_s=0)
+        assert best == max(m for _, m in link._probes)
+
+    asyncio.run(main())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from dataclasses import replace
 
 from plugins.schedulers import MinCutScheduler
 from plugins.schedulers.mincut import Link, min_cut, predicted_ns
@@ -96,10 +97,25 @@ def test_the_scheduler_measures_first_then_cuts():
     s = MinCutScheduler()
     link = LinkEstimate("edge", rtt_ms=5.0, mbit_s=20.0)
     assert s.place(v, link) == [HOST] * 4  # nothing measured: the host measures its times
-    v = SequenceView(1, v.calls, v.downloads, host_ns=(2 * MS, 30 * MS, 30 * MS, 1 * MS),
-                     robot_ns=(None,) * 4)
+    host_ns = (2 * MS, 30 * MS, 30 * MS, 1 * MS)
+    v = replace(v, host_ns=host_ns, robot_ns=(None,) * 4)
+    assert s.place(v, link) == [HOST] * 4  # and the app that placement's latency
+    v = replace(v, measured_ns={frozenset(): 80 * MS})
     assert s.place(v, link) == [ROBOT] * 4  # then the robot measures its own
-    v = SequenceView(1, v.calls, v.downloads, host_ns=v.host_ns,
-                     robot_ns=(8 * MS, 120 * MS, 120 * MS, 4 * MS))
-    assert s.place(v, link) == [ROBOT, HOST, HOST, HOST]
+    v = replace(v, robot_ns=(8 * MS, 120 * MS, 120 * MS, 4 * MS))
+    assert s.place(v, link) == [ROBOT] * 4  # with that placement's latency
+    everything = frozenset(range(4))
+    v = replace(v, measured_ns={frozenset(): 80 * MS, everything: 260 * MS})
+    assert s.place(v, link) == [ROBOT, HOST, HOST, HOST]  # then the cut
     assert s.place(v, LinkEstimate("edge", rtt_ms=None, mbit_s=None)) == [HOST] * 4
+    # The app's clock decides: a cut measured slower than everything on the host is dropped
+    # for it, one measured faster kept.
+    measured = {frozenset(): 80 * MS, everything: 260 * MS, frozenset({0}): 95 * MS}
+    assert s.place(replace(v, measured_ns=measured), link) == [HOST] * 4
+    measured[frozenset({0})] = 70 * MS
+    assert s.place(replace(v, measured_ns=measured), link) == [ROBOT, HOST, HOST, HOST]
+    # A sequence whose latency cannot be measured alone is placed by the model alone.
+    v = replace(v, measured_ns=None, robot_ns=(None,) * 4)
+    assert s.place(v, link) == [ROBOT] * 4
+    v = replace(v, robot_ns=(8 * MS, 120 * MS, 120 * MS, 4 * MS))
+    assert s.place(v, link) == [ROBOT, HOST, HOST, HOST]

@@ -4,6 +4,7 @@ together, what crosses the cut and how, and what both replay ends make of a spli
 
 from __future__ import annotations
 
+import statistics
 import struct
 
 import pytest
@@ -13,6 +14,8 @@ from rrtod import partition
 from rrtod.gpu.replay import HostReplayer, compile_sequence
 from rrtod.robot.scheduling import Scheduling
 from testkit.numbers import NumberExecutor, num
+
+MS = 1_000_000
 
 SRC = ops_pb2.SeqSource
 META = ops_pb2.TensorMeta(dtype="float64", shape=[], stride=[])
@@ -302,6 +305,39 @@ def test_profiles_reach_the_scheduler_and_a_changed_placement_is_a_new_plan():
     assert placer.profiled(robot, robot_side=True) is None  # nothing changed
     assert s.replaced == 2
     assert placer.place(chain()) == d  # the same sequence offered again: as placed
+
+
+def test_the_apps_latency_per_placement_reaches_the_scheduler():
+    """Each placement's latency as the app timed it (inference marks) goes to the scheduler
+    once ``SKIPPED + MEASURED`` of its inferences ran alone: the median of the measured ones,
+    by the calls it puts on the robot. A sequence seen replaying with another in one inference
+    is never timed: the scheduler is told so (None) at once, and places it by its model."""
+    from rrtod.robot.scheduling import MEASURED, SKIPPED
+
+    seen = []
+
+    class Timed:
+        def place(self, v, link=None):
+            seen.append(v.measured_ns)
+            return ROBOT_ENDS if v.measured_ns and frozenset() in v.measured_ns else ["host"] * 5
+
+    s = Scheduling(_Registry(Timed, lambda: (written, viewed)), _Config())
+    placer = s.session()
+    d = placer.place(chain())
+    assert d.plan == 0 and seen == [{}]
+    for n in range(SKIPPED + MEASURED - 1):
+        assert placer.timed([(3, 0)], (100 + n) * MS) == []
+    assert placer.timed([(3, 1)], MS) == []  # a plan it does not run now: not its latency
+    assert placer.timed([(3, 0)], 7 * MS) == [3]  # the last one: placed again
+    d = placer.again(3)
+    assert d is not None and d.plan == 1 and list(d.plans[0].robot_calls) == [0, 4]
+    assert seen[-1] == {frozenset(): statistics.median(
+        [(100 + n) * MS for n in range(SKIPPED, SKIPPED + MEASURED - 1)] + [7 * MS])}
+    assert placer.timed([(3, 0)], MS) == []  # measured already
+    assert placer.timed([(3, 1), None], MS) == [3]  # with a join: never timed again
+    placer.again(3)
+    assert seen[-1] is None
+    assert placer.timed([(3, 1)], MS) == [] and placer.timed([(3, 1), (4, 0)], MS) == []
 
 
 def test_the_host_times_the_calls_it_runs_in_a_plans_first_replays():

@@ -11,6 +11,7 @@ its replays measured and the link the robot daemon measured."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rrtod.hookspecs import PluginRecord, SchedulerFactory, hookimpl
@@ -32,24 +33,42 @@ class RobotAll:
 
 class MinCutScheduler:
     """``min-cut``: the minimum-latency cut for the link as measured now (``mincut``), from
-    each call's measured times. Until the host's times are in, every call runs on the host
-    (whose first replays measure them); then, until the robot's are in, every call that may
-    runs on the robot for its first replays (which measure them); then the cut."""
+    each call's measured times, kept only if the app's clock agrees. Its first replays measure:
+    every call on the host until the host's times and that placement's latency are in, then
+    every call that may on the robot until the robot's times and its latency are in; then the
+    cut, and once the cut's latency is in too, whichever of the three the app measured
+    fastest. A model of the link and of the calls' times predicts; what it leaves out (the
+    shim's cost per call, queueing, a misread link) the measured latency does not. A sequence
+    whose latency cannot be measured alone (``measured_ns`` None) runs at the cut."""
 
     def place(self, sequence: SequenceView, link: Any = None) -> list[str]:
         calls = sequence.calls
         host, robot = sequence.host_ns, sequence.robot_ns
-        if not host or any(h is None for h in host):
-            return [HOST] * len(calls)
-        if not robot or any(robot[k] is None for k, c in enumerate(calls) if c.movable):
-            return [ROBOT if c.movable else HOST for c in calls]
+        measured = sequence.measured_ns
+        everywhere = [HOST] * len(calls)
+        if not host or any(h is None for h in host) or _unmeasured(measured, everywhere):
+            return everywhere
+        movable = [ROBOT if c.movable else HOST for c in calls]
+        if not robot or any(robot[k] is None for k, c in enumerate(calls) if c.movable) \
+                or _unmeasured(measured, movable):
+            return movable
         mbit_s, rtt_ms = getattr(link, "mbit_s", None), getattr(link, "rtt_ms", None)
         if not mbit_s or rtt_ms is None:
-            return [HOST] * len(calls)  # the link is not measured: as remote-all
+            return everywhere  # the link is not measured: as remote-all
         from .mincut import Link, min_cut  # networkx: loaded only when it is used
 
-        return min_cut(sequence, [h or 0.0 for h in host], [r or 0.0 for r in robot],
-                       Link.of(mbit_s, rtt_ms)).placement
+        cut = min_cut(sequence, [h or 0.0 for h in host], [r or 0.0 for r in robot],
+                      Link.of(mbit_s, rtt_ms)).placement
+        if not measured or _unmeasured(measured, cut):
+            return cut
+        best = min(measured, key=lambda k: measured[k])
+        return [ROBOT if k in best else HOST for k in range(len(calls))]
+
+
+def _unmeasured(measured: Mapping[frozenset[int], float] | None, placement: list[str]) -> bool:
+    """Whether ``placement``'s latency is still to be measured (never, if it cannot be)."""
+    return measured is not None and frozenset(
+        k for k, p in enumerate(placement) if p == ROBOT) not in measured
 
 
 @hookimpl

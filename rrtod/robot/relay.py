@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -186,6 +187,9 @@ class AppRelay:
         # every call runs there.
         self.placer = placer
         self._placing: set[asyncio.Task[None]] = set()  # placements being renewed
+        # The replays the app started since its last inference mark: (sequence, plan), or
+        # None for a join (an inference switched to a variant); timed by the next mark.
+        self._started: list[tuple[int, int] | None] = []
         self.recorder = session.recorder
         self.call = call
         self.frames = frames  # the app's frames, within the socket's limits
@@ -346,12 +350,17 @@ class AppRelay:
                 if fkind == "profile":  # the robot's times: for this daemon's scheduler
                     self._profile_later(frame.profile, robot_side=True)
                     continue
+                if fkind == "start" and self.placer is not None:
+                    st = frame.start
+                    self._started.append(None if st.position else (st.sequence, st.plan))
                 await out.add(frame, n)
                 if fkind == "query":  # restored definitions follow the query on the stream
                     await out.flush()
             elif kind == "mark":
                 session.inferences += 1
                 energy.append(request.mark)
+                if self.placer is not None:
+                    self._timed(request.mark)
                 if rec is not None:
                     rec.app_waited(request.mark.search_wait_us / 1e6)
                     if rec.searching:  # the search sees the inference whole: the frames
@@ -517,25 +526,37 @@ class AppRelay:
                     framing.hop("robot.down.written")
 
     def _profile_later(self, profile: ops_pb2.SequenceProfile, robot_side: bool) -> None:
-        """``_profiled`` off the relay's path: it may measure the link first."""
-        if self.placer is None:
-            return
-        task = asyncio.get_running_loop().create_task(self._profiled(profile, robot_side))
-        self._placing.add(task)
-        task.add_done_callback(self._placing.discard)
-
-    async def _profiled(self, profile: ops_pb2.SequenceProfile, robot_side: bool) -> None:
         """A profile of a replayed sequence (``SequenceProfile``): the scheduler places it
         again with what is now known, and a placement it changes goes out as a new plan."""
         placer = self.placer
-        if placer is None or profile.sequence not in placer.defined:
+        if placer is not None and profile.sequence in placer.defined:
+            self._place_later(lambda mbit_s: placer.profiled(profile, robot_side, mbit_s))
+
+    def _timed(self, mark: local_pb2.InferenceMark) -> None:
+        """An inference's latency as the app measured it (its mark), for the placement of
+        the replays it started."""
+        started, self._started = self._started, []
+        placer = self.placer
+        if placer is None or not started:
             return
+        for seq in placer.timed(started, mark.end_ns - mark.start_ns):
+            self._place_later(lambda mbit_s, seq=seq: placer.again(seq, mbit_s))
+
+    def _place_later(self, place: Callable[[float | None], ops_pb2.SequenceDef | None]) -> None:
+        """``place`` (the scheduler asked again) off the relay's path, with the link's
+        throughput measured first; a definition it returns goes to the host and the shim."""
+        task = asyncio.get_running_loop().create_task(self._placed_anew(place))
+        self._placing.add(task)
+        task.add_done_callback(self._placing.discard)
+
+    async def _placed_anew(self, place: Callable[[float | None], ops_pb2.SequenceDef | None]
+                           ) -> None:
         mbit_s = None
         probe = getattr(self.session.host, "probe_throughput", None)
         try:
             if probe is not None:
                 mbit_s = await probe()
-            placed = placer.profiled(profile, robot_side, mbit_s)
+            placed = place(mbit_s)
             if placed is not None and self.phase is Phase.RELAYING:
                 await self.push_sequence(placed, placed=True)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError, ConnectionError, OSError):

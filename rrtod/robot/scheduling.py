@@ -6,9 +6,13 @@ replay (``SequenceDef.plans``, ``ReplayStart.plan``). Then both ends time the ca
 in a plan's first replays and report it (``SequenceProfile``: the host its calls, the shim the
 robot's); with each profile the scheduler is asked again, with the times known so far and the
 link as measured now, and a placement it changes is sent as a new plan of the same sequence
-(``SessionPlacer.profiled``). A placement that could change a result, or one the scheduler
-fails to make, is logged and the sequence keeps running as it did: placing is an optimisation,
-never a reason to lose replay.
+(``SessionPlacer.profiled``). The app's own latency of each inference (its ``InferenceMark``)
+is kept per placement too: once a plan has run ``MEASURED`` inferences past its profiled ones,
+their median goes to the scheduler (``SequenceView.measured_ns``), which is asked again
+(``SessionPlacer.measured``): a model's prediction proposes a placement, the app's clock
+decides whether it is kept. A placement that could change a result, or one the scheduler fails
+to make, is logged and the sequence keeps running as it did: placing is an optimisation, never
+a reason to lose replay.
 
 A scheduler that never places a call on the robot says so (``splits = False``, as
 ``remote-all`` does): then nothing is analysed or timed for it, and the interception backend's
@@ -17,6 +21,7 @@ aliasing (for torch, an import of torch into the daemon) is never loaded.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,6 +33,11 @@ from rrtod.config import Config
 from rrtod.plugins import Registry
 
 log = structlog.get_logger("rrtod.robot")
+
+# A plan's first inferences are timed call by call (``SequenceProfile``: ``PROFILED`` of them,
+# on both ends) and the first may bind weights: its latency is measured on the next ones.
+SKIPPED = 4
+MEASURED = 3  # inferences whose median latency stands for the plan's
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,7 @@ class Scheduling:
         self.placed = 0  # sequences defined with calls on the robot
         self.replaced = 0  # placements changed by what profiles showed
         self.refused = 0  # placements refused (or failed): the sequence ran as it was
+        self.timed = 0  # placements whose latency the app measured
 
     def session(self, link: Any = None) -> SessionPlacer:
         """The placer of one app session's sequences, on ``link`` (its host's ``HostLink``)."""
@@ -69,7 +80,7 @@ class Scheduling:
 
     def describe(self) -> dict[str, Any]:
         return {"scheduler": self.name, "placed": self.placed, "replaced": self.replaced,
-                "refused": self.refused}
+                "refused": self.refused, "timed": self.timed}
 
 
 class SessionPlacer:
@@ -85,6 +96,11 @@ class SessionPlacer:
         # (sequence, plan, from the robot) of the profiles taken: one each, a repeat is
         # ignored (each costs the scheduler a placement)
         self.taken: set[tuple[int, int, bool]] = set()
+        # per sequence, per placement (its robot calls): the app's latencies of its inferences
+        # (ns) until ``SKIPPED + MEASURED`` are in, then their median
+        self.latencies: dict[int, dict[frozenset[int], list[float]]] = {}
+        self.measured_ns: dict[int, dict[frozenset[int], float]] = {}
+        self.untimed: set[int] = set()  # sequences that replay with others in one inference
 
     def place(self, d: ops_pb2.SequenceDef) -> ops_pb2.SequenceDef:
         """``d`` (a sequence about to be defined) with the scheduler's plan."""
@@ -120,16 +136,53 @@ class SessionPlacer:
                 mine[k] = float(ns)
             elif not robot_side and k not in robot:
                 host[k] = float(ns)
-        link = self._link(mbit_s)
+        return self._again(d, self._link(mbit_s), "robot" if robot_side else "host")
+
+    def timed(self, replays: list[tuple[int, int] | None], latency_ns: float) -> list[int]:
+        """The app timed an inference (its ``InferenceMark``) that started ``replays``
+        ((sequence, plan); None: a join of a variant). The sequences to place ``again``: one
+        whose plan's measurement that completes, or one found in an inference with other
+        replays, whose latency is then never its own (it is placed from the model alone)."""
+        if len(replays) == 1 and replays[0] is not None:
+            seq_id, plan = replays[0]
+            d = self.defined.get(seq_id)
+            if d is None or plan != d.plan or not d.profile or seq_id in self.untimed:
+                return []  # (an inference started before the sequence was placed anew)
+            key = partition.plan_calls(d, plan)
+            if key in self.measured_ns.get(seq_id, {}):
+                return []
+            runs = self.latencies.setdefault(seq_id, {}).setdefault(key, [])
+            runs.append(latency_ns)
+            if len(runs) < SKIPPED + MEASURED:
+                return []
+            self.measured_ns.setdefault(seq_id, {})[key] = statistics.median(runs[SKIPPED:])
+            self.scheduling.timed += 1
+            return [seq_id]
+        shared = {r[0] for r in replays if r is not None and r[0] in self.defined} - self.untimed
+        self.untimed |= shared
+        return sorted(shared)
+
+    def again(self, seq_id: int, mbit_s: float | None = None) -> ops_pb2.SequenceDef | None:
+        """Sequence ``seq_id`` placed anew after ``timed``: the definition to send again if
+        the placement changes, else None."""
+        d = self.defined.get(seq_id)
+        return None if d is None else self._again(d, self._link(mbit_s), "timed")
+
+    def _again(self, d: ops_pb2.SequenceDef, link: LinkEstimate,
+               why: str) -> ops_pb2.SequenceDef | None:
+        """``d`` placed anew with what is known now: None if the placement stays."""
         placed = self._placed(d, link)
         if placed is None:
             return None
         changed = placed.plan != d.plan
+        host, mine = self.host_ns.get(d.id, []), self.robot_ns.get(d.id, [])
         log.info("sequence placed anew" if changed else "sequence placement kept",
                  scheduler=self.scheduling.name, sequence=d.id, plan=placed.plan,
                  robot_calls=len(placed.plans[placed.plan - 1].robot_calls) if placed.plan else 0,
-                 calls=n, mbit_s=link.mbit_s, rtt_ms=link.rtt_ms, host_ms=_total_ms(host),
-                 robot_ms=_total_ms(mine), profile="robot" if robot_side else "host")
+                 calls=len(d.calls), mbit_s=link.mbit_s, rtt_ms=link.rtt_ms,
+                 host_ms=_total_ms(host), robot_ms=_total_ms(mine), after=why,
+                 measured_ms={len(k): round(v / 1e6, 2)
+                              for k, v in self.measured_ns.get(d.id, {}).items()})
         if not changed:
             return None
         self.defined[d.id] = placed
@@ -141,6 +194,9 @@ class SessionPlacer:
         self.defined.pop(seq_id, None)
         self.host_ns.pop(seq_id, None)
         self.robot_ns.pop(seq_id, None)
+        self.latencies.pop(seq_id, None)
+        self.measured_ns.pop(seq_id, None)
+        self.untimed.discard(seq_id)
 
     def _placed(self, d: ops_pb2.SequenceDef, link: LinkEstimate) -> ops_pb2.SequenceDef | None:
         """``d`` with the scheduler's placement as its current plan; None if it cannot be
@@ -155,7 +211,9 @@ class SessionPlacer:
             view = partition.view(d, written, viewed)
             n = len(d.calls)
             view = replace(view, host_ns=tuple(self.host_ns.get(d.id, [None] * n)),
-                           robot_ns=tuple(self.robot_ns.get(d.id, [None] * n)))
+                           robot_ns=tuple(self.robot_ns.get(d.id, [None] * n)),
+                           measured_ns=None if d.id in self.untimed
+                           else dict(self.measured_ns.get(d.id, {})))
             placement = list(self.scheduling.scheduler.place(view, link))
             robot = partition.split(d, placement, written, viewed)
         except Exception as exc:  # noqa: BLE001 - a plugin's failure must not cost replay
