@@ -38,6 +38,7 @@ class _Session:
         self.channel = _Channel()
         self.counters: collections.Counter[str] = collections.Counter()
         self.replay = None
+        self.lost = None
         self.on_read = None
         self.mode = "stream"
         self.epoch = 0
@@ -126,7 +127,8 @@ def test_a_mark_says_how_long_the_app_waited_for_searches_since_the_previous_one
     each mark carries the replay client's search waits since the previous mark, waits
     outside any inference (set-up) included."""
     icpt, session, model = _interceptor(monkeypatch)
-    session.replay = types.SimpleNamespace(counters={"search_wait_ns": 0})
+    session.replay = types.SimpleNamespace(counters={"search_wait_ns": 0},
+                                           runs_here=lambda thread: None)
     session.replay.counters["search_wait_ns"] = 3_000_000  # before the first inference
     _infer(icpt, model, torch.zeros(2))
     session.replay.counters["search_wait_ns"] = 3_500_000

@@ -43,7 +43,8 @@ def replayed(daemon: Any, name: str, tmp, runs: int = RUNS) -> dict:
 
 def test_the_scheduler_key_changes_what_runs_where(daemon, tmp_path):
     """small_cnn with every call on the host (``remote-all``, the default), then on the robot
-    (``robot-all``); then the gru app under the test plugin's ``test-alternate``, which puts
+    (``robot-all``: through the shim while it times them, then run on the app's own tensors);
+    then the gru app under the test plugin's ``test-alternate``, which puts
     every other group of calls on the robot (testkit/echo_plugin): the most crossings a
     placement can have, with a recurrent state read across the cut, ``transpose_`` changing a
     value's layout in place, views of a stacked output, ``unbind`` and ``unsafe_split`` outputs
@@ -52,8 +53,11 @@ def test_the_scheduler_key_changes_what_runs_where(daemon, tmp_path):
     host = replayed(daemon, "small_cnn", tmp_path)
     assert host["robot_ops"] == 0 and host["replayed_ops"] > 0, host
     use(daemon, "robot-all")
-    robot = replayed(daemon, "small_cnn", tmp_path)
+    robot = replayed(daemon, "small_cnn", tmp_path, runs=9)
     assert robot["robot_ops"] == robot["replayed_ops"] > 0, robot
+    # once the robot's times are measured (3 inferences through the shim), the app's forward
+    # runs on its own tensors, nothing intercepted (plugins/torch/here.py)
+    assert robot["here"] >= 2 and robot["mismatches"] == 0, robot
     # the robot ran everything: only the inputs' first uploads and the weights' query travel
     assert robot["bytes_down"] < host["bytes_down"], (robot, host)
     scheduling = daemon.ctl("status")["scheduling"]

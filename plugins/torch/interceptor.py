@@ -31,6 +31,7 @@ from rrtod.switches import SwitchError, flag
 
 from . import compiling, factories
 from .client import RemoteSession
+from .here import Originals, swap_in, swap_out
 from .proxy import RemoteTensor
 
 BY_INFERENCE = ("round_trips", "push_waits", "replays", "mismatches", "switches")
@@ -86,6 +87,10 @@ class TorchInterceptor:
         except SwitchError:
             self.stats_enabled = False  # a diagnostic switch must not break the app
         self.by_inference: dict[int, tuple[int, ...]] = {}
+        # Forwards run on the app's own tensors (``here.py``): their originals, and how many
+        # threads are inside an offloaded forward (one runs here only when it is alone).
+        self._originals = Originals()
+        self._busy = 0
 
     def install(self) -> None:
         self.session.on_read = self._read
@@ -132,21 +137,48 @@ class TorchInterceptor:
 
     # -- hooks -------------------------------------------------------------------------------
     def _inside(self) -> bool:
-        """This thread is inside an offloaded module's forward, and the host is there."""
-        return getattr(self._tls, "depth", 0) > 0 and self.session.lost is None
+        """This thread is inside an offloaded module's forward, and the host is there (not
+        one the robot runs whole: its factories make local tensors)."""
+        return (getattr(self._tls, "depth", 0) > 0 and self.session.lost is None
+                and getattr(self._tls, "here", None) is None)
 
     def _pre(self, module: nn.Module, args: Any) -> None:
         depth = getattr(self._tls, "depth", 0)
         self._tls.depth = depth + 1
         if depth == 0:
+            with self._lock:
+                self._busy += 1
             self._begin()
+            if module in self.offloaded:
+                self._tls.here = self._here(module)
         if module not in self.offloaded:
             self.offload(module)
+
+    def _here(self, module: nn.Module) -> list[Any] | None:
+        """Run this inference on the app's own tensors if the scheduler placed all of it on
+        the robot (``ReplayClient.runs_here``) and no other thread is in a forward (the swap
+        is the module's, not the thread's): the swapped slots, else None."""
+        replay = getattr(self.session, "replay", None)
+        if replay is None or self._busy != 1 or self.session.lost is not None:
+            return None
+        plan = replay.runs_here(self.session.thread_index())
+        if plan is None:
+            return None
+        slots = swap_in(module, self.session, self._originals)
+        if slots is not None:
+            replay.ran_here(plan)
+        return slots
 
     def _post(self, module: nn.Module, args: Any, output: Any) -> None:
         depth = getattr(self._tls, "depth", 1) - 1
         self._tls.depth = depth
         if depth == 0:
+            here = getattr(self._tls, "here", None)
+            if here is not None:
+                self._tls.here = None
+                swap_out(here, self.session)
+            with self._lock:
+                self._busy -= 1
             end = time.monotonic_ns()
             with self._lock:
                 self._index += 1

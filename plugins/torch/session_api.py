@@ -38,7 +38,9 @@ class Session(Protocol):
     lost: str | None  # why the connection to the host is gone; None while it is up
     epoch: int  # the connection's number: a new host after a loss is a new epoch
     stale_released: list[int]  # like ``released``, for the ids of earlier epochs
-    diverged: set[int]  # proxies written here after a loss or a deadline: the host's is older
+    # proxies written here after a loss or a deadline, or by a forward run here whole
+    # (``here.py``): the host's copy is older
+    diverged: set[int]
     fallback: str  # "local": run here what the host cannot; "error": raise instead
     replay: PushedOutputs | None
     # Whether this thread is inside an offloaded module's forward (the interceptor sets it):

@@ -56,6 +56,7 @@ from rrto_plugins.torch.allowlist import Allowlist, OpNotAllowed
 from rrto_plugins.torch.executor import TorchExecutor
 from rrto_plugins.torch.replay import ReplayClient, decode_answer
 from rrto_plugins.torch.schemas import schema_hash
+from rrtod import partition
 from rrtod.config import SocketLimitsConfig
 from rrtod.executor import ExecutorContext
 from rrtod.framing import ByteBudget, FrameError, FrameReader, encode, read_frame
@@ -66,6 +67,7 @@ from rrtod.local_server import STREAM_LIMIT, Connection, LocalServer
 from rrtod.robot.placement import Lane, NeedPull, Placement
 from rrtod.robot.recorder import Recorder
 from rrtod.robot.relay import AppRelay, AppSession
+from rrtod.robot.scheduling import Scheduling
 from rrtod.wire import HEADER, iter_tensor_refs
 
 from . import TARGET_NAMES
@@ -529,6 +531,61 @@ def robot_placement(data: bytes) -> None:
     LOOP.run_until_complete(main())
 
 
+
+
+# -- the robot daemon's scheduler: profiles and inference marks from the app ------------------
+class _SchedulingConfig:
+    scheduler = "min-cut"
+    intercept = type("Intercept", (), {"backend": "torch"})
+
+
+_SCHEDULING: list[Scheduling] = []
+
+
+class _MeasuredLink:
+    name, rtt_min_ms = "fuzz-host", 2.6
+
+    def __init__(self, fdp: atheris.FuzzedDataProvider):
+        self.mbit_s = fdp.ConsumeRegularFloat() if fdp.ConsumeBool() else None
+
+
+def robot_scheduling(data: bytes) -> None:
+    """The app's profiles (``SequenceProfile``) and inference marks (as the relay attributes
+    them: the replays an inference started, its latency), fuzzed, for a (fuzzed) sequence the
+    ``min-cut`` scheduler placed: the placer raises nothing, and each definition it would send
+    again has a current plan whose calls both ends can run."""
+    from rrtod.plugins import discover
+
+    if not _SCHEDULING:
+        _SCHEDULING.append(Scheduling(discover(), _SchedulingConfig()))  # type: ignore[arg-type]
+    fdp = atheris.FuzzedDataProvider(data)
+    builder = Builder(fdp, budget=200)
+    d = _definition(builder)
+    placer = _SCHEDULING[0].session(_MeasuredLink(fdp))
+    d = placer.place(d)
+    for _ in range(fdp.ConsumeIntInRange(1, 24)):
+        mbit_s = fdp.ConsumeRegularFloat() if fdp.ConsumeBool() else None
+        again: list[ops_pb2.SequenceDef | None] = []
+        if fdp.ConsumeBool():
+            profile = ops_pb2.SequenceProfile.FromString(
+                builder.build(ops_pb2.SequenceProfile).SerializeToString())
+            if fdp.ConsumeBool():
+                profile.sequence = d.id
+            again.append(placer.profiled(profile, fdp.ConsumeBool(), mbit_s))
+        else:
+            started: list[tuple[int, int] | None] = [
+                None if fdp.ConsumeIntInRange(0, 7) == 0 else
+                (d.id if fdp.ConsumeBool() else fdp.ConsumeIntInRange(0, 1 << 40),
+                 fdp.ConsumeIntInRange(0, 3))
+                for _ in range(fdp.ConsumeIntInRange(0, 3))]
+            for seq in placer.timed(started, float(fdp.ConsumeIntInRange(-1 << 40, 1 << 40))):
+                again.append(placer.again(seq, mbit_s))
+        for placed in again:
+            if placed is not None:
+                partition.plan_calls(placed, placed.plan)
+                d = placed
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "frames": frames,
     "local_socket": local_socket,
@@ -538,5 +595,6 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "shim_down": shim_down,
     "robot_replayed": robot_replayed,
     "robot_placement": robot_placement,
+    "robot_scheduling": robot_scheduling,
 }
 assert tuple(TARGETS) == TARGET_NAMES
