@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from rrto_plugins.power.model import usable_cpus
 from rrtod.config import PowerConfig
 from rrtod.robot.energy import EnergyAccountant, select_meter
 
@@ -32,6 +33,8 @@ class RobotMeter:
 
         self.power = power or PowerConfig()
         self.name, meter = select_meter(discover(), self.power)
+        if hasattr(meter, "count_against"):  # the app's CPUs (the robot's cgroup), not ours
+            meter.count_against(usable_cpus(pid))
         self.acct = EnergyAccountant(self.name, meter, self.power.sample_hz)
         self.acct.track_process(SESSION, pid)
         self.acct.set_state(SESSION, "communication")

@@ -373,14 +373,12 @@ def run_cell(env: LinkEnv | None, model: str, system: str, plan: Plan) -> dict[s
         def snapshot(phase: str, pid: int) -> None:
             """Counters at the end of the warm-up and after the last measured inference."""
             snaps[phase]["t"] = time.monotonic()
-            if env is None:
-                return
             if system in ("nto", "local"):
                 if phase == "warm":
                     meter.append(RobotMeter(pid))
                 elif meter:
                     meter[0].stop()
-            if system == "local":
+            if env is None or system == "local":
                 return
             snap = snaps[phase]
             if daemon and robot is not None:

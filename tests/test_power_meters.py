@@ -440,6 +440,21 @@ def test_process_cpu_counts_busy_against_the_cores_it_was_given() -> None:
     assert cpu() >= 0.15
 
 
+def test_a_meter_outside_the_robot_counts_busy_against_the_robots_cpus() -> None:
+    """The benchmark meters an app in the robot's cgroup from its own process: busy is the
+    app's CPU over the robot's quota, not over the harness's CPUs."""
+    clock = Clock()
+    meter = ModelMeter(clock=clock, cores=2)
+    meter.count_against(0.25)
+    meter._procs.add(os.getpid())  # type: ignore[union-attr]
+    burnt = os.times()
+    x = 0
+    while os.times().user + os.times().system - burnt.user - burnt.system < 0.05:
+        x += 1
+    clock.advance(1.0)
+    assert meter._cpu() >= 0.15  # against 2 CPUs: about 0.025
+
+
 # ---- records ------------------------------------------------------------------------------------
 
 

@@ -230,6 +230,13 @@ class ModelMeter(MeterBase):
     def probe() -> str | None:
         return None
 
+    def count_against(self, cores: float) -> None:
+        """Measure busy against ``cores`` CPUs (the robot's), not those of this process: for
+        a meter that runs outside the robot (the benchmark's, around an app in the robot's
+        cgroup, whose quota is a quarter of a CPU while the harness may use two)."""
+        if self._procs is not None:
+            self._procs._fixed_cores = self._procs._cores = cores
+
     def power_w(self, state: str, busy: float) -> float:
         base = self.watts[state]
         return base + max(0.0, self.watts["inference"] - base) * min(1.0, max(0.0, busy))
