@@ -23,8 +23,8 @@ $(STAMP): pyproject.toml examples/rrto-example-plugin/pyproject.toml
 
 # PYTEST_ARGS="-n 2 --dist loadscope": two workers, whole modules per worker (16-17 min on this
 # 2-core machine against 22-24 serially, 2026-11-27). Not the default: under that contention a
-# failover test's takeover (tests/test_failover.py) never completed in 2 of 4 runs (a reconnect
-# attempt that neither succeeds nor fails: being investigated).
+# failover test's takeover (tests/test_failover.py) never completed, once in two full runs (a
+# reconnect attempt that neither succeeds nor fails: being investigated).
 test: install
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 

@@ -230,9 +230,10 @@ def scheduling(doc: dict[str, Any]) -> list[str]:
                 if any(v is not None for v in row[1:]):
                     out.append(f"| {link} | {model} | " + " | ".join(_f(v) for v in row) + " |")
     out += ["", "rrto is the default scheduler (remote-all); rrto:robot-all runs every call that "
-            "may run on the robot there; rrto:min-cut measures the calls on both sides in its "
-            "first replays, then runs at the minimum-latency cut for the measured link (its "
-            "warm-up must cover those replays: a dozen inferences). Robot slowdown: local's "
+            "may run on the robot there; rrto:min-cut measures the calls on both sides and the "
+            "app's latency of each placement in its first replays, then runs at the "
+            "minimum-latency cut for the measured link if the app measures it fastest (its "
+            "warm-up must cover those replays: ~25 inferences). Robot slowdown: local's "
             "median over the NTO server's compute of the same model in the same run.", ""]
     return out
 

@@ -155,11 +155,12 @@ class Scheduler(Protocol):
         """Per call of ``sequence``, where it runs: ``"host"`` or ``"robot"``. The daemon passes
         a ``rrtod.partition.SequenceView`` (its ``calls``: operator, the calls each reads,
         bytes made, the group that must stay together, whether it may run on the robot; and
-        per call the times measured so far on each side, ``host_ns`` and ``robot_ns``) and
-        the link (``rrtod.robot.scheduling.LinkEstimate``: ``rtt_ms``, ``mbit_s``, measured).
-        It asks again as measured times come in; a changed answer becomes a new plan of the
-        sequence. A placement that could change a result (``rrtod.partition.split``) is
-        refused: the sequence then runs as it did."""
+        per call the times measured so far on each side, ``host_ns`` and ``robot_ns``, and per
+        placement tried the app's median latency, ``measured_ns``) and the link
+        (``rrtod.robot.scheduling.LinkEstimate``: ``rtt_ms``, ``mbit_s``, measured). It asks
+        again as measured times come in; a changed answer becomes a new plan of the sequence.
+        A placement that could change a result (``rrtod.partition.split``) is refused: the
+        sequence then runs as it did."""
         ...
 
 
