@@ -307,6 +307,20 @@ def test_profiles_reach_the_scheduler_and_a_changed_placement_is_a_new_plan():
     assert placer.place(chain()) == d  # the same sequence offered again: as placed
 
 
+def test_plans_are_the_placers_alone():
+    """A definition offered with plans of its own (fuzzing found one naming calls it does not
+    have) is placed afresh: the plans sent are the ones the placer made."""
+    offered = chain()
+    offered.plans.add().robot_calls[:] = [7, 3]
+    offered.plan, offered.profile = 1, True
+    s = Scheduling(_Registry(lambda: type("P", (), {"place": lambda self, v, link=None:
+                                                     ROBOT_ENDS})(),
+                             lambda: (written, viewed)), _Config())
+    d = s.session().place(offered)
+    assert [list(p.robot_calls) for p in d.plans] == [[0, 4]] and d.plan == 1
+    assert partition.plan_calls(d, d.plan) == {0, 4}
+
+
 def test_the_apps_latency_per_placement_reaches_the_scheduler():
     """Each placement's latency as the app timed it (inference marks) goes to the scheduler
     once ``SKIPPED + MEASURED`` of its inferences ran alone: the median of the measured ones,

@@ -107,6 +107,12 @@ class SessionPlacer:
         """``d`` (a sequence about to be defined) with the scheduler's plan."""
         if not self.scheduling.splits or not d.calls:
             return d
+        if d.plans or d.plan or d.profile:  # plans are this placer's alone: placed afresh
+            clean = ops_pb2.SequenceDef()
+            clean.CopyFrom(d)
+            del clean.plans[:]
+            clean.plan, clean.profile = 0, False
+            d = clean
         known = self.defined.get(d.id)
         if known is not None and partition.without_plans(known) == partition.without_plans(d):
             return known  # sent again (restored, re-offered): as placed before
