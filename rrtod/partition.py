@@ -331,16 +331,20 @@ def rewrite(d: ops_pb2.SequenceDef, robot: frozenset[int]) -> ops_pb2.SequenceDe
     return out
 
 
-def without_plans(d: ops_pb2.SequenceDef) -> bytes:
-    """``d`` serialized without its plans (``plans``, ``plan``, ``profile``): two definitions
-    of one sequence that a scheduler placed differently compare equal so, on both replay ends
-    and in the robot daemon."""
+def unplaced(d: ops_pb2.SequenceDef) -> ops_pb2.SequenceDef:
+    """A copy of ``d`` without its plans (``plans``, ``plan``, ``profile``)."""
     base = ops_pb2.SequenceDef()
     base.CopyFrom(d)
     del base.plans[:]
     base.plan = 0
     base.profile = False
-    return base.SerializeToString(deterministic=True)
+    return base
+
+
+def without_plans(d: ops_pb2.SequenceDef) -> bytes:
+    """``d`` serialized without its plans: two definitions of one sequence that a scheduler
+    placed differently compare equal so, on both replay ends and in the robot daemon."""
+    return unplaced(d).SerializeToString(deterministic=True)
 
 
 def _writes_nothing(call: ops_pb2.OpCall) -> list[int]:

@@ -128,6 +128,10 @@ class ProcessCpu:
         self._last_cpu: dict[int, float] = {}
         self._last_t = clock()
 
+    def count_against(self, cores: float) -> None:
+        """From now on, busy is relative to ``cores`` CPUs, whatever this process may use."""
+        self._fixed_cores = self._cores = cores
+
     @classmethod
     def _seconds(cls, proc: int | psutil.Process) -> float:
         if isinstance(proc, int):
@@ -235,7 +239,7 @@ class ModelMeter(MeterBase):
         a meter that runs outside the robot (the benchmark's, around an app in the robot's
         cgroup, whose quota is a quarter of a CPU while the harness may use two)."""
         if self._procs is not None:
-            self._procs._fixed_cores = self._procs._cores = cores
+            self._procs.count_against(cores)
 
     def power_w(self, state: str, busy: float) -> float:
         base = self.watts[state]

@@ -177,10 +177,9 @@ class TorchInterceptor:
             if here is not None:
                 self._tls.here = None
                 swap_out(here, self.session)
-            with self._lock:
-                self._busy -= 1
             end = time.monotonic_ns()
             with self._lock:
+                self._busy -= 1
                 self._index += 1
                 index = self._index
             open_ = _Open(index, self._tls.start, end, _handles(output, set()),

@@ -831,7 +831,7 @@ class ReplayClient:
         if len(seqs) != 1 or self._give_up or getattr(self._tls, "active", None) is not None:
             return None
         seq = seqs[0]
-        if not seq.current or seq.current > len(seq.plans):
+        if not seq.current:
             return None
         plan = seq.plans[seq.current - 1]
         if not plan.here or (plan.definition.profile and plan.profiled < PROFILED):

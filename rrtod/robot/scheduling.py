@@ -9,7 +9,7 @@ link as measured now, and a placement it changes is sent as a new plan of the sa
 (``SessionPlacer.profiled``). The app's own latency of each inference (its ``InferenceMark``)
 is kept per placement too: once a plan has run ``MEASURED`` inferences past its profiled ones,
 their median goes to the scheduler (``SequenceView.measured_ns``), which is asked again
-(``SessionPlacer.measured``): a model's prediction proposes a placement, the app's clock
+(``SessionPlacer.timed``, ``again``): a model's prediction proposes a placement, the app's clock
 decides whether it is kept. A placement that could change a result, or one the scheduler fails
 to make, is logged and the sequence keeps running as it did: placing is an optimisation, never
 a reason to lose replay.
@@ -108,11 +108,7 @@ class SessionPlacer:
         if not self.scheduling.splits or not d.calls:
             return d
         if d.plans or d.plan or d.profile:  # plans are this placer's alone: placed afresh
-            clean = ops_pb2.SequenceDef()
-            clean.CopyFrom(d)
-            del clean.plans[:]
-            clean.plan, clean.profile = 0, False
-            d = clean
+            d = partition.unplaced(d)
         known = self.defined.get(d.id)
         if known is not None and partition.without_plans(known) == partition.without_plans(d):
             return known  # sent again (restored, re-offered): as placed before
