@@ -234,6 +234,17 @@ def _stop(proc: subprocess.Popen[Any], timeout: float = 5.0) -> None:
             proc.wait()
 
 
+def _switches(warm: dict[str, Any] | None, done: dict[str, Any] | None,
+              n: int) -> dict[str, float]:
+    """Plan switches per inference between the two snapshots (the robot daemon's placer for
+    the session: ``rrtod.robot.scheduling``); empty without a splitting scheduler."""
+    def count(snap: dict[str, Any] | None) -> int | None:
+        return ((snap or {}).get("scheduling") or {}).get("switches")
+
+    before, after = count(warm), count(done)
+    return {} if before is None or after is None else {"plan_switches": (after - before) / n}
+
+
 def _host_replay(warm: dict[str, Any] | None, done: dict[str, Any] | None) -> dict[str, float]:
     """The GPU daemon's time per replayed inference between the two snapshots (its session's
     ``replay_cpu_s`` and ``replay_wall_s``, rrtod/gpu/replay.py): the replay thread's CPU for
@@ -441,6 +452,7 @@ def run_cell(env: LinkEnv | None, model: str, system: str, plan: Plan) -> dict[s
             per_inf["daemon_inferences"] = steady["inferences"]
             per_inf["replayed"] = (_replays(done.get("session")) - _replays(at_warm)) / n
             per_inf.update(_host_replay(warm.get("host"), done.get("host")))
+            per_inf.update(_switches(at_warm, done.get("session"), n))
             per_inf["record"] = (done.get("session") or at_warm).get("record")
             sid = at_warm.get("id")
             # A mark reaches the daemon with the app's next write: between the two snapshots it

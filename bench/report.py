@@ -229,6 +229,7 @@ def scheduling(doc: dict[str, Any]) -> list[str]:
                 row = [energy.get((link, model, s)) for s in PLACED]
                 if any(v is not None for v in row[1:]):
                     out.append(f"| {link} | {model} | " + " | ".join(_f(v) for v in row) + " |")
+    out += switching(doc)
     out += ["", "rrto is the default scheduler (remote-all); rrto:robot-all runs every call that "
             "may run on the robot there; rrto:min-cut measures the calls on both sides and the "
             "app's latency of each placement in its first replays, then runs at the "
@@ -236,6 +237,38 @@ def scheduling(doc: dict[str, Any]) -> list[str]:
             "warm-up must cover those replays: ~25 inferences). Robot slowdown: local's "
             "median over the NTO server's compute of the same model in the same run.", ""]
     return out
+
+
+def switching(doc: dict[str, Any]) -> list[str]:
+    """Plan switching on fluctuating links (bandwidth traces): min-cut, which runs each
+    inference with the plan of the link's current band, against the best fixed plan of the
+    same run (local: every call on the robot; rrto: every call on the host), by mean and
+    median latency, with how often its plan changed."""
+    cells = {(c["link"], c["model"], c["system"]): c for c in doc["cells"] if c["status"] == "ok"}
+    local = {c["model"]: c for c in doc["cells"] if c["status"] == "ok" and c["system"] == "local"}
+    rows = []
+    for (link, model, system), c in cells.items():
+        if system != "rrto:min-cut" or c.get("window_mbps") is None:
+            continue
+        fixed = [x for x in (local.get(model), cells.get((link, model, "rrto"))) if x]
+        if not fixed:
+            continue
+        switches = (c.get("per_inference") or {}).get("plan_switches")
+        best_mean = min(x["latency"]["mean"] for x in fixed)
+        best_median = min(x["latency"]["median"] for x in fixed)
+        rows.append(f"| {link} | {model} | {_f(c['window_mbps'])} | {_f(c['latency']['mean'])} | "
+                    f"{_f(best_mean)} | {_f(c['latency']['mean'] / best_mean)} | "
+                    f"{_f(c['latency']['median'])} | {_f(best_median)} | "
+                    f"{_f(c['latency']['median'] / best_median)} | "
+                    f"{_f(None if switches is None else switches * c['iters'])} / {c['iters']} |")
+    if not rows:
+        return []
+    return ["", "Plan switching on fluctuating links (min-cut: each inference runs the plan of "
+            "the link's band as last measured; best fixed: the better of local and rrto in "
+            "the same run):", "",
+            "| link | model | trace mean Mbit/s | min-cut mean ms | best fixed mean | ratio | "
+            "min-cut median | best fixed median | ratio | plan switches |",
+            "|---|---|---|---|---|---|---|---|---|---|", *rows]
 
 
 def plot(doc: dict[str, Any], path: Path) -> Path | None:

@@ -158,7 +158,9 @@ class Scheduler(Protocol):
         per call the times measured so far on each side, ``host_ns`` and ``robot_ns``, and per
         placement tried the app's median latency, ``measured_ns``) and the link
         (``rrtod.robot.scheduling.LinkEstimate``: ``rtt_ms``, ``mbit_s``, measured). It asks
-        again as measured times come in; a changed answer becomes a new plan of the sequence.
+        again as measured times come in, and for each bandwidth band the link enters (its
+        ``mbit_s`` then in that band; ``measured_ns`` None outside the sequence's first band);
+        a changed answer becomes a new plan of the sequence, switched to per band.
         A placement that could change a result (``rrtod.partition.split``) is refused: the
         sequence then runs as it did."""
         ...

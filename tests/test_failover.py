@@ -131,13 +131,26 @@ def test_fallback_error_raises_host_lost(tmp_path):
             y.cpu()
 
 
+def _stuck(itc) -> str:
+    """Why no host took the session: the reconnect's state and every thread's stack."""
+    import sys
+    import threading
+    import traceback
+    r = itc.session._reconnect
+    names = {t.ident: t.name for t in threading.enumerate()}
+    stacks = "\n".join(f"--- {names.get(i, i)}\n" + "".join(traceback.format_stack(f))
+                       for i, f in sys._current_frames().items())
+    return (f"last_error={r.last_error!r} busy={r._busy} ready={r._ready is not None} "
+            f"next_in={r._next - time.monotonic():.1f}s lost={itc.session.lost!r}\n{stacks}")
+
+
 def _until_offloading(itc, m: nn.Module, x: torch.Tensor, ref: torch.Tensor) -> int:
     """Infer until a new host took the session; every result must equal ``ref``. (A liveness
     bound, not a timing: 30 s was once exceeded with the suite on two workers.)"""
     deadline = time.monotonic() + 90
     n, before = 0, itc.session.counters["reconnects"]
     while itc.session.counters["reconnects"] == before:
-        assert time.monotonic() < deadline, itc.session._reconnect.last_error
+        assert time.monotonic() < deadline, _stuck(itc)
         with torch.no_grad():
             y = m(x)
         assert torch.equal(y.cpu() if isinstance(y, RemoteTensor) else y, ref)

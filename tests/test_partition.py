@@ -379,3 +379,101 @@ def test_the_host_times_the_calls_it_runs_in_a_plans_first_replays():
     assert profile.sequence == 3 and profile.plan == 1 and profile.replays == PROFILED
     assert profile.call_ns[0] == profile.call_ns[4] == 0  # the robot's
     assert all(ns > 0 for ns in profile.call_ns[1:4])
+    # each replay that ran to its end says how its uploaded data arrived (plan switching)
+    timings = [d.timing for d in out if d.WhichOneof("msg") == "timing"]
+    assert len(timings) == PROFILED
+    assert all(t.sequence == 3 and t.plan == 1 and t.upload_bytes == 2 * len(num(3.0).data)
+               and t.upload_ns > 0 for t in timings)
+
+
+class _ByLink:
+    """Both ends on the robot below 20 Mbit/s, all on the host above; what it saw, kept."""
+
+    seen: list = []
+
+    def place(self, v, link=None):
+        self.seen.append((link.mbit_s, v.measured_ns))
+        return ROBOT_ENDS if link.mbit_s is not None and link.mbit_s < 20 else ["host"] * 5
+
+
+def _banded():
+    _ByLink.seen = []
+    s = Scheduling(_Registry(_ByLink, lambda: (written, viewed)), _Config())
+    placer = s.session()
+    d = placer.place(chain())
+    assert d.plan == 0 and placer.band is None
+    assert placer.observe(50.0) == []  # the first throughput: the band of what was placed
+    return s, placer
+
+
+def test_each_band_of_the_link_has_its_plan_and_a_known_plan_is_switched_to_at_once():
+    """The link's throughput moving to another band runs that band's plan: placed when the
+    band is new to the sequence (a new plan), taken from before when it is not (no new plan,
+    the scheduler not asked). Within ``HYSTERESIS`` of its band the link stays in it."""
+    from rrtod.robot.scheduling import HYSTERESIS, band_of
+
+    s, placer = _banded()
+    (d,) = placer.observe(8.0)
+    assert d.plan == 1 and list(d.plans[0].robot_calls) == [0, 4] and s.switched == 1
+    assert _ByLink.seen[-1][0] == 8.0  # placed for the throughput that moved the link
+    asked = len(_ByLink.seen)
+    (d,) = placer.observe(60.0)
+    assert d.plan == 0 and len(d.plans) == 1  # back: the plan both ends hold, unchanged
+    (d,) = placer.observe(9.0)
+    assert d.plan == 1 and len(d.plans) == 1 and len(_ByLink.seen) == asked
+    assert placer.observe(11.0) == []  # the same band
+    edge = 14.0  # band [7, 14): 15 is within its hysteresis; 21 is in [14, 28), on the host
+    assert band_of(edge * 1.07) != placer.band and edge * 1.07 < edge * HYSTERESIS
+    assert placer.observe(edge * 1.07) == [] and placer.band == band_of(9.0)
+    (d,) = placer.observe(edge * 1.5)
+    assert d.plan == 0 and placer.band == band_of(edge * 1.5)
+    assert placer.describe()["switches"] == s.switched == 4
+
+
+def test_the_apps_latencies_are_measured_in_the_sequences_first_band_only():
+    """Measuring a placement takes inferences in one band: in the band a sequence was first
+    placed in the scheduler gets what the app measured; in any other it places by its model
+    (``measured_ns`` None), and inferences there time nothing."""
+    from rrtod.robot.scheduling import MEASURED, SKIPPED
+
+    s, placer = _banded()
+    for _ in range(SKIPPED + MEASURED - 1):
+        assert placer.timed([(3, 0)], 5 * MS) == []
+    placer.observe(8.0)
+    assert _ByLink.seen[-1][1] is None
+    assert placer.timed([(3, 1)], 5 * MS) == []  # timed nothing: another band
+    placer.observe(50.0)
+    assert placer.timed([(3, 0)], 5 * MS) == [3]  # the first band's sixth inference
+    placer.again(3)
+    assert _ByLink.seen[-1] == (50.0, {frozenset(): 5 * MS})
+
+
+def test_a_replays_upload_timing_reads_the_links_throughput():
+    """The host's ``ReplayTiming``: bytes over the time they took to land after the start; for
+    a plan with robot calls ahead of the host's, less what those took (profiled); nothing
+    read from too few bytes, or before the robot's calls are profiled."""
+    from rrtod.robot.scheduling import MIN_CROSSING_BYTES
+
+    s, placer = _banded()
+    timing = ops_pb2.ReplayTiming(sequence=3, plan=0, upload_bytes=625_000, upload_ns=100 * MS)
+    assert placer.uploaded(timing) == pytest.approx(50.0)
+    timing.upload_bytes = MIN_CROSSING_BYTES - 1
+    assert placer.uploaded(timing) is None
+    (d,) = placer.observe(8.0)  # plan 1: calls 0 and 4 on the robot
+    cut = ops_pb2.ReplayTiming(sequence=3, plan=1, upload_bytes=625_000, upload_ns=120 * MS)
+    assert placer.uploaded(cut) is None  # call 0's time on the robot not known yet
+    placer.profiled(ops_pb2.SequenceProfile(sequence=3, plan=1, call_ns=[20 * MS, 0, 0, 0,
+                                                                         9 * MS]),
+                    robot_side=True)
+    assert placer.uploaded(cut) == pytest.approx(50.0)  # call 0 ran ahead; call 4 after
+    cut.upload_ns = 24 * MS
+    assert placer.uploaded(cut) is None  # the robot's compute would be most of it
+
+
+def test_a_definition_the_host_accepted_reaches_the_shim_with_the_plan_chosen_since():
+    s, placer = _banded()
+    (sent,) = placer.observe(8.0)  # a new plan: to the host first
+    placer.observe(50.0)  # and back, before the host answered
+    assert placer.current(sent).plan == 0 and placer.current(sent).plans == sent.plans
+    placer.observe(8.0)
+    assert placer.current(sent) == sent

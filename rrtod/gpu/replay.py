@@ -277,6 +277,9 @@ class Active:
     started_ns: int = field(default_factory=time.perf_counter_ns)  # its start frame ran
     cpu_ns: int = 0  # this thread's CPU running its calls (operators and the Python around)
     timing: list[int] | None = None  # per call, its time (a profiled replay: ``PROFILED``)
+    # data uploaded for it after its start frame, and when the last of it came (ReplayTiming)
+    upload_bytes: int = 0
+    uploaded_ns: int = 0
 
     def id_of(self, i: int) -> int:
         """The id of local value ``i`` in this inference."""
@@ -455,6 +458,8 @@ class HostReplayer:
         if sources[slot].kind == SRC.INPUT:
             if tensor.WhichOneof("ref") == "upload":
                 seq.latest[slot] = tensor
+                act.upload_bytes += len(tensor.upload.data)
+                act.uploaded_ns = time.perf_counter_ns()
             act.args[slot] = tensor
         else:  # a weight or constant (re)bound: it holds for later inferences too
             slot = seq.canon[slot] if seq.canon is not None else slot
@@ -621,6 +626,11 @@ class HostReplayer:
             self._close(act, complete=True)
             if act.timing is not None:
                 self._profiled(act, emit)
+            if act.upload_bytes and act.seq.definition.profile:
+                emit(ops_pb2.SessionDown(timing=ops_pb2.ReplayTiming(
+                    sequence=act.seq.definition.id, plan=act.seq.plan,
+                    upload_bytes=act.upload_bytes,
+                    upload_ns=max(0, act.uploaded_ns - act.started_ns))))
 
     def _profiled(self, act: Active, emit: Emit) -> None:
         """A timed replay ran to its end: add it to its plan's profile, and report the

@@ -36,6 +36,7 @@ from rrtod import __version__
 from rrtod.config import HealthConfig, HostConfig, TLSConfig
 
 THROUGHPUT_PROBE_BYTES = 256 << 10  # a ping this big measures the link's throughput
+SWITCH_PROBE_BYTES = 64 << 10  # a probe after an inference that moved too little to tell
 THROUGHPUT_MAX_AGE_S = 2.0  # a throughput measured longer ago than this is measured again
 THROUGHPUT_WINDOW_S = 60.0  # the estimate is the best probe of this window (a windowed max)
 
@@ -156,6 +157,23 @@ class HostLink:
                              / max(full - min(self.rtts), 1e-6)))
         self.mbit_s = max(m for at, m in self._probes if now - at <= THROUGHPUT_WINDOW_S)
         return self.mbit_s
+
+    async def time_upload(self, nbytes: int = SWITCH_PROBE_BYTES) -> float | None:
+        """Seconds ``nbytes`` take to reach the host now beyond the link's own round trip: one
+        ping carrying them, less the least round trip measured. Not a windowed best: plan
+        switching follows the link from one inference to the next (``rrtod.robot.scheduling``).
+        None if the host is down or the ping failed; a ping that times out counts as taking
+        its timeout (an outage is slow, not unknown)."""
+        if not self.up:
+            return None
+        sent = time.monotonic()
+        try:
+            took = await self._timed_ping(bytes(nbytes))
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                return None
+            took = time.monotonic() - sent
+        return max(took - (min(self.rtts) if self.rtts else 0.0), 0.0)
 
     async def _timed_ping(self, payload: bytes) -> float:
         sent = time.monotonic_ns()

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import grpc
@@ -34,15 +34,16 @@ from rrto.v1 import local_pb2, ops_pb2
 from rrtod import framing
 from rrtod.framing import JOIN_BYTES, FrameError, FrameReader, encode
 from rrtod.grpc_options import BATCH_BYTES
-from rrtod.robot.host_link import HostLink
+from rrtod.robot.host_link import SWITCH_PROBE_BYTES, HostLink
 from rrtod.robot.oplog import NUMBERS
 from rrtod.robot.placement import Lane, NeedPull, Placement, Unplaceable
 from rrtod.robot.recorder import Recorder
-from rrtod.robot.scheduling import SessionPlacer
+from rrtod.robot.scheduling import SessionPlacer, throughput
 from rrtod.wire import session_prefix
 
 log = structlog.get_logger("rrtod.robot")
 
+PROBE_EVERY_S = 0.25  # the least time between probes of the link for plan switching
 REPLICA_WRITE_S = 1.0  # a replica's stream that takes no frames this long: the replica is lost
 
 # How a GPU host that is up says no to a new session (``rrtod/gpu/service.py``): its session
@@ -77,6 +78,7 @@ class AppSession:
         # "refused" when the host refused to open it
         self.recorder = recorder
         self.placement: Placement | None = None  # per-inference placement, when on
+        self.placer: SessionPlacer | None = None  # the scheduler's, when one splits
 
     def describe(self) -> dict[str, Any]:
         placement = self.placement.describe() if self.placement is not None else None
@@ -88,6 +90,7 @@ class AppSession:
             "frames_down": self.frames_down, "bytes_up": self.bytes_up,
             "bytes_down": self.bytes_down, "inferences": self.inferences,
             "record": self.recorder.describe() if self.recorder else None,
+            "scheduling": self.placer.describe() if self.placer is not None else None,
             "versions": self.versions, "host_versions": self.host_versions,
         }}
 
@@ -185,11 +188,15 @@ class AppRelay:
         # The scheduler's placement of a sequence's calls (``rrtod.robot.scheduling``), applied
         # to each definition on its way to the host and renewed as profiles come in; None:
         # every call runs there.
-        self.placer = placer
+        self.placer = session.placer = placer
         self._placing: set[asyncio.Task[None]] = set()  # placements being renewed
         # The replays the app started since its last inference mark: (sequence, plan), or
         # None for a join (an inference switched to a variant); timed by the next mark.
         self._started: list[tuple[int, int] | None] = []
+        self._probing = False  # a probe of the link's throughput is under way
+        self._probed_at = 0.0  # when the last one started (time.monotonic)
+        self._saw_link = False  # a replay since the last mark measured the link (ReplayTiming)
+        self._host_plans: dict[int, int] = {}  # per sequence, how many plans the host holds
         self.recorder = session.recorder
         self.call = call
         self.frames = frames  # the app's frames, within the socket's limits
@@ -505,8 +512,13 @@ class AppRelay:
                 elif what == "profile":  # for this daemon's scheduler only
                     self._profile_later(frame.profile, robot_side=False)
                     continue
+                elif what == "timing":  # the link as a replay saw it: for the scheduler only
+                    self._link_timed(frame.timing)
+                    continue
                 if what == "defined":
                     d = rec.acknowledged(frame.defined) if rec is not None else None
+                    if d is not None and self.placer is not None:
+                        d = self.placer.current(d)  # a plan chosen since it was sent
                     if d is not None:
                         if placement is not None:
                             placement.accepted(d, frame.defined)
@@ -539,13 +551,55 @@ class AppRelay:
         placer = self.placer
         if placer is None or not started:
             return
-        for seq in placer.timed(started, mark.end_ns - mark.start_ns):
+        latency = mark.end_ns - mark.start_ns
+        for seq in placer.timed(started, latency):
             self._place_later(lambda mbit_s, seq=seq: placer.again(seq, mbit_s))
+        if self._saw_link:
+            self._saw_link = False
+        elif not self._probing:  # the inference told nothing of the link: probe it
+            self._probing = True
+            self._later(self._probed())
+
+    def _link_timed(self, timing: ops_pb2.ReplayTiming) -> None:
+        placer = self.placer
+        mbit_s = placer.uploaded(timing) if placer is not None else None
+        if mbit_s is not None:
+            self._saw_link = True
+            self._switch(placer.observe(mbit_s))  # type: ignore[union-attr]
+
+    async def _probed(self) -> None:
+        """The link's throughput now (a small probe), for the plan of the next inferences; at
+        most one per ``PROBE_EVERY_S``."""
+        probe = getattr(self.session.host, "time_upload", None)
+        try:
+            wait = self._probed_at + PROBE_EVERY_S - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            self._probed_at = time.monotonic()
+            took = await probe(SWITCH_PROBE_BYTES) if probe is not None else None
+            if took is not None and self.placer is not None and self.phase is Phase.RELAYING:
+                self._switch(self.placer.observe(throughput(SWITCH_PROBE_BYTES, took)))
+        finally:
+            self._probing = False
+
+    def _switch(self, defs: list[ops_pb2.SequenceDef]) -> None:
+        """Plans switched with the link's band: a definition whose plans the host holds goes
+        to the shim alone (a local message), one with a new plan to the host first."""
+        for d in defs:
+            if self._host_plans.get(d.id, -1) >= len(d.plans):
+                self.writer.write(b"".join(_framed(self.session,
+                                                   ops_pb2.SessionDown(sequence=d))))
+            else:
+                self._later(self._send_placed(d))
 
     def _place_later(self, place: Callable[[float | None], ops_pb2.SequenceDef | None]) -> None:
         """``place`` (the scheduler asked again) off the relay's path, with the link's
         throughput measured first; a definition it returns goes to the host and the shim."""
-        task = asyncio.get_running_loop().create_task(self._placed_anew(place))
+        self._later(self._placed_anew(place))
+
+    def _later(self, work: Coroutine[Any, Any, None]) -> None:
+        """Placement work off the relay's path (kept until done, cancelled with the relay)."""
+        task = asyncio.get_running_loop().create_task(work)
         self._placing.add(task)
         task.add_done_callback(self._placing.discard)
 
@@ -556,9 +610,16 @@ class AppRelay:
         try:
             if probe is not None:
                 mbit_s = await probe()
-            placed = place(mbit_s)
-            if placed is not None and self.phase is Phase.RELAYING:
-                await self.push_sequence(placed, placed=True)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, ConnectionError, OSError):
+            return  # the session is ending (its host stream or its app gone)
+        placed = place(mbit_s)
+        if placed is not None:
+            await self._send_placed(placed)
+
+    async def _send_placed(self, d: ops_pb2.SequenceDef) -> None:
+        try:
+            if self.phase is Phase.RELAYING:
+                await self.push_sequence(d, placed=True)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError, ConnectionError, OSError):
             pass  # the session is ending (its host stream or its app gone)
 
@@ -623,6 +684,7 @@ class AppRelay:
             self.recorder.offered(d)
         async with self.write_lock:
             await self.call.write(ops_pb2.SessionUp(define=d))
+        self._host_plans[d.id] = len(d.plans)
         if not d.calls:
             if self.placement is not None:
                 await self._send_lanes(self.placement.dropped(d.id))

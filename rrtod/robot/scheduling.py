@@ -14,6 +14,16 @@ decides whether it is kept. A placement that could change a result, or one the s
 to make, is logged and the sequence keeps running as it did: placing is an optimisation, never
 a reason to lose replay.
 
+A link's throughput changes (a robot moving through Wi-Fi cells), so placements are kept per
+bandwidth *band* (``BAND_EDGES_MBIT``): each band has its own placement, and each inference
+runs the plan of the band the link is in now (plan switching, ``SessionPlacer.observe``).
+The app's latencies are measured in the band a sequence was first placed in; in the others
+the scheduler places by its model (``measured_ns`` None). The link's throughput during an inference is read
+from that inference itself where it moved enough bytes (``throughput``: the app's latency
+less the profiled compute and one round trip), else probed. On a steady link everything
+stays in one band, and all of this is the single placement above. Switching to a plan both
+ends already hold costs a local message to the shim, nothing on the link.
+
 A scheduler that never places a call on the robot says so (``splits = False``, as
 ``remote-all`` does): then nothing is analysed or timed for it, and the interception backend's
 aliasing (for torch, an import of torch into the daemon) is never loaded.
@@ -21,6 +31,7 @@ aliasing (for torch, an import of torch into the daemon) is never loaded.
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from dataclasses import dataclass, replace
 from typing import Any
@@ -39,6 +50,17 @@ log = structlog.get_logger("rrtod.robot")
 # latency is measured on the next ones, as it runs from then on.
 SKIPPED = 3
 MEASURED = 3  # inferences whose median latency stands for the plan's
+# Bandwidth bands (Mbit/s): their edges fall between the usual link rates (10, 20, 50, 100,
+# 200, 500), so that a steady link's estimates stay in one band; a throughput must be past an
+# edge by ``HYSTERESIS`` to change band (no flapping on an estimate near an edge).
+BAND_EDGES_MBIT = (1.5, 3.5, 7.0, 14.0, 28.0, 70.0, 140.0, 280.0, 700.0)
+HYSTERESIS = 1.15
+# An inference that moved fewer bytes than this tells too little of the link (its round trip
+# and compute noise dominate): the link is probed instead.
+MIN_CROSSING_BYTES = 32 << 10
+# A transfer shorter than this is timing noise (a thread's wake-up, a round trip's jitter):
+# it only says the link is fast, which counts where even that bound is in the top band.
+MIN_TRANSFER_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -66,6 +88,7 @@ class Scheduling:
         self.replaced = 0  # placements changed by what profiles showed
         self.refused = 0  # placements refused (or failed): the sequence ran as it was
         self.timed = 0  # placements whose latency the app measured
+        self.switched = 0  # plans changed because the link's throughput changed band
 
     def session(self, link: Any = None) -> SessionPlacer:
         """The placer of one app session's sequences, on ``link`` (its host's ``HostLink``)."""
@@ -81,11 +104,12 @@ class Scheduling:
 
     def describe(self) -> dict[str, Any]:
         return {"scheduler": self.name, "placed": self.placed, "replaced": self.replaced,
-                "refused": self.refused, "timed": self.timed}
+                "refused": self.refused, "timed": self.timed, "switched": self.switched}
 
 
 class SessionPlacer:
-    """Places one app session's sequences, and places them anew as profiles come in."""
+    """Places one app session's sequences, and places them anew as profiles come in and as
+    the link's throughput moves from band to band."""
 
     def __init__(self, scheduling: Scheduling, link: Any = None):
         self.scheduling = scheduling
@@ -97,11 +121,22 @@ class SessionPlacer:
         # (sequence, plan, from the robot) of the profiles taken: one each, a repeat is
         # ignored (each costs the scheduler a placement)
         self.taken: set[tuple[int, int, bool]] = set()
-        # per sequence, per placement (its robot calls): the app's latencies of its inferences
-        # (ns) until ``SKIPPED + MEASURED`` are in, then their median
-        self.latencies: dict[int, dict[frozenset[int], list[float]]] = {}
-        self.measured_ns: dict[int, dict[frozenset[int], float]] = {}
+        # per (sequence, band), per placement (its robot calls): the app's latencies of its
+        # inferences (ns) until ``SKIPPED + MEASURED`` are in, then their median
+        self.latencies: dict[tuple[int, int | None], dict[frozenset[int], list[float]]] = {}
+        self.measured_ns: dict[tuple[int, int | None], dict[frozenset[int], float]] = {}
         self.untimed: set[int] = set()  # sequences that replay with others in one inference
+        # The band the link is in (None: its throughput is not known yet), the throughput that
+        # put it there, and per (sequence, band) the plan placed for that band.
+        self.band: int | None = None
+        self.mbit_s: float | None = None
+        self.chosen: dict[tuple[int, int | None], int] = {}
+        # Per sequence, the band it was first placed in: the app's latencies are measured there
+        # (profiles come from there too); in other bands the scheduler places by its model
+        # alone (``measured_ns`` None), so a new band never costs a round of measurements,
+        # some of which the link would make very slow (all on the host in an outage).
+        self.home: dict[int, int | None] = {}
+        self.switches = 0
 
     def place(self, d: ops_pb2.SequenceDef) -> ops_pb2.SequenceDef:
         """``d`` (a sequence about to be defined) with the scheduler's plan."""
@@ -113,9 +148,11 @@ class SessionPlacer:
         if known is not None and partition.without_plans(known) == partition.without_plans(d):
             return known  # sent again (restored, re-offered): as placed before
         self.forget(d.id)
-        placed = self._placed(d, self._link())
+        link = self._link()
+        self.home[d.id] = self.band
+        placed = self._placed(d, link)
         if placed is not None:
-            self.defined[d.id] = placed
+            self._keep(placed)
             if placed.plan:
                 self.scheduling.placed += 1
         return placed if placed is not None else d
@@ -143,33 +180,134 @@ class SessionPlacer:
 
     def timed(self, replays: list[tuple[int, int] | None], latency_ns: float) -> list[int]:
         """The app timed an inference (its ``InferenceMark``) that started ``replays``
-        ((sequence, plan); None: a join of a variant). The sequences to place ``again``: one
-        whose plan's measurement that completes, or one found in an inference with other
-        replays, whose latency is then never its own (it is placed from the model alone)."""
+        ((sequence, plan); None: a join of a variant), in the band the link is in now. The
+        sequences to place ``again``: one whose plan's measurement that completes, or one
+        found in an inference with other replays, whose latency is then never its own (it is
+        placed from the model alone)."""
         if len(replays) == 1 and replays[0] is not None:
             seq_id, plan = replays[0]
             d = self.defined.get(seq_id)
-            if d is None or plan != d.plan or not d.profile or seq_id in self.untimed:
+            if d is None or plan != d.plan or not d.profile or seq_id in self.untimed \
+                    or self.home.get(seq_id) != self.band:
                 return []  # (an inference started before the sequence was placed anew)
             key = partition.plan_calls(d, plan)
-            if key in self.measured_ns.get(seq_id, {}):
+            measured = self.measured_ns.setdefault((seq_id, self.band), {})
+            if key in measured:
                 return []
-            runs = self.latencies.setdefault(seq_id, {}).setdefault(key, [])
+            runs = self.latencies.setdefault((seq_id, self.band), {}).setdefault(key, [])
             runs.append(latency_ns)
             if len(runs) < SKIPPED + MEASURED:
                 return []
-            self.measured_ns.setdefault(seq_id, {})[key] = statistics.median(runs[SKIPPED:])
+            measured[key] = statistics.median(runs[SKIPPED:])
             self.scheduling.timed += 1
             return [seq_id]
         shared = {r[0] for r in replays if r is not None and r[0] in self.defined} - self.untimed
         self.untimed |= shared
         return sorted(shared)
 
+    def uploaded(self, timing: ops_pb2.ReplayTiming) -> float | None:
+        """The link's throughput (Mbit/s) as a replay saw it (``ReplayTiming``, from the host):
+        the bytes uploaded for it over the time they took to arrive after its start frame,
+        less the robot's profiled compute of the plan's robot calls before its last host call
+        (a robot value goes up once computed). None where that tells too little: under
+        ``MIN_CROSSING_BYTES``, a robot call not profiled yet, or compute that would explain
+        most of the time (its noise would be read as the link's)."""
+        d = self.defined.get(timing.sequence)
+        if timing.upload_bytes < MIN_CROSSING_BYTES or d is None or timing.plan > len(d.plans):
+            return None
+        robot = partition.plan_calls(d, timing.plan)
+        ahead = 0.0
+        if robot:
+            mine = self.robot_ns.get(d.id) or [None] * len(d.calls)
+            last = max((k for k in range(len(d.calls)) if k not in robot), default=-1)
+            before = [mine[k] for k in robot if k < last]
+            if any(t is None for t in before):
+                return None
+            ahead = sum(before)  # type: ignore[arg-type]
+        took = timing.upload_ns - ahead
+        if took < timing.upload_ns / 4:
+            return None
+        return throughput(timing.upload_bytes, took / 1e9)
+
+    def observe(self, mbit_s: float | None) -> list[ops_pb2.SequenceDef]:
+        """The link's throughput now (``uploaded``, or a probe): if it moved the link to
+        another band, each sequence runs that band's plan, placed now if the band is new to
+        it. The definitions to send again (their plan changed)."""
+        if not mbit_s or not self.scheduling.splits:
+            return []
+        self.mbit_s = mbit_s
+        band = self._band_for(mbit_s)
+        if self.band is None:  # the first throughput: the band of what was placed so far
+            self._settle(band)
+            return []
+        if band == self.band:
+            return []
+        self.band = band
+        out = []
+        for seq_id, d in list(self.defined.items()):
+            plan = self.chosen.get((seq_id, band))
+            if plan is None:
+                placed = self._placed(d, self._link())
+                if placed is None:
+                    continue
+            else:
+                placed = partition.with_plan(d, partition.plan_calls(d, plan))
+                placed.profile = d.profile
+            self._keep(placed)
+            if placed.plan != d.plan or len(placed.plans) != len(d.plans):
+                out.append(placed)
+        if out:
+            self.switches += 1
+            self.scheduling.switched += 1
+            log.info("link changed band: plans switched", scheduler=self.scheduling.name,
+                     mbit_s=round(mbit_s, 1), band=band,
+                     plans={d.id: d.plan for d in out})
+        return out
+
     def again(self, seq_id: int, mbit_s: float | None = None) -> ops_pb2.SequenceDef | None:
         """Sequence ``seq_id`` placed anew after ``timed``: the definition to send again if
         the placement changes, else None."""
         d = self.defined.get(seq_id)
         return None if d is None else self._again(d, self._link(mbit_s), "timed")
+
+    def current(self, d: ops_pb2.SequenceDef) -> ops_pb2.SequenceDef:
+        """``d`` (a definition the host accepted, for the shim) with the plan chosen for its
+        sequence since it was sent, if ``d`` has that plan (plans are only appended: plan
+        ``k`` is the same in both)."""
+        now = self.defined.get(d.id)
+        if now is None or now.plan == d.plan or now.plan > len(d.plans):
+            return d
+        out = ops_pb2.SequenceDef()
+        out.CopyFrom(d)
+        out.plan = now.plan
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {"band": self.band, "mbit_s": None if self.mbit_s is None else round(self.mbit_s, 1),
+                "switches": self.switches,
+                "plans": {seq_id: d.plan for seq_id, d in self.defined.items()}}
+
+    def _settle(self, band: int) -> None:
+        """The link's first band: what was placed, timed and measured before it was known
+        was in it."""
+        self.band = band
+        for by_band in (self.latencies, self.measured_ns, self.chosen):
+            for seq_id, b in [k for k in by_band if k[1] is None]:
+                by_band[(seq_id, band)] = by_band.pop((seq_id, b))  # type: ignore[index]
+        self.home = {k: band if v is None else v for k, v in self.home.items()}
+
+    def _keep(self, placed: ops_pb2.SequenceDef) -> None:
+        self.defined[placed.id] = placed
+        self.chosen[(placed.id, self.band)] = placed.plan
+
+    def _band_for(self, mbit_s: float) -> int:
+        """The band of ``mbit_s``; the current one while it is within ``HYSTERESIS`` of it."""
+        band, now = band_of(mbit_s), self.band
+        if now is None or band == now:
+            return band
+        low = BAND_EDGES_MBIT[now - 1] if now > 0 else 0.0
+        high = BAND_EDGES_MBIT[now] if now < len(BAND_EDGES_MBIT) else float("inf")
+        return now if low / HYSTERESIS <= mbit_s <= high * HYSTERESIS else band
 
     def _again(self, d: ops_pb2.SequenceDef, link: LinkEstimate,
                why: str) -> ops_pb2.SequenceDef | None:
@@ -182,13 +320,13 @@ class SessionPlacer:
         log.info("sequence placed anew" if changed else "sequence placement kept",
                  scheduler=self.scheduling.name, sequence=d.id, plan=placed.plan,
                  robot_calls=len(placed.plans[placed.plan - 1].robot_calls) if placed.plan else 0,
-                 calls=len(d.calls), mbit_s=link.mbit_s, rtt_ms=link.rtt_ms,
+                 calls=len(d.calls), mbit_s=link.mbit_s, rtt_ms=link.rtt_ms, band=self.band,
                  host_ms=_total_ms(host), robot_ms=_total_ms(mine), after=why,
-                 measured_ms={len(k): round(v / 1e6, 2)
-                              for k, v in self.measured_ns.get(d.id, {}).items()})
+                 measured_ms={len(k): round(v / 1e6, 2) for k, v in
+                              self.measured_ns.get((d.id, self.band), {}).items()})
         if not changed:
             return None
-        self.defined[d.id] = placed
+        self._keep(placed)
         self.scheduling.replaced += 1
         return placed
 
@@ -197,13 +335,15 @@ class SessionPlacer:
         self.defined.pop(seq_id, None)
         self.host_ns.pop(seq_id, None)
         self.robot_ns.pop(seq_id, None)
-        self.latencies.pop(seq_id, None)
-        self.measured_ns.pop(seq_id, None)
+        self.home.pop(seq_id, None)
+        for by_band in (self.latencies, self.measured_ns, self.chosen):
+            for key in [k for k in by_band if k[0] == seq_id]:
+                del by_band[key]
         self.untimed.discard(seq_id)
 
     def _placed(self, d: ops_pb2.SequenceDef, link: LinkEstimate) -> ops_pb2.SequenceDef | None:
-        """``d`` with the scheduler's placement as its current plan; None if it cannot be
-        split, or the placement was refused (logged)."""
+        """``d`` with the scheduler's placement for the current band as its current plan;
+        None if it cannot be split, or the placement was refused (logged)."""
         if partition.why_not_split(d) is not None:
             return None
         aliasing = self.scheduling.aliasing()
@@ -216,7 +356,8 @@ class SessionPlacer:
             view = replace(view, host_ns=tuple(self.host_ns.get(d.id, [None] * n)),
                            robot_ns=tuple(self.robot_ns.get(d.id, [None] * n)),
                            measured_ns=None if d.id in self.untimed
-                           else dict(self.measured_ns.get(d.id, {})))
+                           or self.home.get(d.id) != self.band
+                           else dict(self.measured_ns.get((d.id, self.band), {})))
             placement = list(self.scheduling.scheduler.place(view, link))
             robot = partition.split(d, placement, written, viewed)
         except Exception as exc:  # noqa: BLE001 - a plugin's failure must not cost replay
@@ -229,12 +370,33 @@ class SessionPlacer:
         return placed
 
     def _link(self, mbit_s: float | None = None) -> LinkEstimate:
+        """The link as the scheduler sees it: its round trip, and the throughput measured
+        (``mbit_s``, else the host link's) if it is in the current band, else the throughput
+        that put the link in that band (the probes' windowed best is not the link now)."""
         link = self.link
+        if mbit_s is None:
+            mbit_s = getattr(link, "mbit_s", None)
+        if self.mbit_s is not None and (mbit_s is None or band_of(mbit_s) != self.band):
+            mbit_s = self.mbit_s
         return LinkEstimate(name=getattr(link, "name", ""),
                             rtt_ms=getattr(link, "rtt_min_ms", None)
                             or getattr(link, "rtt_ms", None),
-                            mbit_s=mbit_s if mbit_s is not None
-                            else getattr(link, "mbit_s", None))
+                            mbit_s=mbit_s)
+
+
+def throughput(nbytes: int, seconds: float) -> float | None:
+    """``nbytes`` moved in ``seconds``, in Mbit/s; None for a transfer too short to time
+    (``MIN_TRANSFER_S``) unless even the bound it gives is in the top band."""
+    mbit = nbytes * 8 / 1e6
+    if seconds >= MIN_TRANSFER_S:
+        return mbit / seconds
+    bound = mbit / MIN_TRANSFER_S
+    return bound if bound >= BAND_EDGES_MBIT[-1] * HYSTERESIS else None
+
+
+def band_of(mbit_s: float) -> int:
+    """The bandwidth band ``mbit_s`` is in (an index into the gaps of ``BAND_EDGES_MBIT``)."""
+    return bisect.bisect(BAND_EDGES_MBIT, mbit_s)
 
 
 def _total_ms(times: list[float | None]) -> float | None:

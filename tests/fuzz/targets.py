@@ -550,8 +550,9 @@ class _MeasuredLink:
 
 
 def robot_scheduling(data: bytes) -> None:
-    """The app's profiles (``SequenceProfile``) and inference marks (as the relay attributes
-    them: the replays an inference started, its latency), fuzzed, for a (fuzzed) sequence the
+    """The app's profiles (``SequenceProfile``), inference marks (as the relay attributes
+    them: the replays an inference started, its latency), the host's timings of replays
+    (``ReplayTiming``) and probed throughputs, fuzzed, for a (fuzzed) sequence the
     ``min-cut`` scheduler placed: the placer raises nothing, and each definition it would send
     again has a current plan whose calls both ends can run."""
     from rrtod.plugins import discover
@@ -566,12 +567,23 @@ def robot_scheduling(data: bytes) -> None:
     for _ in range(fdp.ConsumeIntInRange(1, 24)):
         mbit_s = fdp.ConsumeRegularFloat() if fdp.ConsumeBool() else None
         again: list[ops_pb2.SequenceDef | None] = []
-        if fdp.ConsumeBool():
+        what = fdp.ConsumeIntInRange(0, 3)
+        if what == 0:
             profile = ops_pb2.SequenceProfile.FromString(
                 builder.build(ops_pb2.SequenceProfile).SerializeToString())
             if fdp.ConsumeBool():
                 profile.sequence = d.id
             again.append(placer.profiled(profile, fdp.ConsumeBool(), mbit_s))
+        elif what == 1:  # the host's timing of a replay (plan switching)
+            timing = ops_pb2.ReplayTiming.FromString(
+                builder.build(ops_pb2.ReplayTiming).SerializeToString())
+            if fdp.ConsumeBool():
+                timing.sequence = d.id
+            again += placer.observe(placer.uploaded(timing))
+        elif what == 2:  # a probe's throughput
+            again += placer.observe(mbit_s)
+            if fdp.ConsumeBool() and d.id in placer.defined:  # (else it is d, as given)
+                again.append(placer.current(d))
         else:
             started: list[tuple[int, int] | None] = [
                 None if fdp.ConsumeIntInRange(0, 7) == 0 else

@@ -286,7 +286,7 @@ class SessionUpBatch(_message.Message):
     def __init__(self, frames: _Optional[_Iterable[_Union[SessionUp, _Mapping]]] = ...) -> None: ...
 
 class SessionDown(_message.Message):
-    __slots__ = ("ready", "result", "fetched", "query", "error", "sequence", "defined", "batch", "answer", "replayed", "search", "profile")
+    __slots__ = ("ready", "result", "fetched", "query", "error", "sequence", "defined", "batch", "answer", "replayed", "search", "profile", "timing")
     READY_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     FETCHED_FIELD_NUMBER: _ClassVar[int]
@@ -299,6 +299,7 @@ class SessionDown(_message.Message):
     REPLAYED_FIELD_NUMBER: _ClassVar[int]
     SEARCH_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
     ready: SessionReady
     result: OpResult
     fetched: Fetched
@@ -311,7 +312,20 @@ class SessionDown(_message.Message):
     replayed: ReplayedPrefix
     search: SearchHint
     profile: SequenceProfile
-    def __init__(self, ready: _Optional[_Union[SessionReady, _Mapping]] = ..., result: _Optional[_Union[OpResult, _Mapping]] = ..., fetched: _Optional[_Union[Fetched, _Mapping]] = ..., query: _Optional[_Union[BlobQueryReply, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., sequence: _Optional[_Union[SequenceDef, _Mapping]] = ..., defined: _Optional[_Union[SequenceAck, _Mapping]] = ..., batch: _Optional[_Union[SessionDownBatch, _Mapping]] = ..., answer: _Optional[_Union[ReplayAnswer, _Mapping]] = ..., replayed: _Optional[_Union[ReplayedPrefix, _Mapping]] = ..., search: _Optional[_Union[SearchHint, _Mapping]] = ..., profile: _Optional[_Union[SequenceProfile, _Mapping]] = ...) -> None: ...
+    timing: ReplayTiming
+    def __init__(self, ready: _Optional[_Union[SessionReady, _Mapping]] = ..., result: _Optional[_Union[OpResult, _Mapping]] = ..., fetched: _Optional[_Union[Fetched, _Mapping]] = ..., query: _Optional[_Union[BlobQueryReply, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., sequence: _Optional[_Union[SequenceDef, _Mapping]] = ..., defined: _Optional[_Union[SequenceAck, _Mapping]] = ..., batch: _Optional[_Union[SessionDownBatch, _Mapping]] = ..., answer: _Optional[_Union[ReplayAnswer, _Mapping]] = ..., replayed: _Optional[_Union[ReplayedPrefix, _Mapping]] = ..., search: _Optional[_Union[SearchHint, _Mapping]] = ..., profile: _Optional[_Union[SequenceProfile, _Mapping]] = ..., timing: _Optional[_Union[ReplayTiming, _Mapping]] = ...) -> None: ...
+
+class ReplayTiming(_message.Message):
+    __slots__ = ("sequence", "plan", "upload_bytes", "upload_ns")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_NS_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    plan: int
+    upload_bytes: int
+    upload_ns: int
+    def __init__(self, sequence: _Optional[int] = ..., plan: _Optional[int] = ..., upload_bytes: _Optional[int] = ..., upload_ns: _Optional[int] = ...) -> None: ...
 
 class SequenceProfile(_message.Message):
     __slots__ = ("sequence", "plan", "call_ns", "replays")
