@@ -311,7 +311,12 @@ class SessionPlacer:
 
     def _again(self, d: ops_pb2.SequenceDef, link: LinkEstimate,
                why: str) -> ops_pb2.SequenceDef | None:
-        """``d`` placed anew with what is known now: None if the placement stays."""
+        """``d`` placed anew with what is known now: None if the placement stays. The other
+        bands' placements were made with less: each is made again when the link is back in
+        its band (a band first entered before the robot's times were in ran everything on
+        the robot there for good: unet on the outdoor trace)."""
+        for key in [k for k in self.chosen if k[0] == d.id and k[1] != self.band]:
+            del self.chosen[key]
         placed = self._placed(d, link)
         if placed is None:
             return None
@@ -321,6 +326,7 @@ class SessionPlacer:
                  scheduler=self.scheduling.name, sequence=d.id, plan=placed.plan,
                  robot_calls=len(placed.plans[placed.plan - 1].robot_calls) if placed.plan else 0,
                  calls=len(d.calls), mbit_s=link.mbit_s, rtt_ms=link.rtt_ms, band=self.band,
+                 measured_in=self.home.get(d.id), untimed=d.id in self.untimed,
                  host_ms=_total_ms(host), robot_ms=_total_ms(mine), after=why,
                  measured_ms={len(k): round(v / 1e6, 2) for k, v in
                               self.measured_ns.get((d.id, self.band), {}).items()})
@@ -371,13 +377,14 @@ class SessionPlacer:
 
     def _link(self, mbit_s: float | None = None) -> LinkEstimate:
         """The link as the scheduler sees it: its round trip, and the throughput measured
-        (``mbit_s``, else the host link's) if it is in the current band, else the throughput
-        that put the link in that band (the probes' windowed best is not the link now)."""
+        (``mbit_s``, else the host link's) if it is in the current band, else the band's
+        middle (the probes' windowed best is not the link now; the estimate that moved the
+        link into the band is at its edge, and the placement holds for all of it)."""
         link = self.link
         if mbit_s is None:
             mbit_s = getattr(link, "mbit_s", None)
-        if self.mbit_s is not None and (mbit_s is None or band_of(mbit_s) != self.band):
-            mbit_s = self.mbit_s
+        if self.band is not None and (mbit_s is None or band_of(mbit_s) != self.band):
+            mbit_s = band_middle(self.band)
         return LinkEstimate(name=getattr(link, "name", ""),
                             rtt_ms=getattr(link, "rtt_min_ms", None)
                             or getattr(link, "rtt_ms", None),
@@ -392,6 +399,17 @@ def throughput(nbytes: int, seconds: float) -> float | None:
         return mbit / seconds
     bound = mbit / MIN_TRANSFER_S
     return bound if bound >= BAND_EDGES_MBIT[-1] * HYSTERESIS else None
+
+
+def band_middle(band: int) -> float:
+    """A throughput that stands for ``band``: the geometric middle of its edges (the outer
+    bands' inner edge, halved or doubled)."""
+    edges = BAND_EDGES_MBIT
+    if band <= 0:
+        return edges[0] / 2
+    if band >= len(edges):
+        return edges[-1] * 2
+    return (edges[band - 1] * edges[band]) ** 0.5
 
 
 def band_of(mbit_s: float) -> int:
