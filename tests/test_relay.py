@@ -235,3 +235,103 @@ def test_a_flush_while_the_session_ends_drops_its_sequences_without_raising() ->
         assert await relay.flush() == 2 and not held
 
     asyncio.run(main())
+
+
+class _Placer:
+    """The scheduler's side as the relay uses it (``SessionPlacer``): every throughput it
+    observes switches sequence 3 to its plan 1."""
+
+    def __init__(self, placed: bool) -> None:
+        self.plan = ops_pb2.SequenceDef(id=3, calls=[ops_pb2.OpCall(op="aten::relu")], plan=1)
+        self.plan.plans.add().robot_calls[:] = [0]
+        self.defined = {3: self.plan} if placed else {}
+        self.observed: list[float | None] = []
+
+    def timed(self, started, latency_ns):
+        return []
+
+    def uploaded(self, timing):
+        return timing.upload_bytes * 8e3 / timing.upload_ns
+
+    def observe(self, mbit_s):
+        self.observed.append(mbit_s)
+        return [self.plan]
+
+    def current(self, d):
+        return d
+
+    def describe(self):
+        return {}
+
+
+def _inference() -> bytes:
+    """A replayed inference's start, then its mark (as the shim sends them)."""
+    start = ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=3, base_id=1 << 40, plan=1))
+    return (encode(local_pb2.LocalRequest(session=start))
+            + encode(local_pb2.LocalRequest(mark=local_pb2.InferenceMark(
+                index=1, start_ns=1, end_ns=2_000_001))))
+
+
+def _with_placer(relay: AppRelay, placer: _Placer, probes: list[int]) -> None:
+    async def time_upload(nbytes: int) -> float:
+        probes.append(nbytes)
+        return 0.01
+
+    relay.placer = relay.session.placer = placer  # type: ignore[assignment]
+    relay.session.host.time_upload = time_upload  # type: ignore[attr-defined]
+
+
+def test_the_link_is_probed_for_plan_switching_only_when_a_sequence_is_placed() -> None:
+    """An inference that tells nothing of the link is followed by a probe, and what it reads
+    goes to the placer; a session with nothing placed (``remote-all``) probes nothing."""
+    async def main() -> None:
+        for placed in (False, True):
+            relay, call, app = await connect()
+            probes: list[int] = []
+            placer = _Placer(placed)
+            _with_placer(relay, placer, probes)
+            await relay.open(ops_pb2.SessionOpen(app="app.py"))
+            task = asyncio.get_running_loop().create_task(relay.run())
+            app.sendall(_inference())
+            await asyncio.sleep(0.2)
+            if not placed:
+                assert probes == [] and placer.observed == []
+            else:
+                assert probes == [64 << 10] and placer.observed == [pytest.approx(52.4288)]
+                # a new plan for the host: the definition goes there first
+                assert [m.define.plan for m in call.written if m.WhichOneof("msg") == "define"] \
+                    == [1]
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            relay.close()
+
+    asyncio.run(main())
+
+
+def test_a_plan_the_host_holds_is_switched_to_by_a_local_message_and_a_timed_replay_reads_the_link() -> None:
+    """The host's ``ReplayTiming`` of a replay is the link's throughput (no probe after that
+    inference); switching to a plan the host already holds is a definition written to the
+    shim alone, nothing to the host."""
+    async def main() -> None:
+        relay, call, app = await connect()
+        probes: list[int] = []
+        placer = _Placer(True)
+        _with_placer(relay, placer, probes)
+        relay._host_plans[3] = 1  # the host holds the plan
+        await relay.open(ops_pb2.SessionOpen(app="app.py"))
+        task = asyncio.get_running_loop().create_task(relay.run())
+        call.down.put_nowait(ops_pb2.SessionDown(timing=ops_pb2.ReplayTiming(
+            sequence=3, plan=1, upload_bytes=625_000, upload_ns=100_000_000)))
+        await asyncio.sleep(0.1)
+        app.sendall(_inference())
+        welcome, switched = await replies(app, 2)
+        assert welcome.WhichOneof("msg") == "welcome"
+        assert switched.session.sequence == placer.plan
+        await asyncio.sleep(0.1)
+        assert placer.observed == [pytest.approx(50.0)] and probes == []
+        assert not any(m.WhichOneof("msg") == "define" for m in call.written)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        relay.close()
+
+    asyncio.run(main())

@@ -549,8 +549,8 @@ class AppRelay:
         the replays it started."""
         started, self._started = self._started, []
         placer = self.placer
-        if placer is None or not started:
-            return
+        if placer is None or not started or not placer.defined:
+            return  # (nothing placed: ``remote-all``, or no sequence yet)
         latency = mark.end_ns - mark.start_ns
         for seq in placer.timed(started, latency):
             self._place_later(lambda mbit_s, seq=seq: placer.again(seq, mbit_s))
