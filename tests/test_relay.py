@@ -246,6 +246,7 @@ class _Placer:
         self.plan.plans.add().robot_calls[:] = [0]
         self.defined = {3: self.plan} if placed else {}
         self.observed: list[float | None] = []
+        self.band = None
 
     def timed(self, started, latency_ns):
         return []

@@ -44,6 +44,7 @@ from rrtod.wire import session_prefix
 log = structlog.get_logger("rrtod.robot")
 
 PROBE_EVERY_S = 0.25  # the least time between probes of the link for plan switching
+PROBE_MAX_S = 1.0  # and the most, while the link stays in its band
 REPLICA_WRITE_S = 1.0  # a replica's stream that takes no frames this long: the replica is lost
 
 # How a GPU host that is up says no to a new session (``rrtod/gpu/service.py``): its session
@@ -195,6 +196,7 @@ class AppRelay:
         self._started: list[tuple[int, int] | None] = []
         self._probing = False  # a probe of the link's throughput is under way
         self._probed_at = 0.0  # when the last one started (time.monotonic)
+        self._probe_every = PROBE_EVERY_S
         self._saw_link = False  # a replay since the last mark measured the link (ReplayTiming)
         self._host_plans: dict[int, int] = {}  # per sequence, how many plans the host holds
         self.recorder = session.recorder
@@ -568,17 +570,23 @@ class AppRelay:
             self._switch(placer.observe(mbit_s))  # type: ignore[union-attr]
 
     async def _probed(self) -> None:
-        """The link's throughput now (a small probe), for the plan of the next inferences; at
-        most one per ``PROBE_EVERY_S``."""
+        """The link's throughput now (a small probe), for the plan of the next inferences.
+        Probes are ``PROBE_EVERY_S`` apart while the link changes band, twice as far apart
+        after each that leaves it in its band, up to ``PROBE_MAX_S`` (on a steady link they
+        cost the robot's CPU and the link nearly nothing)."""
         probe = getattr(self.session.host, "time_upload", None)
         try:
-            wait = self._probed_at + PROBE_EVERY_S - time.monotonic()
+            wait = self._probed_at + self._probe_every - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
             self._probed_at = time.monotonic()
             took = await probe(SWITCH_PROBE_BYTES) if probe is not None else None
-            if took is not None and self.placer is not None and self.phase is Phase.RELAYING:
-                self._switch(self.placer.observe(throughput(SWITCH_PROBE_BYTES, took)))
+            placer = self.placer
+            if took is not None and placer is not None and self.phase is Phase.RELAYING:
+                band = placer.band
+                self._switch(placer.observe(throughput(SWITCH_PROBE_BYTES, took)))
+                self._probe_every = (PROBE_EVERY_S if placer.band != band
+                                     else min(self._probe_every * 2, PROBE_MAX_S))
         finally:
             self._probing = False
 
