@@ -39,8 +39,9 @@ APP = REPO / "bench" / "app.py"
 BIN = Path(sys.executable).parent
 SYSTEMS = ("local", "per-op", "nto", "rrto")
 # rrto under another scheduler than the default remote-all (``rrto:<scheduler>``, its robot
-# daemon's ``scheduler:``; docs/scheduling.md): not part of the default run.
-SCHEDULED = ("rrto:robot-all", "rrto:min-cut")
+# daemon's ``scheduler:``; ``+switch``: with ``switch_plans: true``; docs/scheduling.md): not
+# part of the default run.
+SCHEDULED = ("rrto:robot-all", "rrto:min-cut", "rrto:min-cut+switch")
 DAEMON_SYSTEMS = ("per-op", "rrto", *SCHEDULED)
 # Mode overrides the shim reads from the environment (see plugins/torch and rrtod/shim).
 # RRTO_FALLBACK=error: a shim that cannot reach its daemon must fail the cell, not quietly run
@@ -54,7 +55,13 @@ MODE_ENV.update({s: MODE_ENV["rrto"] for s in SCHEDULED})
 
 def scheduler_of(system: str) -> str:
     """The robot daemon's ``scheduler:`` for a daemon system."""
-    return system.split(":", 1)[1] if system.startswith("rrto:") else "remote-all"
+    name = system.split(":", 1)[1] if system.startswith("rrto:") else "remote-all"
+    return name.removesuffix("+switch")
+
+
+def switches_plans(system: str) -> bool:
+    """The robot daemon's ``switch_plans:`` for a daemon system."""
+    return system.endswith("+switch")
 
 
 # Set for every process of a run (apps, NTO server and client, daemons, link proxy) unless the
@@ -184,7 +191,7 @@ class LinkEnv:
         starting = {system: self.launcher.start(
                         f"robot-{system.replace(':', '-')}", roles=["robot"], wait=False,
                         prefix=pinned([], robot_cpus, robot_cgroup),
-                        scheduler=scheduler_of(system),
+                        scheduler=scheduler_of(system), switch_plans=switches_plans(system),
                         hosts=[{"name": "gpu", "address": self.addresses["gpu"]}])
                     for system in DAEMON_SYSTEMS if system in systems and self.gpu is not None}
         for system, robot in starting.items():

@@ -240,15 +240,16 @@ def scheduling(doc: dict[str, Any]) -> list[str]:
 
 
 def switching(doc: dict[str, Any]) -> list[str]:
-    """Plan switching on fluctuating links (bandwidth traces): min-cut, which runs each
-    inference with the plan of the link's current band, against the best fixed plan of the
-    same run (local: every call on the robot; rrto: every call on the host), by mean and
-    median latency, with how often its plan changed."""
+    """Plan switching on fluctuating links (bandwidth traces): min-cut with
+    ``switch_plans`` (``rrto:min-cut+switch``), which runs each inference with the plan of the
+    link's current band, against the best fixed plan of the same run (local: every call on
+    the robot; rrto: every call on the host), by mean and median latency, with how often its
+    plan changed."""
     cells = {(c["link"], c["model"], c["system"]): c for c in doc["cells"] if c["status"] == "ok"}
     local = {c["model"]: c for c in doc["cells"] if c["status"] == "ok" and c["system"] == "local"}
     rows = []
     for (link, model, system), c in cells.items():
-        if system != "rrto:min-cut" or c.get("window_mbps") is None:
+        if system != "rrto:min-cut+switch" or c.get("window_mbps") is None:
             continue
         fixed = [x for x in (local.get(model), cells.get((link, model, "rrto"))) if x]
         if not fixed:
@@ -263,9 +264,9 @@ def switching(doc: dict[str, Any]) -> list[str]:
                     f"{_f(None if switches is None else switches * c['iters'])} / {c['iters']} |")
     if not rows:
         return []
-    return ["", "Plan switching on fluctuating links (min-cut: each inference runs the plan of "
-            "the link's band as last measured; best fixed: the better of local and rrto in "
-            "the same run):", "",
+    return ["", "Plan switching on fluctuating links (rrto:min-cut+switch: each inference runs "
+            "the plan of the link's band as last measured; best fixed: the better of local "
+            "and rrto in the same run):", "",
             "| link | model | trace mean Mbit/s | min-cut mean ms | best fixed mean | ratio | "
             "min-cut median | best fixed median | ratio | plan switches |",
             "|---|---|---|---|---|---|---|---|---|---|", *rows]

@@ -341,6 +341,11 @@ class Config(_Section):
     search: str = "dds"
     record: RecordConfig = RecordConfig()
     scheduler: str = "remote-all"
+    # robot role, with a scheduler that splits: a placement per bandwidth band of the link, the
+    # plan switched per inference as the link changes band (docs/scheduling.md). Off by
+    # default: the link is read from each replay's data as it lands on the host, and a robot
+    # whose CPU is the bottleneck (a quarter of a CPU here) paces that data, not the link.
+    switch_plans: bool = False
     balancer: str = "least-loaded"
     # robot role: "inference" places each replayed inference of a stateless sequence on the
     # host the balancer picks (placement.py); "session" keeps a session's work on one host

@@ -342,7 +342,7 @@ def test_the_robot_side_joins_its_cgroup_before_it_runs_anything(tmp_path: Path)
     then becomes the command (same PID), so the command is throttled from its start. (A
     plain directory stands in for the cgroup here: making a real one needs root.)"""
     from bench.cpus import pinned
-    from bench.harness import Plan, _command, scheduler_of
+    from bench.harness import Plan, _command, scheduler_of, switches_plans
 
     group = tmp_path / "robot"
     group.mkdir()
@@ -353,8 +353,26 @@ def test_the_robot_side_joins_its_cgroup_before_it_runs_anything(tmp_path: Path)
     plan = Plan(models=["mlp"], links=[], systems=["local"], robot_cgroup=str(group))
     cmd, _ = _command(None, "mlp", "local", plan)
     assert cmd[1:6] == [str(REPO / "bench" / "cpus.py"), "all", "--cgroup", str(group), "--"]
-    assert [scheduler_of(s) for s in ("rrto", "rrto:min-cut", "per-op")] == [
-        "remote-all", "min-cut", "remote-all"]
+    assert [scheduler_of(s) for s in ("rrto", "rrto:min-cut", "rrto:min-cut+switch",
+                                      "per-op")] == ["remote-all", "min-cut", "min-cut",
+                                                     "remote-all"]
+    assert [switches_plans(s) for s in ("rrto:min-cut", "rrto:min-cut+switch")] == [False, True]
+
+
+def test_the_switching_table_compares_plan_switching_with_the_best_fixed_plan() -> None:
+    from bench.report import switching
+
+    def cell(system: str, link: str | None, mean: float, median: float, **extra) -> dict:
+        return {"system": system, "link": link, "model": "unet", "status": "ok", "iters": 100,
+                "latency": {"mean": mean, "median": median}, **extra}
+
+    doc = {"cells": [cell("local", None, 140.0, 139.0),
+                     cell("rrto", "outdoor", 80.0, 75.0, window_mbps=73.0),
+                     cell("rrto:min-cut+switch", "outdoor", 84.0, 75.0, window_mbps=73.0,
+                          per_inference={"plan_switches": 0.14})]}
+    table = "\n".join(switching(doc))
+    assert "| outdoor | unet | 73 | 84 | 80 | 1.05 | 75 | 75 | 1 | 14 / 100 |" in table
+    assert switching({"cells": [cell("rrto", "rate-10", 1.0, 1.0)]}) == []
 
 
 def test_the_scheduling_table_compares_each_placement_with_the_best_fixed_one() -> None:

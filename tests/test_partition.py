@@ -245,6 +245,11 @@ class _Registry:
 class _Config:
     scheduler = "test"
     intercept = type("I", (), {"backend": "numbers"})
+    switch_plans = False
+
+
+class _Switching(_Config):
+    switch_plans = True
 
 
 def test_a_scheduler_that_fails_or_cuts_badly_costs_the_split_not_the_sequence():
@@ -398,7 +403,7 @@ class _ByLink:
 
 def _banded():
     _ByLink.seen = []
-    s = Scheduling(_Registry(_ByLink, lambda: (written, viewed)), _Config())
+    s = Scheduling(_Registry(_ByLink, lambda: (written, viewed)), _Switching())
     placer = s.session()
     d = placer.place(chain())
     assert d.plan == 0 and placer.band is None
@@ -428,6 +433,16 @@ def test_each_band_of_the_link_has_its_plan_and_a_known_plan_is_switched_to_at_o
     (d,) = placer.observe(edge * 1.5)
     assert d.plan == 0 and placer.band == band_of(edge * 1.5)
     assert placer.describe()["switches"] == s.switched == 4
+
+
+def test_without_switch_plans_the_link_is_not_followed():
+    """``switch_plans`` off (the default): what the link reads changes no plan, and there is
+    one band (None) in which everything is placed and measured."""
+    s = Scheduling(_Registry(_ByLink, lambda: (written, viewed)), _Config())
+    placer = s.session()
+    placer.place(chain())
+    assert placer.observe(8.0) == [] and placer.observe(50.0) == [] and placer.band is None
+    assert not s.follows_link and s.switched == 0
 
 
 def test_a_band_placed_before_a_profile_is_placed_again_when_the_link_is_back_in_it():

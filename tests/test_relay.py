@@ -247,6 +247,7 @@ class _Placer:
         self.defined = {3: self.plan} if placed else {}
         self.observed: list[float | None] = []
         self.band = None
+        self.scheduling = types.SimpleNamespace(follows_link=True)  # ``switch_plans: true``
 
     def timed(self, started, latency_ns):
         return []

@@ -556,6 +556,8 @@ class AppRelay:
         latency = mark.end_ns - mark.start_ns
         for seq in placer.timed(started, latency):
             self._place_later(lambda mbit_s, seq=seq: placer.again(seq, mbit_s))
+        if not placer.scheduling.follows_link:
+            return  # (``switch_plans`` off: the link is not followed per inference)
         if self._saw_link:
             self._saw_link = False
         elif not self._probing:  # the inference told nothing of the link: probe it

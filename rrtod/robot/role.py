@@ -93,7 +93,8 @@ class RobotRole:
             self.balancer = build_balancer(self.registry, config)
             self._balancer_selection = balancing.selection(config)
         self.search_factory = self.registry.get("search", config.search).factory
-        if config.scheduler != self.scheduling.name:  # sequences defined from now on
+        if (config.scheduler, config.switch_plans) != (self.scheduling.name,  # sequences
+                                                       self.scheduling.switch_plans):  # from now on
             self.scheduling = Scheduling(self.registry, config)
         await self._set_sources(config, reconnect)
 

@@ -82,6 +82,8 @@ class Scheduling:
         self.name = config.scheduler
         self.scheduler = registry.get("scheduler", config.scheduler).factory()
         self.splits = bool(getattr(self.scheduler, "splits", True))
+        self.switch_plans = config.switch_plans
+        self.follows_link = self.splits and config.switch_plans  # plans per bandwidth band
         self._backend = registry.get("interception", config.intercept.backend)
         self._aliasing: tuple[partition.Written, partition.Viewed] | None = None
         self.placed = 0  # sequences defined with calls on the robot
@@ -233,7 +235,7 @@ class SessionPlacer:
         """The link's throughput now (``uploaded``, or a probe): if it moved the link to
         another band, each sequence runs that band's plan, placed now if the band is new to
         it. The definitions to send again (their plan changed)."""
-        if not mbit_s or not self.scheduling.splits:
+        if not mbit_s or not self.scheduling.follows_link:
             return []
         self.mbit_s = mbit_s
         band = self._band_for(mbit_s)

@@ -537,6 +537,7 @@ def robot_placement(data: bytes) -> None:
 class _SchedulingConfig:
     scheduler = "min-cut"
     intercept = type("Intercept", (), {"backend": "torch"})
+    switch_plans = True
 
 
 _SCHEDULING: list[Scheduling] = []
