@@ -360,21 +360,3 @@ def placed(view_: SequenceView, robot: Iterable[int]) -> list[str]:
     on = set(robot)
     return [ROBOT if k in on else HOST for k in range(len(view_.calls))]
 
-
-def crossing_bytes(view_: SequenceView, robot: Iterable[int]) -> int:
-    """The bytes that cross the link in one inference with ``robot`` on the robot: the app's
-    inputs host calls read, host values the app downloads, and each value read on the other
-    side than its maker's, once per direction (as ``rewrite`` moves them)."""
-    on = set(robot)
-    total = 0
-    readers: dict[int, set[bool]] = {}  # maker -> on which sides its value is read
-    for k, c in enumerate(view_.calls):
-        if k not in on:
-            total += c.input_bytes
-        for u in c.reads:
-            readers.setdefault(u, set()).add(k in on)
-    total += sum(view_.calls[k].out_bytes for k in view_.downloads if k not in on)
-    for u, sides in readers.items():
-        if any(side != (u in on) for side in sides):
-            total += view_.calls[u].out_bytes
-    return total

@@ -566,10 +566,12 @@ class AppRelay:
 
     def _link_timed(self, timing: ops_pb2.ReplayTiming) -> None:
         placer = self.placer
-        mbit_s = placer.uploaded(timing) if placer is not None else None
+        if placer is None or not placer.scheduling.follows_link:
+            return  # (``switch_plans`` off: nothing to read it for)
+        mbit_s = placer.uploaded(timing)
         if mbit_s is not None:
             self._saw_link = True
-            self._switch(placer.observe(mbit_s))  # type: ignore[union-attr]
+            self._switch(placer.observe(mbit_s))
 
     async def _probed(self) -> None:
         """The link's throughput now (a small probe), for the plan of the next inferences.

@@ -14,15 +14,15 @@ decides whether it is kept. A placement that could change a result, or one the s
 to make, is logged and the sequence keeps running as it did: placing is an optimisation, never
 a reason to lose replay.
 
-A link's throughput changes (a robot moving through Wi-Fi cells), so placements are kept per
-bandwidth *band* (``BAND_EDGES_MBIT``): each band has its own placement, and each inference
-runs the plan of the band the link is in now (plan switching, ``SessionPlacer.observe``).
-The app's latencies are measured in the band a sequence was first placed in; in the others
-the scheduler places by its model (``measured_ns`` None). The link's throughput during an inference is read
-from that inference itself where it moved enough bytes (``throughput``: the app's latency
-less the profiled compute and one round trip), else probed. On a steady link everything
-stays in one band, and all of this is the single placement above. Switching to a plan both
-ends already hold costs a local message to the shim, nothing on the link.
+With ``switch_plans`` (opt-in), placements are kept per bandwidth *band*
+(``BAND_EDGES_MBIT``): each band has its own placement, and each inference runs the plan of
+the band the link is in now (plan switching, ``SessionPlacer.observe``). The app's latencies
+are measured in the band a sequence was first placed in; in the others the scheduler places by
+its model (``measured_ns`` None). The link's throughput is read from each replay that moved
+enough bytes (the host times the app's data as it lands: ``ReplayTiming``,
+``SessionPlacer.uploaded``), else probed after it. Switching to a plan both ends already hold
+costs a local message to the shim, nothing on the link. Off, there is one band (None) and all
+of this is the single placement above.
 
 A scheduler that never places a call on the robot says so (``splits = False``, as
 ``remote-all`` does): then nothing is analysed or timed for it, and the interception backend's
