@@ -41,7 +41,7 @@ SYSTEMS = ("local", "per-op", "nto", "rrto")
 # rrto under another scheduler than the default remote-all (``rrto:<scheduler>``, its robot
 # daemon's ``scheduler:``; ``+switch``: with ``switch_plans: true``; docs/scheduling.md): not
 # part of the default run.
-SCHEDULED = ("rrto:robot-all", "rrto:min-cut", "rrto:min-cut+switch")
+SCHEDULED = ("rrto:robot-all", "rrto:min-cut", "rrto:min-cut+switch", "rrto:hybrid-parallel")
 DAEMON_SYSTEMS = ("per-op", "rrto", *SCHEDULED)
 # Mode overrides the shim reads from the environment (see plugins/torch and rrtod/shim).
 # RRTO_FALLBACK=error: a shim that cannot reach its daemon must fail the cell, not quietly run

@@ -180,7 +180,7 @@ def markdown(doc: dict[str, Any], json_name: str | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
-PLACED = ("local", "nto", "rrto", "rrto:robot-all", "rrto:min-cut")
+PLACED = ("local", "nto", "rrto", "rrto:robot-all", "rrto:min-cut", "rrto:hybrid-parallel")
 
 
 def _medians(doc: dict[str, Any]) -> dict[tuple[str | None, str, str], float]:
@@ -204,8 +204,8 @@ def scheduling(doc: dict[str, Any]) -> list[str]:
             if c["system"] == "nto" and c["status"] == "ok"}
     out = ["", "## Scheduling: which calls run on the robot (median ms)", "",
            "| link | model | robot slowdown | " + " | ".join(PLACED)
-           + " | best of local, rrto | min-cut / best |",
-           "|---|---|---|" + "---|" * len(PLACED) + "---|---|"]
+           + " | best of local, rrto | min-cut / best | hybrid / best of local, rrto, min-cut |",
+           "|---|---|---|" + "---|" * len(PLACED) + "---|---|---|"]
     for link in doc["links"]:
         for model in dict.fromkeys(c["model"] for c in doc["cells"]):
             row = [med.get((link, model, s)) for s in PLACED]
@@ -214,9 +214,11 @@ def scheduling(doc: dict[str, Any]) -> list[str]:
             local, compute = med.get((link, model, "local")), host.get((link, model))
             slow = local / compute if local and compute else None
             best = min((v for v in (row[0], row[2]) if v is not None), default=None)
-            cut = row[4]
+            cut, hybrid = row[4], row[5]
+            best3 = min((v for v in (row[0], row[2], cut) if v is not None), default=None)
             out.append(f"| {link} | {model} | {_f(slow)} | " + " | ".join(_f(v) for v in row)
-                       + f" | {_f(best)} | {_f(cut / best if cut and best else None)} |")
+                       + f" | {_f(best)} | {_f(cut / best if cut and best else None)}"
+                       + f" | {_f(hybrid / best3 if hybrid and best3 else None)} |")
     energy = {(link, c["model"], c["system"]): c["per_inference"].get("energy_j")
               for c in doc["cells"] if c["status"] == "ok" and c.get("per_inference")
               for link in (doc["links"] if c["system"] == "local" else [c["link"]])}
@@ -234,7 +236,10 @@ def scheduling(doc: dict[str, Any]) -> list[str]:
             "may run on the robot there; rrto:min-cut measures the calls on both sides and the "
             "app's latency of each placement in its first replays, then runs at the "
             "minimum-latency cut for the measured link if the app measures it fastest (its "
-            "warm-up must cover those replays: ~25 inferences). Robot slowdown: local's "
+            "warm-up must cover those replays: ~25 inferences); rrto:hybrid-parallel measures "
+            "as min-cut does, then the split LOSS predicts fastest (robot and host each compute "
+            "a band of the rows of the first layers), and keeps whichever the app measured "
+            "fastest (~35 inferences). Robot slowdown: local's "
             "median over the NTO server's compute of the same model in the same run.", ""]
     return out
 

@@ -382,6 +382,10 @@ class InterceptionBackend(PluginRecord[InterceptorFactory]):
     # ``Written`` and ``Viewed``, None for an operator it does not know): the robot daemon
     # splits sequences by storage with them. None: its sequences are never split.
     aliasing: Callable[[], tuple[Any, Any]] | None = None
+    # Which recorded calls are local operators, whose output rows each read a band of their
+    # input rows (``rrtod.lop.RuleOf``): the robot daemon splits such calls between robot and
+    # host by rows with it (Hybrid-Parallel). None: no call is ever split so.
+    rows: Callable[[], Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -26,12 +26,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from rrto.v1 import ops_pb2
 from rrtod.wire import final_writes, iter_tensor_refs
 
 SRC = ops_pb2.SeqSource
 ROBOT, HOST = "robot", "host"
+SPLIT = "split"  # a call both sides run, each on a band of rows (Hybrid-Parallel: ``Hybrid``)
 # Per call: the ids of arguments it writes in place; per output, the id it views (0: new
 # storage). None from either: the operator is unknown to the backend (the call stays home).
 Written = Callable[[ops_pb2.OpCall], "list[int] | None"]
@@ -69,7 +71,54 @@ class SequenceView:
     # The app's latency of one inference (ns, a median) under each placement measured so far,
     # by the calls it put on the robot (an empty set: every call on the host). None: it cannot
     # be measured (the sequence replays with others in one inference): place by the model.
-    measured_ns: Mapping[frozenset[int], float] | None = field(default_factory=dict)
+    measured_ns: Mapping[frozenset[Any], float] | None = field(default_factory=dict)
+    # Where calls may be split by rows between robot and host (``rrtod.lop.Space``), given to
+    # schedulers that split so (``parallel = True``); None otherwise.
+    space: Any = None
+
+
+class Hybrid(list):  # type: ignore[type-arg]
+    """A placement that splits calls: per call ``ROBOT``, ``HOST`` or ``SPLIT`` (a split
+    region's, ``rrtod.lop``), and ``split_at``, the robot's share of the rows at the region's
+    edge. A plain list of sides is a placement without a split."""
+
+    def __init__(self, sides: Iterable[str], split_at: float):
+        super().__init__(sides)
+        self.split_at = split_at
+
+
+def key_of(robot: Iterable[int], split: Split | None = None) -> frozenset[Any]:
+    """What names a placement among the measured ones (``SequenceView.measured_ns``): its
+    robot calls, and its split's region and share if it has one."""
+    key: frozenset[Any] = frozenset(robot)
+    if split is not None:
+        key = key | {(SPLIT, split.calls, split.at)}
+    return key
+
+
+def plan_key(d: ops_pb2.SequenceDef, plan: int) -> frozenset[Any]:
+    return key_of(plan_calls(d, plan), plan_split(d, plan))
+
+
+def check_region(d: ops_pb2.SequenceDef, calls: Iterable[int], written: Written,
+                 viewed: Viewed, space: Any) -> None:
+    """ValueError unless ``calls`` may be split by rows (``space``: the definition's
+    ``lop.Space``): they form a region, each may run on the robot, and no call outside them
+    writes a value they make (its two bands would go stale)."""
+    calls = sorted(set(calls))
+    why = why_not_split(d)
+    if why is not None:
+        raise ValueError(f"sequence {d.id} runs on the host whole: {why}")
+    f = _facts(d, written, viewed)
+    if any(not f.movable[k] for k in calls):
+        raise ValueError(f"sequence {d.id}: a split call must run on the host")
+    if space.region(calls) is None:
+        raise ValueError(f"sequence {d.id}: the split calls are not a region (rrtod.lop)")
+    inside = set(calls)
+    made = {rid for k in inside for rid in d.calls[k].out_ids}
+    for k, call in enumerate(d.calls):
+        if k not in inside and set(written(call) or ()) & made:
+            raise ValueError(f"call {k} ({call.op}) writes a value of the split region")
 
 
 def why_not_split(d: ops_pb2.SequenceDef) -> str | None:
@@ -261,22 +310,55 @@ def split(d: ops_pb2.SequenceDef, placement: list[str], written: Written,
     return robot
 
 
-def with_plan(d: ops_pb2.SequenceDef, robot: frozenset[int]) -> ops_pb2.SequenceDef:
-    """``d`` with the plan that puts ``robot`` on the robot as its current one: an existing
-    plan with those calls, else a new one appended (plans are only ever appended)."""
+def with_plan(d: ops_pb2.SequenceDef, robot: frozenset[int],
+              split: Split | None = None) -> ops_pb2.SequenceDef:
+    """``d`` with the plan that puts ``robot`` on the robot (and splits ``split``'s calls
+    between both) as its current one: an existing plan with those calls, else a new one
+    appended (plans are only ever appended)."""
     out = ops_pb2.SequenceDef()
     out.CopyFrom(d)
-    if not robot:
+    if not robot and split is None:
         out.plan = 0
         return out
     calls = sorted(robot)
+    both = list(split.calls) if split is not None else []
+    at = split.at if split is not None else 0.0
     for k, plan in enumerate(out.plans):
-        if list(plan.robot_calls) == calls:
+        if list(plan.robot_calls) == calls and list(plan.split_calls) == both \
+                and plan.split_at == at:
             out.plan = k + 1
             return out
-    out.plans.add().robot_calls[:] = calls
+    new = out.plans.add()
+    new.robot_calls[:] = calls
+    new.split_calls[:] = both
+    new.split_at = at
     out.plan = len(out.plans)
     return out
+
+
+@dataclass(frozen=True)
+class Split:
+    """A Hybrid-Parallel split: ``calls`` (a region, ``rrtod.lop``) run on both sides, the
+    robot making the first ``at`` of the rows at the region's edge."""
+
+    calls: tuple[int, ...]
+    at: float
+
+
+def plan_split(d: ops_pb2.SequenceDef, plan: int) -> Split | None:
+    """The split of plan ``plan`` of ``d`` (None: it splits no call)."""
+    if plan == 0 or plan > len(d.plans) or not d.plans[plan - 1].split_calls:
+        return None
+    p = d.plans[plan - 1]
+    calls = tuple(p.split_calls)
+    if list(calls) != sorted(set(calls)) or calls[-1] >= len(d.calls) \
+            or set(calls) & set(p.robot_calls) or not 0.0 <= p.split_at <= 1.0:
+        raise ValueError(f"sequence {d.id}: plan {plan}'s split calls must ascend, name its "
+                         "calls, none of the robot's, and split at a share of the rows")
+    why = why_not_split(d)
+    if why is not None:
+        raise ValueError(f"sequence {d.id} cannot be split: {why}")
+    return Split(calls, p.split_at)
 
 
 def plan_calls(d: ops_pb2.SequenceDef, plan: int) -> frozenset[int]:
@@ -295,16 +377,21 @@ def plan_calls(d: ops_pb2.SequenceDef, plan: int) -> frozenset[int]:
     return frozenset(calls)
 
 
-def rewrite(d: ops_pb2.SequenceDef, robot: frozenset[int]) -> ops_pb2.SequenceDef:
+def rewrite(d: ops_pb2.SequenceDef, robot: frozenset[int],
+            split: frozenset[int] = frozenset()) -> ops_pb2.SequenceDef:
     """``d`` as both ends replay it with ``robot`` on the robot (its plans cleared): a host
     call that reads a value the robot makes reads it as an INPUT (an upload with the value's
     metadata), each host value a robot call reads is an output, and values the robot makes
-    are outputs no more. Pure: the same on both ends, from the definition alone."""
+    are outputs no more. The calls of a Hybrid-Parallel ``split`` region run on both sides,
+    each making a band of their values' rows (``rrtod.lop``): a host call outside the region
+    that reads one of them reads it as an INPUT too (the shim uploads the robot's band, the
+    host puts the value together), and one the robot reads outside it is an output (the host
+    pushes its band). Pure: the same on both ends, from the definition alone."""
     out = ops_pb2.SequenceDef()
     out.CopyFrom(d)
     del out.plans[:]
     out.plan = 0
-    if not robot:
+    if not robot and not split:
         return out
     f = _facts(d, _writes_nothing, _views_nothing)
     pulled: set[int] = set()  # host values robot calls read
@@ -315,9 +402,10 @@ def rewrite(d: ops_pb2.SequenceDef, robot: frozenset[int]) -> ops_pb2.SequenceDe
             if src.kind == SRC.PRODUCED and src.id in f.local:
                 i = f.local[src.id]
                 made_on_robot = f.maker.get(i) in robot
+                made_split = f.maker.get(i) in split and k not in split
                 if k in robot and not made_on_robot:
                     pulled.add(i)
-                elif k not in robot and made_on_robot:
+                elif (k not in robot and made_on_robot) or (made_split and k not in robot):
                     # the robot's value, uploaded by the shim when the app reaches this call
                     src.Clear()
                     src.kind = SRC.INPUT

@@ -8,7 +8,7 @@ Host side (in the GPU daemon): ``make_executor`` builds a ``TorchExecutor`` per 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rrtod.hookspecs import InterceptionBackend, hookimpl
 
@@ -76,6 +76,13 @@ def call_aliasing() -> tuple[Callable[[OpCall], list[int] | None],
     return written, viewed
 
 
+def call_rows() -> Callable[..., Any]:
+    """``InterceptionBackend.rows``: a recorded call as a local operator (``rows.rule``)."""
+    from . import rows
+
+    return rows.rule
+
+
 @hookimpl
 def rrto_interception_backends() -> list[InterceptionBackend]:
     return [
@@ -86,6 +93,7 @@ def rrto_interception_backends() -> list[InterceptionBackend]:
             operators=builtin_operators,
             versions=framework_versions,
             aliasing=call_aliasing,
+            rows=call_rows,
             description="PyTorch: forwards every aten operator of an app's models to a GPU host",
         )
     ]

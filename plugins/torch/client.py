@@ -283,8 +283,8 @@ class RemoteSession:
         """A proxy's value once its host is gone: the app's copy of a persistent tensor, or
         the value the journal rebuilds here (once per loss, at the first need); None if
         neither has it."""
-        if h.local is not None:
-            return h.local
+        if h.local is not None and (not h.split or h.local.shape[-2] == h.split):
+            return h.local  # (not the first rows alone of a split value: ``rrtod.lop``)
         self._rebuild()
         return self.recovered.get(h.id)
 
@@ -636,6 +636,9 @@ class RemoteSession:
                     raise HostLost(f"{self.lost or 'the GPU host was lost'}; the value of a "
                                    "tensor made before lived on it")
                 return self._encode_tensor(downloads.shape_like(local, t), device)
+            if h.split:  # a split region's value (``rrtod.lop``): the host has a band of it
+                downloads.whole(self, t)
+                return self._encode_tensor(downloads.shape_like(h.local, t), device)
             if not h.bound:
                 if h.hash is None and h.local is not None:
                     # made here by a robot-placed call (``ReplayClient._on_robot``): its data

@@ -16,13 +16,16 @@ from rrto.v1 import ops_pb2
 
 from . import codec
 from .errors import DeadlineMissed, HostLost
-from .proxy import RemoteTensor
+from .proxy import Handle, RemoteTensor
 from .session_api import Session
 
 
 def read_value(session: Session, proxy: RemoteTensor) -> torch.Tensor:
     """The value of ``proxy``, from the app's copy, a pushed output or a fetch."""
     h = proxy._rrto_handle
+    if h.split:  # a split region's value: the host's copy is only its last rows
+        whole(session, proxy)
+        return shape_like(h.local, proxy)
     if not h.bound and h.local is not None:  # persistent, never used remotely: exact copy
         return shape_like(h.local, proxy)
     if session.lost is not None or h.epoch != session.epoch or h.id in session.diverged \
@@ -49,6 +52,35 @@ def read_value(session: Session, proxy: RemoteTensor) -> torch.Tensor:
     session.raise_async_errors()
     session.counters["bytes_down"] += len(reply.tensor.data)
     return shape_like(codec.from_tensor_data(reply.tensor), proxy)
+
+
+def whole(session: Session, proxy: RemoteTensor) -> None:
+    """Make a split value's handle hold all its rows (``Handle.split``): the robot's first
+    rows and the host's band of the rest, pushed during replay or fetched."""
+    h = proxy._rrto_handle
+    if h.local is not None and h.local.shape[-2] == h.split:
+        return
+    replay = session.replay
+    data = replay.take(h.id) if replay is not None and replay.is_replayed(h.id) else None
+    if data is None:
+        if session.lost is not None or h.epoch != session.epoch:
+            raise HostLost(f"{session.lost or 'the GPU host was lost'}; the last rows of "
+                           "this tensor lived on it")
+        reply = session.submit(ops_pb2.SessionUp(fetch=ops_pb2.Fetch(id=h.id)),
+                               numbered=True, wait=True)
+        session.raise_async_errors()
+        data = reply.tensor
+    session.counters["bytes_down"] += len(data.data)
+    put_together(h, codec.from_tensor_data(data))
+
+
+def put_together(h: Handle, rest: torch.Tensor) -> None:
+    """``h.local``, the first rows of a split value, and ``rest``, the host's band of its
+    last rows (the two meet or overlap: ``rrtod.lop``), as one tensor of all its rows."""
+    if h.local is None or h.local.shape[-2] == h.split:
+        return
+    first = h.local.narrow(-2, 0, h.split - rest.shape[-2])
+    h.local = torch.cat([first, rest.to(first.device)], -2)
 
 
 def _after_loss(session: Session, proxy: RemoteTensor) -> torch.Tensor:

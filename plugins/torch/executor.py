@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -30,6 +31,7 @@ from rrtod.gpu.blobstore import BlobError
 from rrtod.wire import BIND_OP, HOST_ID_BASE, hash_of, int_of, released_ids
 
 from . import aliasing, codec, sizing
+from . import rows as rows_
 from .allowlist import Allowlist, OpNotAllowed
 from .bounds import BadView, check_view
 from .schemas import SchemaCheck, SchemaMismatch
@@ -358,6 +360,11 @@ class TorchExecutor:
             return [0] * len(call.out_ids)
         return aliasing.viewed_ids(op, call)
 
+    @staticmethod
+    def rows(call: ops_pb2.OpCall, in_shapes: Any, out_shapes: Any) -> rows_.Rule | None:
+        """ReplayExtension.rows: ``call`` as a local operator (``rows.rule``)."""
+        return rows_.rule(call, in_shapes, out_shapes)
+
     def missing(self, ids: list[int]) -> list[int]:
         """Ids no live tensor has: a sequence reading one as its constant can never match."""
         return [i for i in ids if self.store.get(i) is None]
@@ -496,6 +503,31 @@ class TorchExecutor:
             return p.op, args, kwargs, need, p.written
 
         return self._execute(decode, what, p.layouts, out_ids, 0, False, want_meta, p.counts)
+
+    def run_rows(self, p: PreparedCall, refs: list[int | ops_pb2.TensorRef], out_ids: list[int],
+                 how: rows_.Rule, starts: list[int | None], lo: int, hi: int
+                 ) -> Iterator[ops_pb2.SessionDown]:
+        """Rows ``[lo, hi)`` of a prepared call's outputs (``rows.run``), from its tensors as
+        ``run_prepared`` takes them, each with rows holding them from ``starts`` on (this
+        host's bands of a split region's values, ``rrtod.lop``). Checked, admitted and kept
+        as any call's outputs, in the band's own layout."""
+        what = p.what
+
+        def decode() -> tuple[Any, list[Any], dict[str, Any], int, bool]:
+            tensors = [self._live(r, what) if type(r) is int else self._tensor_from_ref(r, what)
+                       for r in refs]
+            args, kwargs = p.fill(tensors)
+            held = {id(t): start for t, start in zip(tensors, starts, strict=True)
+                    if start is not None}
+            # a bound: the whole outputs at 8 bytes an element, and a padded copy of the input
+            need = sum(8 * math.prod(shape) for shape, _ in p.layouts) + max(
+                (t.numel() * t.element_size() for t in tensors), default=0)
+
+            def band(*a: Any, **kw: Any) -> Any:
+                return rows_.run(p.op, list(a), kw, how, held, lo, hi)
+            return band, args, kwargs, need, p.written
+
+        return self._execute(decode, what, [], out_ids, 0, False, False, False)
 
     def _execute(self, decode: Any, what: str, layouts: list[Layout], ids: list[int], seq: int,
                  sync: bool, want_meta: bool, counts: bool) -> Iterator[ops_pb2.SessionDown]:

@@ -24,7 +24,7 @@ class Handle:
     """One tensor in the host's store. ``hash``/``local``: a persistent tensor's content hash and
     the app's original copy (served for reads before first use, and used when the host is lost)."""
 
-    __slots__ = ("id", "session", "hash", "local", "bound", "epoch", "__weakref__")
+    __slots__ = ("id", "session", "hash", "local", "bound", "epoch", "split", "__weakref__")
 
     def __init__(self, session: Session, id: int, hash: bytes | None = None,
                  local: torch.Tensor | None = None):
@@ -34,6 +34,10 @@ class Handle:
         self.local = local
         self.bound = hash is None  # a persistent tensor is bound to its id at first use
         self.epoch = session.epoch  # the connection it was made under (client.swap)
+        # A split region's value (``rrtod.lop``): its rows (0: not one). ``local`` holds its
+        # first rows (all, once put together: ``downloads.whole``), the host only a band of
+        # its last under ``id``
+        self.split = 0
 
     def __del__(self) -> None:
         # Runs in any thread, possibly while the session's send lock is held: only append.

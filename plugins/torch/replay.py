@@ -38,7 +38,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from rrto.v1 import ops_pb2
-from rrtod import loops, partition
+from rrtod import loops, lop, partition
 from rrtod.wire import (
     HOST_ID_BASE,
     READ_VALUE,
@@ -50,7 +50,7 @@ from rrtod.wire import (
     scalar_of,
 )
 
-from . import aliasing, codec, downloads
+from . import aliasing, codec, downloads, rows
 from .allowlist import lookup
 from .metadata import OpInfo, Out, arg_at, materialize
 from .proxy import Handle, RemoteTensor, new_proxy
@@ -183,6 +183,12 @@ class Step:
     # everything the step matches and makes, comparable across sequences (``same_prefix``)
     sig: tuple[Any, ...] = ()
     robot: bool = False  # run here, on the app's tensors (its plan's ``Plan.robot_calls``)
+    # A Hybrid-Parallel split region's call (``rrtod.lop``): its row rule, the rows this
+    # robot makes of its outputs, ``[0, top)``, and the first the host makes (``robot`` set)
+    band: tuple[Any, int, int] | None = None
+    # INPUT slots whose data goes up as a band of its rows ``[lo, hi)``: the host's band of an
+    # app input a region call reads, the robot's of a region value a host call reads whole
+    bands: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def signature(self) -> tuple[Any, ...]:
         return (self.op, self.grad_mode, repr(self.args), repr(sorted(self.kwargs.items())),
@@ -302,7 +308,10 @@ def add_plans(seq: Sequence, d: ops_pb2.SequenceDef) -> None:
     plan. ValueError if a plan is not one ``d`` can run."""
     for k in range(len(seq.plans) + 1, len(d.plans) + 1):
         robot = partition.plan_calls(d, k)
-        plan = _compile(partition.rewrite(d, robot), robot)
+        split = partition.plan_split(d, k)
+        bands = lop.Space(d, rows.rule).bands_of(split.calls, split.at) if split else None
+        plan = _compile(partition.rewrite(d, robot, frozenset(split.calls) if split
+                                          else frozenset()), robot, bands, d)
         plan.bindings, plan.sent, plan.recent = seq.bindings, seq.sent, seq.recent
         plan.root, plan.plan = seq, k
         plan.here = bool(plan.steps) and all(st.robot for st in plan.steps)
@@ -355,8 +364,15 @@ def _guard_indices(seq: Sequence, count: int) -> list[list[int]]:
     return got
 
 
-def _compile(d: ops_pb2.SequenceDef, robot: frozenset[int] = frozenset()) -> Sequence:
+def _compile(d: ops_pb2.SequenceDef, robot: frozenset[int] = frozenset(),
+             bands: lop.Bands | None = None, whole: ops_pb2.SequenceDef | None = None
+             ) -> Sequence:
+    """``d`` (a plan's rewrite of ``whole`` when placed) as the shim matches it. ``robot``:
+    the calls it runs here; ``bands``: a Hybrid-Parallel split's, whose region's calls it runs
+    here too, each on its band of rows (``Step.band``, ``Step.bands``)."""
     local = {rid: i for i, rid in enumerate(d.local_ids)}
+    region = frozenset(bands.region.calls) if bands is not None else frozenset()
+    robot = robot | region
     made_by: dict[int, int] = {}
     steps, slot = [], 0
     for call in d.calls:
@@ -414,13 +430,45 @@ def _compile(d: ops_pb2.SequenceDef, robot: frozenset[int] = frozenset()) -> Seq
         st.sig = st.signature()
         h = hash((h, st.sig))
         chain.append(h)
-    robot_reads = frozenset(aux for st in steps if st.robot for _s, kind, aux in st.checks
-                            if kind == _PRODUCED and not steps[made_by.get(aux, 0)].robot)
+    robot_reads = frozenset(aux for k, st in enumerate(steps) if st.robot
+                            for _s, kind, aux in st.checks
+                            if kind == _PRODUCED and (not steps[made_by.get(aux, 0)].robot or (
+                                k not in region and made_by.get(aux) in region)))
+    if bands is not None and whole is not None:
+        _add_bands(steps, bands, whole, local)
     return Sequence(d, steps, local, last_writer, outputs, robot_reads=robot_reads,
                     sized=frozenset(i for st in steps for _p, i, d, _n in st.syms
                                     if d != READ_VALUE),
                     valued=frozenset(i for st in steps for _p, i, d, _n in st.syms
                                      if d == READ_VALUE), chain=chain)
+
+
+def _add_bands(steps: list[Step], bands: lop.Bands, whole: ops_pb2.SequenceDef,
+               local: dict[int, int]) -> None:
+    """What a split adds to the steps: each region call's rule and the robot's rows of it,
+    and which uploads go up as a band: the host's rows of the app inputs region calls read
+    (when the host makes any rows of that call), the robot's of a region value a host call
+    outside the region reads whole (``lop.merges``: the host puts it together)."""
+    inputs = set(bands.region.inputs)
+    slot = 0
+    for k, call in enumerate(whole.calls):
+        refs = list(iter_tensor_refs(call))
+        step = steps[k]
+        if k in bands.rules:
+            step.band = (bands.rules[k], bands.robot[k], bands.host[k])
+            if bands.host[k] < bands.height[k]:
+                for j, ref in enumerate(refs):
+                    src = whole.sources[slot + j]
+                    i = local.get(ref.bind_id, -1 - (slot + j)) \
+                        if src.kind == _INPUT and ref.WhichOneof("ref") == "upload" else None
+                    if i in inputs:
+                        height = bands.height_of[i]
+                        step.bands[slot + j] = (bands.held[i][1], height)
+        slot += len(refs)
+    for k, pairs in lop.merges(whole, bands, frozenset(
+            j for j, st in enumerate(steps) if st.robot and j not in bands.rules)).items():
+        for j, i in pairs:
+            steps[k].bands[steps[k].slots[j]] = (0, bands.held[i][1])
 
 
 @dataclass
@@ -871,6 +919,8 @@ class ReplayClient:
         app's reads use it, and a host step that reads one uploads it as its input. MISS if
         a value the host was to push never comes (then the call is forwarded)."""
         t0 = perf_counter_ns()
+        if step.band is not None:
+            return self._band_here(act, step, func, args, kwargs, t0)
         try:
             largs = [self._robot_value(act, a) for a in args]
             lkwargs = {k: self._robot_value(act, v) for k, v in kwargs.items()}
@@ -908,11 +958,72 @@ class ReplayClient:
         self.counters["robot_ns"] += took
         return tree_unflatten(made, spec)
 
+    def _band_here(self, act: Active, step: Step, func: Any, args: tuple, kwargs: dict,
+                   t0: int) -> Any:
+        """A split region's call (``rrtod.lop``): make its outputs' rows ``[0, rows)`` here
+        from the bands of the region's values and the app's inputs, whole. Its outputs are
+        proxies of the whole value, whose handle holds this band (``Handle.split`` while the
+        host holds the rest: ``downloads.whole`` puts it together where the app needs it);
+        the host's band of it is kept under the same id, released as any value's."""
+        how, top, host = step.band
+        held: dict[int, int] = {}  # the tensors with rows: each holds its first rows
+        n = itertools.count()
+
+        def band(x: Any) -> Any:
+            if isinstance(x, torch.Tensor):
+                t = x
+                if isinstance(x, RemoteTensor):
+                    h = x._rrto_handle
+                    if h.local is None:
+                        raise _Unreplayable
+                    t = h.local if h.split else downloads.shape_like(h.local, x)
+                if how.rows_in[next(n)]:
+                    held[id(t)] = 0
+                return t
+            if isinstance(x, (list, tuple)):
+                return type(x)(band(v) for v in x)
+            return x
+
+        try:
+            largs = [band(a) for a in args]
+            lkwargs = {k: band(kwargs[k]) for k in sorted(kwargs)}
+        except _Unreplayable:
+            return MISS
+        result = rows.run(func, largs, lkwargs, how, held, 0, top)
+        flat = list(result) if isinstance(result, (tuple, list)) else [result]
+        device = self.session.app_device(args, kwargs)
+        made = []
+        for k, (x, meta) in enumerate(zip(flat, step.out_meta, strict=True)):
+            i = step.out_local[k]
+            if i is None:
+                return MISS
+            h = Handle(self.session, act.base + i, local=x.detach())
+            # the host holds its band under this id: released when the app lets go
+            if how.rows_out[k] and host < meta[1][rows.ROW]:
+                h.split = meta[1][rows.ROW]
+            h.bound = bool(h.split)
+            made.append(new_proxy(h, meta[1], meta[2], meta[3], meta[0], device, False))
+        took = perf_counter_ns() - t0
+        if act.timing is not None:
+            act.timing[act.position] = took
+        self.counters["robot_ops"] += 1
+        self.counters["robot_ns"] += took
+        if isinstance(result, (tuple, list)):
+            return type(result)(made)
+        return made[0]
+
     def _robot_value(self, act: Active, x: Any) -> Any:
         """``x`` (an argument) as the robot computes on it: a proxy's local value, or the one
         the host pushed (taken once per inference: ``Active.pulled``)."""
         if isinstance(x, RemoteTensor):
             h = x._rrto_handle
+            if h.split and h.local is not None and h.local.shape[rows.ROW] != h.split:
+                # a split region's value, read whole here: the host pushed its band
+                data = act.taken.pop(h.id, None) or self._peek(act, h.id)
+                if data is None:
+                    raise _Unreplayable
+                self.session.counters["bytes_down"] += len(data.data)
+                downloads.put_together(h, codec.from_tensor_data(data))
             if h.local is not None:
                 return downloads.shape_like(h.local, x)
             got = act.pulled.get(h.id)
@@ -1259,11 +1370,13 @@ class ReplayClient:
                     return None
                 continue
             if kind == _PERSISTENT and step.robot:
-                # Run here on the app's own copy: nothing to bind on the host.
+                # Run here on the app's own copy: nothing to bind on the host (but for a split
+                # call the host makes rows of too: bound there as for a host call, below).
                 if h is None or not self.session.local_is_current(h) or (h is not bindings.get(
                         canon[slot] if canon is not None else slot) and h.hash != aux):
                     return None
-                continue
+                if step.band is None or step.band[2] >= step.out_meta[0][1][rows.ROW]:
+                    continue
             if kind == _PERSISTENT:
                 # The host waits for each weight slot to be named once per session: the weight
                 # may be used for the first time right here, and must be bound before use.
@@ -1296,10 +1409,23 @@ class ReplayClient:
                     (act.seq.root or act.seq).stale = True
                     return None
                 continue
-            if kind == _INPUT and step.robot:
+            if kind == _INPUT and step.robot and slot not in step.bands:
                 # The app's own data, used here: checked, not sent.
                 if h is not None or _input_key(t) != step.input_keys.get(slot):
                     return None
+                continue
+            if kind == _INPUT and h is not None and h.split:
+                # A split region's value, which the host puts together (``rrtod.lop``): the
+                # robot's first rows go up.
+                if slot not in step.bands or h.local is None \
+                        or _input_key(t) != step.input_keys.get(slot):
+                    return None
+                lo, hi = step.bands[slot]
+                band = h.local.narrow(rows.ROW, lo, hi - lo).contiguous()
+                if frames is None:
+                    frames = []
+                frames.append(codec.replay_upload(slot, band, self._upload_meta))
+                self.session.counters["bytes_up"] += band.numel() * band.element_size()
                 continue
             if kind == _INPUT and h is not None and h.hash is None and h.local is not None:
                 # A value the robot made (``_on_robot``): its data is here, and goes up.
@@ -1317,6 +1443,9 @@ class ReplayClient:
                             slot in step.any_shape and want is not None
                             and key[0] == want[0] and len(key[1]) == len(want[1])):
                         return None
+                    if slot in step.bands:  # the host's band of an app input (``lop``)
+                        lo, hi = step.bands[slot]
+                        t = t.narrow(rows.ROW, lo, hi - lo).contiguous()
                     raw = codec.raw_bytes(t if t.device.type == "cpu" else t.cpu())
                     if sent is None:
                         sent = []

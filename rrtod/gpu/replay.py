@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rrto.v1 import ops_pb2
-from rrtod import loops, partition
+from rrtod import loops, lop, partition
 from rrtod.executor import ReplayExtension
 from rrtod.wire import (
     READ_VALUE,
@@ -111,6 +111,12 @@ class Compiled:
     # is bound (``sticky``, shared with it: ``rrtod.loops``); None: the slots are its own.
     canon: list[int] | None = None
     robot: frozenset[int] = frozenset()  # calls the robot runs (this plan's: ``partition``)
+    # A Hybrid-Parallel split (``rrtod.lop``): per region call this host makes a band of, its
+    # row rule, per tensor argument the first row this host holds of it (None: whole), and
+    # the band ``[lo, hi)``; per call outside the region that reads region values whole, the
+    # (tensor argument, local index) of each (``compile_sequence``'s ``merges``).
+    split: dict[int, tuple[Any, list[int | None], int, int]] = field(default_factory=dict)
+    merges: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     # Per plan of the definition (``SequenceDef.plans``): its compiled rewrite, sharing this
     # one's per-slot state (weights bound, latest inputs); a start names the one it runs.
     plans: list[Compiled] = field(default_factory=list)
@@ -129,11 +135,14 @@ class Compiled:
 def compile_sequence(d: ops_pb2.SequenceDef,
                      written: Callable[[ops_pb2.OpCall], list[int]] | None = None,
                      viewed: Callable[[ops_pb2.OpCall], list[int]] | None = None,
-                     robot: frozenset[int] = frozenset()) -> Compiled:
+                     robot: frozenset[int] = frozenset(),
+                     merges: dict[int, list[tuple[int, int]]] | None = None) -> Compiled:
     """Index a definition for replay; ValueError if it is inconsistent (never trusted blindly:
     a bad definition must fail here, not halfway through an inference). ``written``: the ids
     of arguments a call writes in place without returning them (from the executor).
-    ``robot``: the calls the robot runs (a plan's, ``d`` then its ``partition.rewrite``)."""
+    ``robot``: the calls the robot runs (a plan's, ``d`` then its ``partition.rewrite``).
+    ``merges``: per call, (tensor argument, local index) of values of a split region it reads
+    whole, put together from the robot's band (its INPUT there) and this host's (``lop``)."""
     if len(d.local_ids) > SPAN:  # inference k's ids are base + index: they would reach k+1's
         raise ValueError(f"sequence {d.id}: {len(d.local_ids)} local ids, more than an "
                          f"inference's id range holds ({SPAN}, rrtod.wire.SPAN)")
@@ -196,6 +205,9 @@ def compile_sequence(d: ops_pb2.SequenceDef,
             for i in (bind, produced):
                 if i is not None:
                     last_use[i] = max(last_use.get(i, k), k)
+    for k, pairs in (merges or {}).items():
+        for _j, i in pairs:
+            last_use[i] = max(last_use.get(i, k), k)
     for sym in d.symbols:  # a size or value read when that call runs: kept until then
         if sym.tensor in local and sym.call < len(d.calls):
             i = local[sym.tensor]
@@ -238,7 +250,7 @@ def compile_sequence(d: ops_pb2.SequenceDef,
     return Compiled(d, local, inputs, outputs, pushes, writes, mutates, binding, out_local,
                     last_use, free_after, written=written, constants=constants,
                     constants_at=constants_at, symbols=symbols, varying=varying,
-                    answered=answered, robot=robot)
+                    answered=answered, robot=robot, merges=merges or {})
 
 
 def pinned_by(seq: Compiled) -> str | None:
@@ -517,12 +529,28 @@ class HostReplayer:
         per-slot state. ValueError if the plan is not one ``d`` can run."""
         robot = partition.plan_calls(d, k)
         replay = self.replay
-        plan = compile_sequence(partition.rewrite(d, robot),
-                                replay.written_ids if replay is not None else None,
-                                replay.viewed_ids if replay is not None else None, robot)
+        split = partition.plan_split(d, k)
+        bands, skip, merges = None, robot, None
+        if split is not None:
+            rule_of = getattr(replay, "rows", None)
+            if rule_of is None:
+                raise ValueError(f"sequence {d.id}: this host's executor cannot split calls")
+            bands = lop.Space(d, rule_of).bands_of(split.calls, split.at)
+            # calls of the region whose band here is empty run on the robot only
+            skip = robot | {c for c in split.calls if bands.host[c] >= bands.height[c]}
+            merges = lop.merges(d, bands, robot)
+            if len(d.local_ids) + max(map(len, merges.values()), default=0) > SPAN:
+                raise ValueError(f"sequence {d.id}: no ids left to put split values together")
+        plan = compile_sequence(
+            partition.rewrite(d, robot, frozenset(split.calls) if split else frozenset()),
+            replay.written_ids if replay is not None else None,
+            replay.viewed_ids if replay is not None else None, frozenset(skip), merges)
+        if bands is not None:
+            plan.split = {c: (bands.rules[c], bands.starts[c], bands.host[c], bands.height[c])
+                          for c in bands.region.calls if c not in skip}
         plan.sticky, plan.latest, plan.gone = seq.sticky, seq.latest, seq.gone
         plan.plan = k
-        plan.prepared = [None if j in robot else self._prepare(call)
+        plan.prepared = [None if j in skip else self._prepare(call)
                          for j, call in enumerate(plan.definition.calls)]
         seq.plans.append(plan)
 
@@ -690,7 +718,20 @@ class HostReplayer:
                     ids += act.seq.written(call)  # ids as rebound for this inference
                 act.snapshots.append((k, self.replay.snapshot(ids)))  # replay: checked at define
             t_call = time.perf_counter_ns() if timing is not None else 0
-            if prepared is not None:  # only with a replay extension (``_prepare``)
+            merged = None
+            if k in act.seq.merges:
+                merged, failure = self._merge(act, k, refs)
+                if failure is not None:  # reported as the call's own error would be
+                    act.failed = True
+                    failure.error.sequence = act.seq.definition.id
+                    failure.error.base_id, failure.error.position = act.base, act.app_failed(k)
+                    emit(failure)
+                    return
+            split = act.seq.split.get(k) if act.seq.split else None
+            if split is not None and prepared is not None:  # this host's band of its rows
+                how, starts, lo, hi = split
+                downs = self.replay.run_rows(prepared, refs, out_ids, how, starts, lo, hi)
+            elif prepared is not None:  # only with a replay extension (``_prepare``)
                 downs = self.replay.run_prepared(prepared, refs, out_ids, ints, answered)
             else:
                 call = call or self._rebind(act, k, refs, out_ids)
@@ -711,6 +752,8 @@ class HostReplayer:
                         base_id=act.base, position=act.app_position(k), result=down.result)))
                 else:
                     emit(down)
+            if merged:
+                self._free(merged)
             if timing is not None:
                 if sync is not None:
                     sync()  # the device's work for this call, not only its launch
@@ -897,6 +940,34 @@ class HostReplayer:
         if renamed:  # written in place and returned: the result is the rebound tensor too
             out_ids = [renamed.get(r, r) for r in out_ids]
         return refs, out_ids
+
+    def _merge(self, act: Active, k: int, refs: list[int | ops_pb2.TensorRef]
+               ) -> tuple[list[int], ops_pb2.SessionDown | None]:
+        """Put together, for call ``k``, each region value it reads whole: the robot's band
+        (the upload in its place) and this host's, by a ``cat`` along the rows through the
+        executor like any call, under an id past the inference's values. ``refs`` then name
+        the whole values; returns those ids (freed once ``k`` has run), and the error that
+        stopped it, if one did."""
+        made: list[int] = []
+        spare = act.base + len(act.seq.definition.local_ids)
+        for n, (j, i) in enumerate(act.seq.merges[k]):
+            tid = spare + n
+            call = ops_pb2.OpCall(op=lop.MERGE_OP, out_ids=[tid])
+            parts = call.args.add().list
+            top = refs[j]
+            if isinstance(top, int):
+                parts.items.add().tensor.id = top
+            else:
+                parts.items.add().tensor.CopyFrom(top)
+            parts.items.add().tensor.id = act.id_of(i)
+            call.args.add().i = lop.ROW
+            for down in self.handle(ops_pb2.SessionUp(call=call)):
+                if down.WhichOneof("msg") == "error":
+                    self._free(made)
+                    return [], down
+            refs[j] = tid
+            made.append(tid)
+        return made, None
 
     def _rebind(self, act: Active, k: int, refs: list[int | ops_pb2.TensorRef],
                 out_ids: list[int]) -> ops_pb2.OpCall:

@@ -201,11 +201,18 @@ class _PacedReplay:
         self.scalar = ext.scalar
         self._run_prepared = ext.run_prepared
         self._run = run
+        # optional (rrtod.executor): calls split by rows (Hybrid-Parallel, ``rrtod.lop``)
+        self.rows = getattr(ext, "rows", None)
+        self._run_rows = getattr(ext, "run_rows", None)
 
     def run_prepared(self, prepared: Any, refs: list[Any], out_ids: list[int],
                      ints: list[tuple[list[Any], int]] | None = None,
                      want_meta: bool = False) -> Any:
         return self._run(self._run_prepared, prepared, refs, out_ids, ints, want_meta)
+
+    def run_rows(self, prepared: Any, refs: list[Any], out_ids: list[int], how: Any,
+                 starts: list[int | None], lo: int, hi: int) -> Any:
+        return self._run(self._run_rows, prepared, refs, out_ids, how, starts, lo, hi)
 
 
 def _down(replies: list[ops_pb2.SessionDown]) -> ops_pb2.SessionDown:

@@ -39,7 +39,7 @@ from typing import Any
 import structlog
 
 from rrto.v1 import ops_pb2
-from rrtod import partition
+from rrtod import lop, partition
 from rrtod.config import Config
 from rrtod.plugins import Registry
 
@@ -86,6 +86,9 @@ class Scheduling:
         self.follows_link = self.splits and config.switch_plans  # plans per bandwidth band
         self._backend = registry.get("interception", config.intercept.backend)
         self._aliasing: tuple[partition.Written, partition.Viewed] | None = None
+        self._rows: Any = None
+        # it splits calls by rows (Hybrid-Parallel): it is given each sequence's ``lop.Space``
+        self.parallel = bool(getattr(self.scheduler, "parallel", False))
         self.placed = 0  # sequences defined with calls on the robot
         self.replaced = 0  # placements changed by what profiles showed
         self.refused = 0  # placements refused (or failed): the sequence ran as it was
@@ -103,6 +106,15 @@ class Scheduling:
                 return None
             self._aliasing = factory()
         return self._aliasing
+
+    def rows(self) -> lop.RuleOf | None:
+        """The backend's rule for local operators (``InterceptionBackend.rows``), if any."""
+        if self._rows is None:
+            factory = getattr(self._backend, "rows", None)
+            if factory is None:
+                return None
+            self._rows = factory()
+        return self._rows
 
     def describe(self) -> dict[str, Any]:
         return {"scheduler": self.name, "placed": self.placed, "replaced": self.replaced,
@@ -170,10 +182,14 @@ class SessionPlacer:
             return None
         self.taken.add(key)
         robot = partition.plan_calls(d, profile.plan)
+        split = partition.plan_split(d, profile.plan)
+        banded = set(split.calls) if split is not None else set()  # a band's time, not a call's
         n = len(d.calls)
         host = self.host_ns.setdefault(d.id, [None] * n)
         mine = self.robot_ns.setdefault(d.id, [None] * n)
         for k, ns in enumerate(profile.call_ns):
+            if k in banded:
+                continue
             if robot_side and k in robot:
                 mine[k] = float(ns)
             elif not robot_side and k not in robot:
@@ -192,7 +208,7 @@ class SessionPlacer:
             if d is None or plan != d.plan or not d.profile or seq_id in self.untimed \
                     or self.home.get(seq_id) != self.band:
                 return []  # (an inference started before the sequence was placed anew)
-            key = partition.plan_calls(d, plan)
+            key = partition.plan_key(d, plan)
             measured = self.measured_ns.setdefault((seq_id, self.band), {})
             if key in measured:
                 return []
@@ -215,8 +231,9 @@ class SessionPlacer:
         ``MIN_CROSSING_BYTES``, a robot call not profiled yet, or compute that would explain
         most of the time (its noise would be read as the link's)."""
         d = self.defined.get(timing.sequence)
-        if timing.upload_bytes < MIN_CROSSING_BYTES or d is None or timing.plan > len(d.plans):
-            return None
+        if timing.upload_bytes < MIN_CROSSING_BYTES or d is None or timing.plan > len(d.plans) \
+                or partition.plan_split(d, timing.plan) is not None:
+            return None  # (a split's uploads wait for the robot's bands: not the link's pace)
         robot = partition.plan_calls(d, timing.plan)
         ahead = 0.0
         if robot:
@@ -253,7 +270,8 @@ class SessionPlacer:
                 if placed is None:
                     continue
             else:
-                placed = partition.with_plan(d, partition.plan_calls(d, plan))
+                placed = partition.with_plan(d, partition.plan_calls(d, plan),
+                                             partition.plan_split(d, plan))
                 placed.profile = d.profile
             self._keep(placed)
             if placed.plan != d.plan or len(placed.plans) != len(d.plans):
@@ -327,6 +345,8 @@ class SessionPlacer:
         log.info("sequence placed anew" if changed else "sequence placement kept",
                  scheduler=self.scheduling.name, sequence=d.id, plan=placed.plan,
                  robot_calls=len(placed.plans[placed.plan - 1].robot_calls) if placed.plan else 0,
+                 split_calls=len(placed.plans[placed.plan - 1].split_calls) if placed.plan else 0,
+                 split_at=round(placed.plans[placed.plan - 1].split_at, 3) if placed.plan else 0,
                  calls=len(d.calls), mbit_s=link.mbit_s, rtt_ms=link.rtt_ms, band=self.band,
                  measured_in=self.home.get(d.id), untimed=d.id in self.untimed,
                  host_ms=_total_ms(host), robot_ms=_total_ms(mine), after=why,
@@ -366,14 +386,27 @@ class SessionPlacer:
                            measured_ns=None if d.id in self.untimed
                            or self.home.get(d.id) != self.band
                            else dict(self.measured_ns.get((d.id, self.band), {})))
-            placement = list(self.scheduling.scheduler.place(view, link))
-            robot = partition.split(d, placement, written, viewed)
+            rule_of = self.scheduling.rows() if self.scheduling.parallel else None
+            if rule_of is not None:
+                view = replace(view, space=lop.Space(d, rule_of, [c.movable for c in view.calls]))
+            placement = self.scheduling.scheduler.place(view, link)
+            at = getattr(placement, "split_at", None)
+            sides = list(placement)
+            region = [k for k, p in enumerate(sides) if p == partition.SPLIT]
+            robot = partition.split(d, [partition.HOST if p == partition.SPLIT else p
+                                        for p in sides], written, viewed)
+            split = None
+            if region:
+                if view.space is None or at is None:
+                    raise ValueError("a split placement without a split region's space/share")
+                partition.check_region(d, region, written, viewed, view.space)
+                split = partition.Split(tuple(region), float(at))
         except Exception as exc:  # noqa: BLE001 - a plugin's failure must not cost replay
             self.scheduling.refused += 1
             log.warning("placement refused: the sequence runs as it did",
                         scheduler=self.scheduling.name, sequence=d.id, reason=str(exc))
             return None
-        placed = partition.with_plan(d, robot)
+        placed = partition.with_plan(d, robot, split)
         placed.profile = True  # the scheduler places again with what replays measure
         return placed
 

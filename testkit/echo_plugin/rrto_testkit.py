@@ -65,6 +65,23 @@ class AlternateGroups:
         return ["robot" if c.group in robot else "host" for c in sequence.calls]
 
 
+class SplitRegion:
+    """A test scheduler that splits by rows (Hybrid-Parallel's mechanism, ``rrtod.lop``)
+    without measuring: the largest split region, the robot making 40 % of the rows at its
+    edge, every other call on the host."""
+
+    parallel = True
+
+    def place(self, sequence, link=None):
+        from rrtod.partition import HOST, SPLIT, Hybrid
+
+        regions = sequence.space.regions() if sequence.space is not None else []
+        if not regions:
+            return [HOST] * len(sequence.calls)
+        inside = set(regions[-1].calls)
+        return Hybrid([SPLIT if k in inside else HOST for k in range(len(sequence.calls))], 0.4)
+
+
 class BrokenScheduler:
     """A test scheduler that fails: the daemon must replay the sequence on the host whole."""
 
@@ -75,4 +92,5 @@ class BrokenScheduler:
 @hookimpl
 def rrto_schedulers():
     return [PluginRecord("test-alternate", AlternateGroups, "test: every other group on the robot"),
+            PluginRecord("test-split", SplitRegion, "test: the largest split region, by rows"),
             PluginRecord("test-broken", BrokenScheduler, "test: raises")]

@@ -422,10 +422,14 @@ class SequenceDef(_message.Message):
     def __init__(self, id: _Optional[int] = ..., calls: _Optional[_Iterable[_Union[OpCall, _Mapping]]] = ..., local_ids: _Optional[_Iterable[int]] = ..., sources: _Optional[_Iterable[_Union[SeqSource, _Mapping]]] = ..., outputs: _Optional[_Iterable[int]] = ..., thread: _Optional[int] = ..., symbols: _Optional[_Iterable[_Union[SymbolicInt, _Mapping]]] = ..., varies_from: _Optional[int] = ..., loops: _Optional[_Iterable[_Union[SeqLoop, _Mapping]]] = ..., plans: _Optional[_Iterable[_Union[Plan, _Mapping]]] = ..., plan: _Optional[int] = ..., profile: _Optional[bool] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("robot_calls",)
+    __slots__ = ("robot_calls", "split_calls", "split_at")
     ROBOT_CALLS_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_CALLS_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_AT_FIELD_NUMBER: _ClassVar[int]
     robot_calls: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, robot_calls: _Optional[_Iterable[int]] = ...) -> None: ...
+    split_calls: _containers.RepeatedScalarFieldContainer[int]
+    split_at: float
+    def __init__(self, robot_calls: _Optional[_Iterable[int]] = ..., split_calls: _Optional[_Iterable[int]] = ..., split_at: _Optional[float] = ...) -> None: ...
 
 class SeqLoop(_message.Message):
     __slots__ = ("start", "body", "tensor", "dim", "gathers", "scatters", "guards", "variants")
