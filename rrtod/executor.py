@@ -143,6 +143,11 @@ class ReplayExtension(Protocol):
     # Optional: ``release(ids)`` frees live tensors as a ``Release`` frame of ``ids`` would,
     # without one (a replay frees each value after its last use: a frame each cost as much as
     # a small operator). Without it the replayer sends the executor ``Release`` frames.
+    # Optional, together: ``rows`` (a recorded call as a local operator, ``rrtod.lop.RuleOf``)
+    # and ``run_rows(prepared, refs, out_ids, rule, starts, lo, hi)``, which runs rows
+    # ``[lo, hi)`` of a prepared call's outputs from tensors holding their rows from
+    # ``starts`` on (Hybrid-Parallel, ``rrtod.lop``). Without them a plan that splits calls
+    # by rows is refused.
 
 
 @runtime_checkable

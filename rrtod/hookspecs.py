@@ -162,7 +162,10 @@ class Scheduler(Protocol):
         ``mbit_s`` then in that band; ``measured_ns`` None outside the sequence's first band);
         a changed answer becomes a new plan of the sequence, switched to per band.
         A placement that could change a result (``rrtod.partition.split``) is refused: the
-        sequence then runs as it did."""
+        sequence then runs as it did. A scheduler with ``parallel = True`` may also answer
+        ``"split"`` for the calls of a split region (robot and host each compute a band of
+        their rows, Hybrid-Parallel: ``rrtod.lop``; its view's ``space`` names the regions)
+        by returning a ``rrtod.partition.Hybrid``, which carries the robot's share."""
         ...
 
 

@@ -387,9 +387,12 @@ def test_the_scheduling_table_compares_each_placement_with_the_best_fixed_one() 
         cell("nto", "rate-10", 150.0, host_compute_ms=100.0), cell("rrto", "rate-10", 600.0),
         cell("rrto:min-cut", "rate-10", 360.0), cell("nto", "rate-500", 110.0,
                                                      host_compute_ms=100.0),
-        cell("rrto", "rate-500", 120.0), cell("rrto:min-cut", "rate-500", 126.0)]}
+        cell("rrto", "rate-500", 120.0), cell("rrto:min-cut", "rate-500", 126.0),
+        cell("rrto:hybrid-parallel", "rate-10", 288.0)]}
     table = "\n".join(scheduling(doc))
-    # slowdown 400 / 100; best of local (400) and rrto (600) at 10 Mbit/s: local; 360 / 400
-    assert "| rate-10 | resnet | 4 | 400 | 150 | 600 | – | 360 | 400 | 0.9 |" in table
-    assert "| rate-500 | resnet | 4 | 400 | 110 | 120 | – | 126 | 120 | 1.05 |" in table
+    # slowdown 400 / 100; best of local (400) and rrto (600) at 10 Mbit/s: local; 360 / 400;
+    # hybrid-parallel against the best of local, rrto and min-cut: 288 / 360
+    assert "| rate-10 | resnet | 4 | 400 | 150 | 600 | – | 360 | 288 | 400 | 0.9 | 0.8 |" \
+        in table
+    assert "| rate-500 | resnet | 4 | 400 | 110 | 120 | – | 126 | – | 120 | 1.05 | – |" in table
     assert scheduling({"links": {}, "cells": [cell("rrto", "x", 1.0)]}) == []

@@ -43,7 +43,7 @@ def split_run(daemon: Any, name: str, tmp, runs: int = RUNS) -> dict:
     return stats
 
 
-@pytest.mark.parametrize("name", ["small_cnn", "unet", "resnet"])
+@pytest.mark.parametrize("name", ["small_cnn", "unet", "resnet", "split_switch"])
 def test_a_split_region_replays_with_both_sides_computing_rows(daemon, tmp_path, name):
     """Every inference after the first few replays the split plan: the robot runs the region's
     calls on its bands (``robot_ops``), the host the rest, with no mismatch."""
@@ -51,6 +51,7 @@ def test_a_split_region_replays_with_both_sides_computing_rows(daemon, tmp_path,
     stats = split_run(daemon, name, tmp_path)
     assert stats["replays"] >= RUNS - 2 and stats["mismatches"] == 0, stats
     assert 0 < stats["robot_ops"] < stats["replayed_ops"], stats
+    assert stats["here"] == 0, stats  # a split plan never runs unseen: the host has rows to make
     scheduling = daemon.ctl("status")["scheduling"]
     assert scheduling["refused"] == 0, scheduling
 

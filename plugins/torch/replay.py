@@ -314,7 +314,7 @@ def add_plans(seq: Sequence, d: ops_pb2.SequenceDef) -> None:
                                           else frozenset()), robot, bands, d)
         plan.bindings, plan.sent, plan.recent = seq.bindings, seq.sent, seq.recent
         plan.root, plan.plan = seq, k
-        plan.here = bool(plan.steps) and all(st.robot for st in plan.steps)
+        plan.here = bool(plan.steps) and all(st.robot and st.band is None for st in plan.steps)
         seq.plans.append(plan)
     if d.plan > len(seq.plans):
         raise ValueError(f"sequence {d.id} has no plan {d.plan}")

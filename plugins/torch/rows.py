@@ -118,7 +118,16 @@ def _pair(v: Any, default: int) -> int:
 
 def rule(call: ops_pb2.OpCall, in_shapes: Sequence[Shape],
          out_shapes: Sequence[Shape]) -> Rule | None:
-    """``call`` as a local operator, or None if it is not one (or its shapes are not known)."""
+    """``call`` as a local operator, or None if it is not one (or its shapes are not known,
+    or its arguments are not what the operator takes: a definition comes from the network)."""
+    try:
+        return _rule(call, in_shapes, out_shapes)
+    except (TypeError, ValueError, IndexError, KeyError, AttributeError, ZeroDivisionError):
+        return None
+
+
+def _rule(call: ops_pb2.OpCall, in_shapes: Sequence[Shape],
+          out_shapes: Sequence[Shape]) -> Rule | None:
     op = call.op
     if op not in _ELEMENTWISE and op not in _WINDOW and op not in _UPSAMPLE:
         return None
@@ -160,6 +169,8 @@ def rule(call: ops_pb2.OpCall, in_shapes: Sequence[Shape],
     rows_in = tuple(j == 0 for j in range(len(in_shapes)))
     rows_out = tuple(s is not None and len(s) == 4 for s in outs)
     h_in, h_out = first[ROW], outs[0][ROW]
+    if h_in < 1 or h_out < 1:
+        return None
     if op in _UPSAMPLE:
         if h_out % h_in:
             return None
@@ -169,13 +180,15 @@ def rule(call: ops_pb2.OpCall, in_shapes: Sequence[Shape],
             return None
         s, p, d = (_pair(_arg(call, 3, "stride"), 1), _pair(_arg(call, 4, "padding"), 0),
                    _pair(_arg(call, 5, "dilation"), 1))
+        if s < 1 or d < 1 or p < 0:
+            return None
         # the kernel's height is not in the recording: the largest that gives these heights
         k = (h_in + 2 * p - 1 - (h_out - 1) * s) // d + 1
     else:
         k = _pair(_arg(call, 1, "kernel_size"), 1)
         s = _pair(_arg(call, 2, "stride"), k)
         p, d = _pair(_arg(call, 3, "padding"), 0), _pair(_arg(call, 4, "dilation"), 1)
-    if k < 1 or s < 1 or d < 1:
+    if k < 1 or s < 1 or d < 1 or p < 0:
         return None
     return Rule(op, "window", rows_in, rows_out, h_in, k=k, s=s, p=p, d=d)
 

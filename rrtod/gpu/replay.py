@@ -535,7 +535,11 @@ class HostReplayer:
             rule_of = getattr(replay, "rows", None)
             if rule_of is None:
                 raise ValueError(f"sequence {d.id}: this host's executor cannot split calls")
-            bands = lop.Space(d, rule_of).bands_of(split.calls, split.at)
+            try:
+                bands = lop.Space(d, rule_of).bands_of(split.calls, split.at)
+            except (TypeError, IndexError, AttributeError, ZeroDivisionError) as exc:
+                raise ValueError(f"sequence {d.id}: its split cannot be worked out: "
+                                 f"{exc}") from exc
             # calls of the region whose band here is empty run on the robot only
             skip = robot | {c for c in split.calls if bands.host[c] >= bands.height[c]}
             merges = lop.merges(d, bands, robot)
