@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=None, help="stop measuring after this")
     parser.add_argument("--sync", action="store_true", help="wait for stdin after the warm-up")
     parser.add_argument("--sync-end", action="store_true", help="and again after the result line")
+    parser.add_argument("--values", type=Path, default=None,
+                        help="append every inference's outputs here (float64), to compare "
+                        "within a tolerance where a system is not bit-exact by design")
     args = parser.parse_args(argv)
     spec = MODELS[args.model]
     model = spec.make()
@@ -48,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu_ms: list[float] = []
     spans_ns: list[tuple[int, int]] = []  # CLOCK_MONOTONIC, as the daemon's inference marks
     started = time.perf_counter()
+    values = args.values.open("wb") if args.values is not None else None
     with torch.inference_mode():
         for i, x in enumerate(inputs):
             if i == args.warmup:
@@ -56,9 +60,13 @@ def main(argv: list[str] | None = None) -> int:
                     sys.stdin.readline()
                 started = time.perf_counter()
             c0, m0, t0 = time.process_time(), time.monotonic_ns(), time.perf_counter()
-            out = [o.numpy().tobytes() for o in outputs_of(model(x))]
+            result = outputs_of(model(x))
+            out = [o.numpy().tobytes() for o in result]
             t1, m1, c1 = time.perf_counter(), time.monotonic_ns(), time.process_time()
             digests.append(output_digest(out))
+            if values is not None:  # untimed: after the app has its results
+                values.write(torch.cat([o.detach().double().flatten() for o in result])
+                             .numpy().tobytes())
             if i < args.warmup:
                 warm_ms.append((t1 - t0) * 1e3)
                 continue
@@ -67,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             spans_ns.append((m0, m1))
             if args.budget_s is not None and t1 - started > args.budget_s:
                 break
+    if values is not None:
+        values.close()
     print(json.dumps({"model": args.model, "iters": len(lat_ms), "warmup": args.warmup,
                       "warmup_ms": warm_ms, "latency_ms": lat_ms, "cpu_ms": cpu_ms,
                       "digests": digests, "spans_ns": spans_ns,

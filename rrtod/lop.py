@@ -136,6 +136,7 @@ class Space:
                 self.row_args[k] = [i if r.rows_in[j] else None for j, i in enumerate(ins)]
                 self.row_outs[k] = [local[rid] for j, rid in enumerate(call.out_ids)
                                     if r.rows_out[j]]
+        self._local = local
         self._shape = shape
         self._itemsize = itemsize
         self._readers = readers
@@ -188,8 +189,7 @@ class Space:
         return Region(tuple(sorted(inside)), tuple(sorted(used)), tuple(outputs))
 
     def _made(self, k: int) -> list[int]:
-        local = {rid: i for i, rid in enumerate(self.d.local_ids)}
-        return [local[r] for r in self.d.calls[k].out_ids if r in local]
+        return [self._local[r] for r in self.d.calls[k].out_ids if r in self._local]
 
     def height(self, i: int) -> int:
         s = self._shape.get(i)
@@ -262,7 +262,7 @@ def merges(d: ops_pb2.SequenceDef, bands: Bands,
     argument, local index) of each, which the host puts together before it runs."""
     local = {rid: i for i, rid in enumerate(d.local_ids)}
     inside = set(bands.region.calls)
-    made = {i for k in inside for i in bands.held if i >= 0 and i not in bands.region.inputs}
+    made = set(bands.held) - set(bands.region.inputs)  # the region's values
     out: dict[int, list[tuple[int, int]]] = {}
     slot = 0
     for k, call in enumerate(d.calls):

@@ -537,12 +537,12 @@ class HostReplayer:
                 raise ValueError(f"sequence {d.id}: this host's executor cannot split calls")
             try:
                 bands = lop.Space(d, rule_of).bands_of(split.calls, split.at)
+                merges = lop.merges(d, bands, robot)
             except (TypeError, IndexError, AttributeError, ZeroDivisionError) as exc:
                 raise ValueError(f"sequence {d.id}: its split cannot be worked out: "
                                  f"{exc}") from exc
             # calls of the region whose band here is empty run on the robot only
             skip = robot | {c for c in split.calls if bands.host[c] >= bands.height[c]}
-            merges = lop.merges(d, bands, robot)
             if len(d.local_ids) + max(map(len, merges.values()), default=0) > SPAN:
                 raise ValueError(f"sequence {d.id}: no ids left to put split values together")
         plan = compile_sequence(

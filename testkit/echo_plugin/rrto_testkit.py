@@ -75,11 +75,16 @@ class SplitRegion:
     def place(self, sequence, link=None):
         from rrtod.partition import HOST, SPLIT, Hybrid
 
+        import os
+
         regions = sequence.space.regions() if sequence.space is not None else []
         if not regions:
             return [HOST] * len(sequence.calls)
-        inside = set(regions[-1].calls)
-        return Hybrid([SPLIT if k in inside else HOST for k in range(len(sequence.calls))], 0.4)
+        # RRTO_TEST_SPLIT="region index,share" picks another split (a test's sweep)
+        which, at = os.environ.get("RRTO_TEST_SPLIT", "-1,0.4").split(",")
+        inside = set(regions[int(which)].calls)
+        return Hybrid([SPLIT if k in inside else HOST for k in range(len(sequence.calls))],
+                      float(at))
 
 
 class BrokenScheduler:
