@@ -8,27 +8,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from plugins.torch import rows
+from plugins.torch import codec, rows
 from rrto.v1 import ops_pb2
 
 aten = torch.ops.aten
 
 
-def value(x) -> ops_pb2.Value:
-    v = ops_pb2.Value()
-    if isinstance(x, bool):
-        v.b = x
-    elif isinstance(x, int):
-        v.i = x
-    elif isinstance(x, float):
-        v.f = x
-    elif x is None:
-        v.none = True
-    elif isinstance(x, list):
-        v.list.items.extend(value(i) for i in x)
-    elif isinstance(x, torch.Tensor):
-        v.tensor.id = 1
-    return v
+def recorded(name: str, args: list) -> ops_pb2.OpCall:
+    """The call as the shim records it (tensors by reference)."""
+    call = ops_pb2.OpCall(op=name)
+    for a in args:
+        codec.encode_value(a, call.args.add(), lambda t: ops_pb2.TensorRef(id=1))
+    return call
 
 
 def tensors(args) -> list[torch.Tensor]:
@@ -44,9 +35,8 @@ def tensors(args) -> list[torch.Tensor]:
 def check(op, name: str, args: list, exact: bool) -> None:
     whole = op(*args)
     outs = tuple(whole) if isinstance(whole, (tuple, list)) else (whole,)
-    call = ops_pb2.OpCall(op=name)
-    call.args.extend(value(a) for a in args)
-    how = rows.rule(call, [tuple(t.shape) for t in tensors(args)], [tuple(o.shape) for o in outs])
+    how = rows.rule(recorded(name, args), [tuple(t.shape) for t in tensors(args)],
+                    [tuple(o.shape) for o in outs])
     assert how is not None, name
     height = outs[0].shape[-2]
     for cut in sorted({1, height // 3, height // 2, height - 1}):
@@ -115,9 +105,7 @@ def test_operators_that_mix_rows_are_not_local():
     """A reduction or softmax along the rows, an argmax over the last dimension (its result
     has the rows last), bilinear upsampling, batch norm in training: never split by rows."""
     def rule_of(name, args, outs):
-        call = ops_pb2.OpCall(op=name)
-        call.args.extend(value(a) for a in args)
-        return rows.rule(call, [tuple(t.shape) for t in tensors(args)], outs)
+        return rows.rule(recorded(name, args), [tuple(t.shape) for t in tensors(args)], outs)
 
     assert rule_of("aten::argmax.default", [X, -1], [(1, 16, 33)]) is None
     assert rule_of("aten::argmax.default", [X, 2], [(1, 16, 40)]) is None

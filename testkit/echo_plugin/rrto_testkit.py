@@ -73,9 +73,9 @@ class SplitRegion:
     parallel = True
 
     def place(self, sequence, link=None):
-        from rrtod.partition import HOST, SPLIT, Hybrid
-
         import os
+
+        from rrtod.partition import HOST, SPLIT, Hybrid
 
         regions = sequence.space.regions() if sequence.space is not None else []
         if not regions:
