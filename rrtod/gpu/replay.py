@@ -413,8 +413,10 @@ class HostReplayer:
         """A forwarded frame during or after a replay: the calls it may read run first. The
         app only holds (and drops) values of calls it has matched, whose inputs have all
         arrived, so ``_advance`` has run them; but a later call may still take a size or value
-        of one (``SymbolicInt``) while it waits for another input: a release of such a value
-        frees it after that call."""
+        of one (``SymbolicInt``), or put a split value together (``Compiled.merges``: the app
+        matched that call and let the value go, the call still waits for the robot's band),
+        while it waits for another input: a release of such a value frees it after that
+        call."""
         act = self.active
         if act is not None:
             self._advance(emit)
@@ -423,7 +425,7 @@ class HostReplayer:
             self.last = None
         elif kind == "release":
             self._constants_released(frame.release)
-            if act is not None and self.active is act and act.seq.symbols:
+            if act is not None and self.active is act and (act.seq.symbols or act.seq.merges):
                 frame = self._defer_released(act, frame)
         for down in self.handle(frame):
             emit(down)
