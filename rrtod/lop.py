@@ -186,6 +186,8 @@ class Space:
         if any(i in self._outputs for k in inside for i in self._made(k)
                if i not in self.row_outs[k]):
             return None  # the app downloads an output without rows (a max's indices)
+        if any(self.height(i) < 2 for i in outputs):
+            return None  # a value of one row cannot be split between the sides
         return Region(tuple(sorted(inside)), tuple(sorted(used)), tuple(outputs))
 
     def _made(self, k: int) -> list[int]:
@@ -211,7 +213,9 @@ class Space:
         b: dict[int, int] = {}
         for i in region.outputs:
             h = self.height(i)
-            a[i] = b[i] = min(max(round(split_at * h), 1), h)  # the robot makes a row at least
+            # each side makes a row at least: a band the host does not hold would leave it
+            # nothing to put together with the robot's (or to push)
+            a[i] = b[i] = min(max(round(split_at * h), 1), h - 1)
         robot: dict[int, int] = {}
         host: dict[int, int] = {}
         height: dict[int, int] = {}
