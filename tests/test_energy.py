@@ -347,7 +347,9 @@ def test_metrics_match_describe(rig) -> None:
 
 
 class CountingMeter(MeterBase):
-    """Counts up; optionally blocking or failing; signals after ``want`` reads."""
+    """Counts up; optionally blocking or failing; signals at the read after ``want`` reads
+    (the run reads one at a time: by then the ``want``-th was accounted, whereas a blocking
+    read's result is still in its thread when it signals, and a cancel then loses it)."""
 
     def __init__(self, want: int, blocking: bool = False, fail_first: int = 0):
         self.blocking = blocking
@@ -361,7 +363,7 @@ class CountingMeter(MeterBase):
     def read(self) -> float:
         self.calls += 1
         self.threads.add(threading.get_ident())
-        if self.calls >= self.want:
+        if self.calls > self.want:
             self.loop.call_soon_threadsafe(self.done.set)
         if self.calls <= self.fail_first:
             raise OSError("sensor hiccup")
