@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rrto.v1 import ops_pb2
+from rrtod.partition import ITEMSIZE
 from rrtod.wire import iter_tensor_refs
 
 SRC = ops_pb2.SeqSource
@@ -35,8 +36,6 @@ Shape = tuple[int, ...] | None
 # arguments, shapes of its outputs) -> an object with ``kind``, ``rows_in``, ``rows_out``,
 # ``height`` and ``need(lo, hi)``, or None if it is not a local operator.
 RuleOf = Callable[[ops_pb2.OpCall, Sequence[Shape], Sequence[Shape]], Any]
-_ITEMSIZE = {"float64": 8, "int64": 8, "complex64": 8, "float32": 4, "int32": 4,
-             "float16": 2, "bfloat16": 2, "int16": 2, "bool": 1, "uint8": 1, "int8": 1}
 ROW = -2  # the row dimension, from the end
 MERGE_OP = "aten::cat.default"  # how the host puts a value together from the two bands
 
@@ -81,8 +80,6 @@ class Space:
         inputs: set[int] = set()
         readers: dict[int, set[int]] = {}
         slot = 0
-        n = len(d.calls)
-        eligible: list[bool] = [False] * n
         depth: dict[int, int] = {}
         maker: dict[int, int] = {}
         for k, call in enumerate(d.calls):
@@ -100,7 +97,7 @@ class Space:
                     # its slot, as ``-1 - slot``
                     i = local.get(ref.bind_id, -1 - (slot - len(refs) + j))
                     shape[i] = tuple(ref.upload.meta.shape)
-                    itemsize[i] = _ITEMSIZE.get(ref.upload.meta.dtype, 4)
+                    itemsize[i] = ITEMSIZE.get(ref.upload.meta.dtype, 4)
                     inputs.add(i)
                 ins.append(i)
                 shapes.append(shape.get(i) if i is not None else None)
@@ -110,7 +107,7 @@ class Space:
             for j, rid in enumerate(call.out_ids):
                 if rid in local and j < len(outs):
                     shape[local[rid]] = outs[j]
-                    itemsize[local[rid]] = _ITEMSIZE.get(call.out_meta[j].dtype, 4)
+                    itemsize[local[rid]] = ITEMSIZE.get(call.out_meta[j].dtype, 4)
                     maker.setdefault(local[rid], k)
             r = rule_of(call, shapes, outs) if len(outs) == len(call.out_ids) else None
             ok = r is not None and (movable is None or movable[k]) and not call.want_meta \
@@ -122,7 +119,7 @@ class Space:
                     if r.rows_in[j]:
                         if i is not None and i in inputs:
                             continue
-                        if i is None or i not in maker or not eligible[maker[i]]:
+                        if i is None or maker.get(i) not in depth:  # not a local call's
                             ok = False
                             break
                         deep = max(deep, depth[maker[i]])
@@ -130,7 +127,6 @@ class Space:
                         ok = False  # a value without rows made in the inference, a constant
                         break
             if ok:
-                eligible[k] = True
                 depth[k] = deep + (1 if r.kind != "same" else 0)
                 self.rules[k] = r
                 self.row_args[k] = [i if r.rows_in[j] else None for j, i in enumerate(ins)]
@@ -144,11 +140,6 @@ class Space:
         self._inputs = inputs
         self._maker = maker
         self._depth = depth
-        self._eligible = eligible
-
-    @property
-    def local_calls(self) -> frozenset[int]:
-        return frozenset(self.rules)
 
     def regions(self) -> list[Region]:
         """The candidate regions, smallest first: the local calls up to each depth (windows

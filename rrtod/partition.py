@@ -39,7 +39,7 @@ SPLIT = "split"  # a call both sides run, each on a band of rows (Hybrid-Paralle
 Written = Callable[[ops_pb2.OpCall], "list[int] | None"]
 Viewed = Callable[[ops_pb2.OpCall], "list[int] | None"]
 
-_ITEMSIZE = {"float64": 8, "int64": 8, "complex64": 8, "float32": 4, "int32": 4,
+ITEMSIZE = {"float64": 8, "int64": 8, "complex64": 8, "float32": 4, "int32": 4,
              "float16": 2, "bfloat16": 2, "int16": 2, "bool": 1, "uint8": 1, "int8": 1}
 
 
@@ -135,7 +135,7 @@ def why_not_split(d: ops_pb2.SequenceDef) -> str | None:
 
 
 def _bytes(m: ops_pb2.TensorMeta) -> int:
-    n = _ITEMSIZE.get(m.dtype, 4)
+    n = ITEMSIZE.get(m.dtype, 4)
     for s in m.shape:
         n *= s
     return n

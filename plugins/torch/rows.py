@@ -109,13 +109,6 @@ def _arg(call: ops_pb2.OpCall, i: int, name: str, default: Any = None) -> Any:
     return _value(call.kwargs[name]) if name in call.kwargs else default
 
 
-def _pair(v: Any, default: int) -> int:
-    """The rows' entry of a 2-d parameter (``[h, w]``, one int for both, or empty)."""
-    if isinstance(v, list):
-        return int(v[0]) if v else default
-    return default if v is None else int(v)
-
-
 def rule(call: ops_pb2.OpCall, in_shapes: Sequence[Shape],
          out_shapes: Sequence[Shape]) -> Rule | None:
     """``call`` as a local operator, or None if it is not one (or its shapes are not known,
@@ -178,16 +171,16 @@ def _rule(call: ops_pb2.OpCall, in_shapes: Sequence[Shape],
     if op in _CONV:
         if op == "aten::convolution.default" and _arg(call, 6, "transposed"):
             return None
-        s, p, d = (_pair(_arg(call, 3, "stride"), 1), _pair(_arg(call, 4, "padding"), 0),
-                   _pair(_arg(call, 5, "dilation"), 1))
+        s, p, d = (_two(_arg(call, 3, "stride"), 1)[0], _two(_arg(call, 4, "padding"), 0)[0],
+                   _two(_arg(call, 5, "dilation"), 1)[0])
         if s < 1 or d < 1 or p < 0:
             return None
         # the kernel's height is not in the recording: the largest that gives these heights
         k = (h_in + 2 * p - 1 - (h_out - 1) * s) // d + 1
     else:
-        k = _pair(_arg(call, 1, "kernel_size"), 1)
-        s = _pair(_arg(call, 2, "stride"), k)
-        p, d = _pair(_arg(call, 3, "padding"), 0), _pair(_arg(call, 4, "dilation"), 1)
+        k = _two(_arg(call, 1, "kernel_size"), 1)[0]
+        s = _two(_arg(call, 2, "stride"), k)[0]
+        p, d = _two(_arg(call, 3, "padding"), 0)[0], _two(_arg(call, 4, "dilation"), 1)[0]
     if k < 1 or s < 1 or d < 1 or p < 0:
         return None
     return Rule(op, "window", rows_in, rows_out, h_in, k=k, s=s, p=p, d=d)

@@ -85,8 +85,7 @@ class Scheduling:
         self.switch_plans = config.switch_plans
         self.follows_link = self.splits and config.switch_plans  # plans per bandwidth band
         self._backend = registry.get("interception", config.intercept.backend)
-        self._aliasing: tuple[partition.Written, partition.Viewed] | None = None
-        self._rows: Any = None
+        self._made: dict[str, Any] = {}  # what the backend's factories made (``aliasing``, ``rows``)
         # it splits calls by rows (Hybrid-Parallel): it is given each sequence's ``lop.Space``
         self.parallel = bool(getattr(self.scheduler, "parallel", False))
         self.placed = 0  # sequences defined with calls on the robot
@@ -100,21 +99,20 @@ class Scheduling:
         return SessionPlacer(self, link)
 
     def aliasing(self) -> tuple[partition.Written, partition.Viewed] | None:
-        if self._aliasing is None:
-            factory = getattr(self._backend, "aliasing", None)
-            if factory is None:
-                return None
-            self._aliasing = factory()
-        return self._aliasing
+        return self._from_backend("aliasing")
 
     def rows(self) -> lop.RuleOf | None:
         """The backend's rule for local operators (``InterceptionBackend.rows``), if any."""
-        if self._rows is None:
-            factory = getattr(self._backend, "rows", None)
+        return self._from_backend("rows")
+
+    def _from_backend(self, name: str) -> Any:
+        """What the backend's optional ``name`` factory makes (made once), None without one."""
+        if name not in self._made:
+            factory = getattr(self._backend, name, None)
             if factory is None:
                 return None
-            self._rows = factory()
-        return self._rows
+            self._made[name] = factory()
+        return self._made[name]
 
     def describe(self) -> dict[str, Any]:
         return {"scheduler": self.name, "placed": self.placed, "replaced": self.replaced,
