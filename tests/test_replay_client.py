@@ -17,12 +17,13 @@ from rrto_plugins.torch.replay import (
     MAX_PER_THREAD,
     MAX_TAIL_BYTES,
     MISS,
+    RELEASE_STREAM_AT,
     Active,
     ReplayClient,
     _read_after,
     decode_answer,
 )
-from rrtod.wire import REPLAY_BASE, SPAN
+from rrtod.wire import REPLAY_BASE, SPAN, release_of, released_ids
 
 
 class Session:
@@ -34,7 +35,14 @@ class Session:
         self.sent: list[Any] = []
 
     def send_frames(self, frames: list[Any]) -> None:
+        if self.released:  # as the real session: pending releases go first
+            self.sent.append(ops_pb2.SessionUp(release=release_of(self.released)))
+            self.released = []
         self.sent += frames
+
+    def release_now(self, at_least: int) -> None:
+        if len(self.released) >= at_least:
+            self.send_frames([])
 
     def output_template(self, func: Any, args: tuple, kwargs: dict) -> Any:
         return MetaCache(self.counters).output_template(func, args, kwargs)
@@ -308,3 +316,40 @@ def test_a_loop_is_unrolled_for_the_count_the_app_has_now():
     other.dispatch(relu, (torch.ones(4),), {}, OpInfo(relu), 0, 0)
     assert other.active is None and other.counters["mismatches"] == 1
     assert other.session.sent[-1].abort.position == 1
+
+
+def long_chain(n: int) -> ops_pb2.SequenceDef:
+    """relu(input) then ``n - 1`` negs, each of the one before: local ``i`` is call ``i``'s."""
+    d = ops_pb2.SequenceDef(id=9, local_ids=list(range(2, n + 2)), outputs=[n + 1])
+    meta = ops_pb2.TensorMeta(dtype="float32", shape=[4], stride=[1])
+    first = d.calls.add(op="aten::relu.default", out_ids=[2], out_meta=[meta])
+    first.args.add().tensor.upload.meta.CopyFrom(meta)
+    d.sources.add(kind=ops_pb2.SeqSource.INPUT)
+    for out in range(3, n + 2):
+        call = d.calls.add(op="aten::neg.default", out_ids=[out], out_meta=[meta])
+        call.args.add().tensor.id = out - 1
+        d.sources.add(kind=ops_pb2.SeqSource.PRODUCED, id=out - 1)
+    return d
+
+
+def test_what_the_app_drops_goes_to_the_host_while_the_replay_runs_ahead():
+    """An app that drops each value as soon as the next call has read it (a forward): its
+    releases go up a frame per RELEASE_STREAM_AT values while it matches the sequence, not
+    only when it waits for an output, so a host slower than the app frees them after their
+    last use instead of holding the whole inference (``HostReplayer.read``)."""
+    n = 3 * RELEASE_STREAM_AT + 10
+    session = Session()
+    client = ReplayClient(session)  # type: ignore[arg-type]
+    client.define(long_chain(n))
+    relu, neg = torch.ops.aten.relu.default, torch.ops.aten.neg.default
+    x = client.dispatch(relu, (torch.ones(4),), {}, OpInfo(relu), 0, 0)
+    for _ in range(n - 1):
+        x = client.dispatch(neg, (x,), {}, OpInfo(neg), 0, 0)  # the last x is dropped here
+        assert x is not MISS
+    releases = [f for f in session.sent if f.WhichOneof("msg") == "release"]
+    assert len(releases) == 3 and all(len(released_ids(f.release)) == RELEASE_STREAM_AT
+                                      for f in releases)
+    assert session.sent[0].WhichOneof("msg") == "start"  # none before the inference began
+    base = session.sent[0].start.base_id
+    dropped = sorted(i for f in releases for i in released_ids(f.release))
+    assert dropped == [base + i for i in range(3 * RELEASE_STREAM_AT)]

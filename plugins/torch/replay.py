@@ -74,6 +74,7 @@ MAX_TAIL_BYTES = 64 << 20  # nor one whose forwarded frames (uploads included) e
 JOIN_TRIES = 4  # places in the kept calls where the inference under way may have begun
 MAX_PER_THREAD = 8  # sequences a thread keeps (variants: other input shapes, models, branches)
 RELEASE_EARLY_AT = 32  # released values worth a frame of their own while waiting for a push
+RELEASE_STREAM_AT = 64  # ... and while the app runs ahead of the host (``_advance``)
 # The longest an inference start waits for a search (``SearchHint``): the robot's
 # ``record.search_wait`` bounds it (at most this); a guard against a robot's wrong value.
 SEARCH_WAIT_MAX_S = 10.0
@@ -1200,6 +1201,13 @@ class ReplayClient:
     def _advance(self, act: Active, result: Any) -> Any:
         act.position += 1
         self.counters["replayed_ops"] += 1
+        # What the app dropped goes to the host while it still computes, a frame per
+        # RELEASE_STREAM_AT values: the host frees each after its last use, and its next
+        # outputs reuse that memory, still in cache, as the app's own forward would; held until
+        # the app's wait, a replay slower than the app (a CPU host, a loaded one) touched a
+        # whole inference's worth of fresh memory (yolo-pose: 6 200 page faults an inference
+        # against none for the forward; ``python -m bench.hostloop``).
+        self.session.release_now(RELEASE_STREAM_AT)
         while act.position == len(act.seq.steps):
             if act.seq.folded is not None:
                 if self._unroll(act):

@@ -56,7 +56,7 @@ class Session(Protocol):
         """Stream ``frames`` in order without waiting (after pending releases)."""
 
     def release_now(self, at_least: int) -> None:
-        """Send pending releases now, if there are ``at_least``."""
+        """Send pending releases now, if there are ``at_least``; never raises."""
 
     def raise_async_errors(self) -> None:
         """Raise the first error the host reported for a streamed call, if any."""
