@@ -217,6 +217,38 @@ def test_replayed_call_is_sized_by_its_inputs_metadata(tmp_path):
     assert len(p.sizes) == 2
 
 
+def test_a_plain_replayed_call_keeps_every_check_on_its_short_path(tmp_path):
+    """From its second replay at the same sizes a plain call (one tensor out, nothing
+    written) takes the executor's short path (``_run_plain``): the same values and bytes as
+    the general path, and a call over the quota or making an out-of-bounds view still fails
+    with its error, its output poisoned, nothing charged."""
+    ex = make(tmp_path, quota=MiB, allow_all=True)
+    x = torch.randn(64)
+    call(ex, "aten::clone.default", [up(x)], out_ids=[1], seq=1)
+    neg = ex.prepare(ops_pb2.OpCall(op="aten::neg.default", out_ids=[10], args=[ref(100)],
+                                    out_meta=[meta([64])]))
+    assert neg.plain
+    assert list(ex.run_prepared(neg, [1], [20])) == []  # the general path: sizes learnt
+    held = ex.store.held
+    assert list(ex.run_prepared(neg, [1], [21])) == []  # the short path
+    assert ex.store.held == held + 256 and ex.stats()["ops"] == 3
+    for i in (20, 21):
+        assert torch.equal(codec.from_tensor_data(fetch(ex, i).fetched.tensor), -x)
+    ex.store.quota = ex.store.held + 100  # the next output does not fit
+    (err,) = ex.run_prepared(neg, [1], [22])
+    assert err.error.code == "QUOTA_EXCEEDED" and fetch(ex, 22).error.code == "POISONED"
+    assert ex.store.held == held + 256 and ex.store.pending == 0
+    ex.store.quota = MiB
+    wide = ex.prepare(ops_pb2.OpCall(
+        op="aten::_reshape_alias.default", out_ids=[11], args=[ref(100), ints(128), ints(1)],
+        out_meta=[meta([128])]))
+    assert wide.plain
+    for out in (30, 31):  # the general path, then (sizes known) the short one: both refuse
+        (err,) = ex.run_prepared(wide, [1], [out])
+        assert err.error.code == "BAD_VIEW" and fetch(ex, out).error.code == "POISONED"
+    assert ex.store.held == held + 256 and ex.store.pending == 0
+
+
 def test_host_memory_limit_is_shared_by_all_sessions(tmp_path):
     """Six sessions of 4 MiB each against a 10 MiB host limit: the first two fit, the later
     ones are refused; closing a session gives its memory back."""

@@ -183,12 +183,16 @@ _inference_mode: Callable[[], Any] = (
     else torch.inference_mode)
 
 
+_NO_REPLIES: tuple[ops_pb2.SessionDown, ...] = ()
+
+
 class PreparedCall:
     """A recorded call decoded once: its operator, its non-tensor arguments, and a hole per
     tensor argument, numbered in ``iter_tensor_refs`` order (positional, then keyword
     arguments by name)."""
 
-    __slots__ = ("op", "what", "args", "kwargs", "top", "layouts", "counts", "sizes", "written")
+    __slots__ = ("op", "what", "args", "kwargs", "top", "layouts", "counts", "sizes", "written",
+                 "plain")
 
     def __init__(self, op: Any, call: ops_pb2.OpCall, device: Any):
         holes = itertools.count()
@@ -210,6 +214,11 @@ class PreparedCall:
         top = [(i, v.index) for i, v in enumerate(self.args) if type(v) is _Hole]
         # The common case: every tensor is a positional argument of its own.
         self.top = top if not self.kwargs and len(top) == next(holes) else None
+        # ... of an operator that writes nothing and returns one tensor: ``run_plain``.
+        returns = op._schema.returns
+        self.plain = (self.top is not None and not self.written and not op._schema.is_mutable
+                      and len(returns) == 1 and str(returns[0].type) == "Tensor"
+                      and len(self.layouts) == 1)
 
     @staticmethod
     def size_key(tensors: list[torch.Tensor]) -> tuple[Any, ...]:
@@ -485,6 +494,8 @@ class TorchExecutor:
         (in ``iter_tensor_refs`` order), a live id or a ref to resolve; ``out_ids`` as
         rebound; ``ints``, this inference's symbolic integers. Same semantics as forwarding
         the rebound call with those integers (errors, poison, quota, ``want_meta``)."""
+        if p.plain and ints is None and not want_meta and self._run_plain(p, refs, out_ids):
+            return _NO_REPLIES
         what = p.what
 
         def decode() -> tuple[Any, list[Any], dict[str, Any], int, bool]:
@@ -503,6 +514,53 @@ class TorchExecutor:
             return p.op, args, kwargs, need, p.written
 
         return self._execute(decode, what, p.layouts, out_ids, 0, False, want_meta, p.counts)
+
+    def _run_plain(self, p: PreparedCall, refs: list[int | ops_pb2.TensorRef],
+                   out_ids: list[int]) -> bool:
+        """``run_prepared`` for the call most replayed calls are (``PreparedCall.plain``: one
+        tensor out, nothing written) whose tensors are all live and whose bytes are known
+        from an earlier replay of the same sizes: the same checks - memory admitted before
+        it runs, the output's bounds, its layout, the quota - without the general path's
+        decoding and error mapping (5-6 us of Python a call less on yolov8n: ``bench.hostloop``).
+        False, with nothing stored or charged, where anything is not so: the general path
+        then runs the call (again: it writes nothing) and reports what went wrong."""
+        if len(out_ids) != 1:
+            return False
+        get = self.store.get
+        tensors = []
+        for r in refs:
+            t = get(r) if type(r) is int else None
+            if t is None:
+                return False
+            tensors.append(t)
+        need = p.sizes.get(p.size_key(tensors))
+        if need is None:
+            return False
+        args = list(p.args)
+        for i, j in p.top:  # type: ignore[union-attr]
+            args[i] = tensors[j]
+        store, what = self.store, p.what
+        try:
+            store.admit(need, what)
+        except QuotaExceeded:
+            return False
+        try:
+            with _inference_mode():
+                out = p.op(*args)
+            if type(out) is not torch.Tensor:
+                raise TypeError(type(out).__name__)
+            check_view(out, what)
+            out = _conform(out, p.layouts[0])
+        except Exception:  # noqa: BLE001 - the general path runs it again and says what
+            store.cancel(need)
+            return False
+        try:
+            store.put_many([(out_ids[0], out)], what, admitted=need)
+        except QuotaExceeded:  # the reservation ended with it
+            return False
+        if p.counts:
+            self.counters["ops"] += 1
+        return True
 
     def run_rows(self, p: PreparedCall, refs: list[int | ops_pb2.TensorRef], out_ids: list[int],
                  how: rows_.Rule, starts: list[int | None], lo: int, hi: int
