@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo bench bench-quick bench-detection bench-chaos bench-capacity bench-fleet proto proto-check lint clean fuzz compat compat-venv \
+.PHONY: install test demo bench bench-quick bench-detection bench-chaos bench-capacity bench-fleet bench-hostloop proto proto-check lint clean fuzz compat compat-venv \
 	compat-ci
 
 install: $(STAMP)
@@ -52,6 +52,12 @@ bench-detection: compat-venv
 	$(CVENV)/bin/python -m bench --models $(DETECTION) --links loopback,wifi6-edge \
 		--systems local,nto,rrto --iters 10 --warmup 5 --out bench/results/detection \
 		$(BENCH_ARGS)
+
+# The host's replay loop against the model's forward and its bare aten calls, in one process on
+# one thread (bench/hostloop.py): what the loop adds per call. HOSTLOOP_ARGS e.g.
+# "--models yolo-pose --rounds 15 --json".
+bench-hostloop: install
+	$(BIN)/python -m bench.hostloop $(HOSTLOOP_ARGS)
 
 # Capacity (bench/capacity.py): 64 concurrent replaying app processes on one GPU daemon, p50/p99
 # latency, daemon memory, and app 65 refused by executor.max_sessions; results in
