@@ -36,11 +36,11 @@ from rrto_plugins.torch.executor import TorchExecutor
 from rrtod.executor import ExecutorContext
 from rrtod.gpu.blobstore import BlobStore
 from rrtod.gpu.replay import HostReplayer
+from rrtod.wire import REPLAY_BASE, SPAN
 
 SRC = ops_pb2.SeqSource
-FIRST_ID = 1 << 20  # the recorded inference's ids (the shim's are others: any range works)
-BASE = 1 << 40  # replayed inferences' ids: BASE + k * SPAN (rrtod.wire.SPAN is far below)
-SPAN = 1 << 24
+# The recorded inference's ids (FIRST_ID + local index, fewer than SPAN), then the constants'.
+FIRST_ID = 1 << 20
 
 
 class _Log(TorchDispatchMode):
@@ -166,9 +166,9 @@ class Harness:
         for tid, t in constants.items():
             self.executor.store.put(tid, t)
         self.replayer = HostReplayer(self.executor)
-        self.downs: list[ops_pb2.SessionDown] = []
-        self.replayer.process(ops_pb2.SessionUp(define=d), self.downs.append)
-        ack = self.downs.pop()
+        downs: list[ops_pb2.SessionDown] = []
+        self.replayer.process(ops_pb2.SessionUp(define=d), downs.append)
+        ack = downs.pop()
         if not ack.defined.accepted:
             raise SystemExit(f"the host refused the definition: {ack.defined.reason}")
         self.outputs = [list(d.local_ids).index(o) for o in d.outputs]
@@ -181,7 +181,7 @@ class Harness:
         then the outputs, as pushed, and their release. Returns the outputs and the host's
         CPU seconds for it (the frames' encoding and the outputs' decoding are the app's)."""
         self.inference += 1
-        base = BASE + self.inference * SPAN
+        base = REPLAY_BASE + self.inference * SPAN  # as the shim numbers them
         n = len(self.replayer.sequences[1].local)
         start = ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=1, base_id=base,
                                                            inference=base))

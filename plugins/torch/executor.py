@@ -216,7 +216,7 @@ class PreparedCall:
         self.top = top if not self.kwargs and len(top) == next(holes) else None
         # ... of an operator that writes nothing and returns one tensor: ``run_plain``.
         returns = op._schema.returns
-        self.plain = (self.top is not None and not self.written and not op._schema.is_mutable
+        self.plain = (self.top is not None and not self.written
                       and len(returns) == 1 and str(returns[0].type) == "Tensor"
                       and len(self.layouts) == 1)
 
@@ -527,7 +527,7 @@ class TorchExecutor:
         if len(out_ids) != 1:
             return False
         get = self.store.get
-        tensors = []
+        tensors: list[torch.Tensor] = []
         for r in refs:
             t = get(r) if type(r) is int else None
             if t is None:
@@ -536,9 +536,7 @@ class TorchExecutor:
         need = p.sizes.get(p.size_key(tensors))
         if need is None:
             return False
-        args = list(p.args)
-        for i, j in p.top:  # type: ignore[union-attr]
-            args[i] = tensors[j]
+        args, _ = p.fill(tensors)
         store, what = self.store, p.what
         try:
             store.admit(need, what)
