@@ -295,6 +295,24 @@ def test_a_replayed_prefix_the_robot_did_not_see_aborted_is_ignored(tmp_path):
     assert rec.log.calls[0].out_ids == [9] and rec.variant_threads == {0}
 
 
+def test_a_start_of_a_sequence_dropped_meanwhile_is_still_logged_when_aborted(tmp_path):
+    """The shim learns of a drop (a replacement, a flush) after the host, which still runs a
+    start that crossed it: its abort puts the replayed calls into the op log as for a sequence
+    in use, so the inference is in the log whole."""
+    rec = Recorder("app.py", "s1", DataDependencySearch(), tmp_path / "seq")
+    d = ops_pb2.SequenceDef(id=3, local_ids=[1], outputs=[1])
+    d.calls.add(op="aten::relu.default", out_ids=[1]).args.add().tensor.id = 100
+    d.sources.add(kind=ops_pb2.SeqSource.CONSTANT, id=100)
+    rec._adopt(d, {"id": 3, "thread": 0, "replays": 0, "mismatches": 0, "operators": 1})
+    assert rec.drop(3) == ops_pb2.SequenceDef(id=3) and 3 not in rec.definitions
+    for frame in (ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=3, base_id=9)),
+                  ops_pb2.SessionUp(abort=ops_pb2.ReplayAbort(position=1)),
+                  ops_pb2.SessionUp(call=ops_pb2.OpCall(seq=1, op="aten::neg.default"))):
+        rec.observe(frame)
+    rec.observe_replayed(ops_pb2.ReplayedPrefix(base_id=9, calls=[ops_pb2.OutSizes()]))
+    assert [c.op for c in rec.log.calls] == ["aten::relu.default", "aten::neg.default"]
+
+
 def test_the_app_is_told_to_wait_only_for_first_searches_within_a_time_budget(tmp_path):
     """``hint_wait`` (asked before a download is logged, or at an inference mark): not until
     an inference has ended (the app's first mark), then ``SEARCH_WAIT_S`` while the hinted

@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from rrto.v1 import ops_pb2
-from rrtod.gpu.replay import HostReplayer
+from rrtod.gpu.replay import RETIRED_KEPT, HostReplayer
 from rrtod.wire import SPAN
 from testkit.numbers import NumberExecutor, num
 
@@ -252,12 +252,25 @@ def test_weight_slots_wait_until_the_shim_names_them_once():
     assert value(out[0]) == (2001, 16.0)
 
 
-def test_empty_definition_drops_the_sequence():
+def test_empty_definition_drops_the_sequence_and_a_start_that_crossed_it_still_runs():
+    """The robot drops a sequence (replaced, flushed) while an app thread starts it: the start
+    comes after the drop, and the app already holds proxies of the calls it matched. The
+    retired sequence runs it; only the last ``RETIRED_KEPT`` are kept."""
     r = HostReplayer(NumberExecutor())
     run(r, ops_pb2.SessionUp(define=sequence()))
     assert 7 in r.sequences
     run(r, ops_pb2.SessionUp(define=ops_pb2.SequenceDef(id=7)))
     assert 7 not in r.sequences
+    out = run(r, ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=1000)),
+              ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(2.0))))
+    assert [value(d) for d in out] == [(1001, 144.0), (1000, 156.0)]
+    for i in range(8, 8 + RETIRED_KEPT):
+        d = sequence()
+        d.id = i
+        run(r, ops_pb2.SessionUp(define=d), ops_pb2.SessionUp(define=ops_pb2.SequenceDef(id=i)))
+    assert sorted(r.retired) == list(range(8, 8 + RETIRED_KEPT))
+    out = run(r, ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=2000)))
+    assert [(x.error.code, x.error.sequence) for x in out] == [("UNKNOWN_SEQUENCE", 7)]
 
 
 def test_state_written_but_not_returned_is_restored_on_abort():

@@ -19,6 +19,12 @@ the values they made are read by the ids the app holds them under (``Active.id_o
 
 On ``ReplayAbort(position)`` the values of calls before ``position`` stay in the session (the
 app holds proxies of them), the rest are released; the session goes on forwarding.
+
+A dropped sequence (an empty definition: the robot replaced it, was flushed, or the shim gave it
+up) is retired, not forgotten: the robot's drop and an app thread's start of it cross on the way
+here (the shim learns of the drop after the robot sent it), and a start refused after the app
+matched its first calls would leave the app holding proxies of values no one made. The last
+``RETIRED_KEPT`` dropped sequences still run such a start.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ MAX_UNROLLED = 64  # counts a sequence with a loop keeps compiled
 # (``SequenceProfile``): what a scheduler places with. A timed call waits for the device, so
 # only these few are timed.
 PROFILED = 3
+RETIRED_KEPT = 8  # dropped sequences a start that crossed the drop may still name
 
 
 class Runner(Protocol):
@@ -327,6 +334,7 @@ class HostReplayer:
         # optional (rrtod.executor): frees without a Release frame per value
         self._release: Callable[[list[int]], None] | None = getattr(self.replay, "release", None)
         self.sequences: dict[int, Compiled] = {}
+        self.retired: dict[int, Compiled] = {}  # dropped, oldest first (``RETIRED_KEPT``)
         self.active: Active | None = None
         # A replay the host completed ahead of the app: it may still be aborted, until the app
         # shows it matched to the end (a new start, or a forwarded call).
@@ -372,7 +380,8 @@ class HostReplayer:
         elif kind == "start":
             self._finish(emit)  # a new inference: the previous one runs to its end first
             self.last = None
-            seq = self.sequences.get(frame.start.sequence)
+            seq = self.sequences.get(frame.start.sequence) \
+                or self.retired.get(frame.start.sequence)
             self.refused = seq is None
             if seq is None:  # its arguments follow: they are dropped without more errors
                 emit(_error("UNKNOWN_SEQUENCE", f"no sequence {frame.start.sequence} defined",
@@ -483,9 +492,14 @@ class HostReplayer:
             self._advance(emit)
 
     def _define(self, d: ops_pb2.SequenceDef, emit: Emit) -> None:
-        if not d.calls:
-            self.sequences.pop(d.id, None)  # an empty definition drops the sequence
+        if not d.calls:  # an empty definition drops the sequence: retired
+            gone = self.sequences.pop(d.id, None)
+            if gone is not None:
+                self.retired[d.id] = gone
+                for old in list(self.retired)[:-RETIRED_KEPT]:
+                    del self.retired[old]
             return
+        self.retired.pop(d.id, None)
         replay = self.replay
         known = self.sequences.get(d.id)
         base = partition.without_plans(d)
@@ -868,7 +882,8 @@ class HostReplayer:
         """The app let go of tensors: a sequence call that reads one as its recorded constant
         can no longer be matched by the app (a replacement is a mismatch), so the host must
         not run it ahead of the app either: the tensor is freed, or about to be."""
-        seqs = [seq for seq in self.sequences.values() if seq.constants]
+        seqs = [seq for seqs in (self.sequences, self.retired) for seq in seqs.values()
+                if seq.constants]
         if not seqs:
             return
         for i in released_ids(release):

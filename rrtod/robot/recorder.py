@@ -52,6 +52,7 @@ STALE_FACTOR, STALE_MARGIN = 2, 8
 MERGE_TRIES = 3
 # Aborted replays whose calls the robot waits to put into its log (``ReplayedPrefix``).
 MAX_CUTS = 4
+RETIRED_KEPT = 8  # dropped definitions kept for starts that crossed the drop (as the host)
 # Seqs of the calls of aborted replays that the host answered (``want_meta``), rebuilt into the
 # log with their answers as replies: above any seq an app's forwarded call has.
 _REBUILT_SEQS = itertools.count(REBUILT_SEQS)
@@ -527,6 +528,9 @@ class Recorder:
         # Variants: the definitions in use, the replay in progress, aborted ones waiting for
         # the host's account of what they ran, and each sequence's latest input per slot.
         self.definitions: dict[int, ops_pb2.SequenceDef] = {}
+        # Dropped ones an app thread may still start (the shim learns of a drop after the
+        # host does, which still runs such a start: ``rrtod.gpu.replay.RETIRED_KEPT``).
+        self._retired: dict[int, ops_pb2.SequenceDef] = {}
         self._replay: _Replaying | None = None
         self._cuts: dict[int, _Replaying] = {}
         self._last_cut: _Replaying | None = None  # aborted, nothing forwarded since
@@ -585,7 +589,8 @@ class Recorder:
                     left["replays"] -= 1
                     left["mismatches"] -= 1
                     left["switched"] = left.get("switched", 0) + 1
-            d = self.definitions.get(frame.start.sequence)
+            d = self.definitions.get(frame.start.sequence) \
+                or self._retired.get(frame.start.sequence)
             self._replay = None if d is None else _Replaying(
                 d, frame.start.base_id, frame.start.position, dict(frame.start.joined),
                 partial=cut is not None and cut.switched)
@@ -930,7 +935,11 @@ class Recorder:
         restarted app does not start from it again."""
         summary = self.sequences.pop(seq_id, None)
         self._pending.pop(seq_id, None)
-        self.definitions.pop(seq_id, None)
+        d = self.definitions.pop(seq_id, None)
+        if d is not None:
+            self._retired[seq_id] = d
+            for old in list(self._retired)[:-RETIRED_KEPT]:
+                del self._retired[old]
         self._keys.pop(seq_id, None)
         self._latest.pop(seq_id, None)
         self._found_from.pop(seq_id, None)
