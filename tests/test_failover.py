@@ -14,7 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from rrto_plugins.torch.errors import HostLost
+from rrto.v1 import ops_pb2
+from rrto_plugins.torch.errors import HostLost, RemoteOpError
 from rrto_plugins.torch.proxy import RemoteTensor
 from rrto_plugins.torch.testing import loopback
 
@@ -354,3 +355,39 @@ def test_inputs_made_under_inference_mode_are_kept_as_copies(tmp_path):
             frame.add_(1.0)  # the next frame, in the same buffer
         lose(itc)
         assert torch.equal(y.cpu(), ref) and not torch.equal(frame, sent)
+
+
+def test_an_inference_the_host_could_not_replay_is_finished_here(tmp_path):
+    """What the replay client asks when the host refused or failed a replay without saying
+    where (``ReplayClient.failed``: its matched calls may have made nothing there): the open
+    inference's values are rebuilt here and read as local ones, the rest of it runs here, and
+    the next inference is offloaded again. The host's error names the sequence: it is the
+    replay's, never raised in the app; a crash of the host's handling may be a forwarded
+    call's, and is."""
+    m, x = mlp(), torch.randn(2, 8)
+    with torch.no_grad():
+        ref = m(x)
+    with offloaded(tmp_path) as itc:
+        s = itc.session
+        with torch.no_grad():
+            y = m(x)
+            assert isinstance(y, RemoteTensor)
+            s._on_down(ops_pb2.SessionDown(error=ops_pb2.Error(
+                code="UNKNOWN_SEQUENCE", message="no sequence 5 defined", sequence=5)))
+            s.raise_async_errors()  # nothing for the app
+            assert s.finish_here("replay") and s.is_late()
+            z = y.softmax(-1)
+            assert type(z) is torch.Tensor and torch.equal(z, ref.softmax(-1))
+            assert torch.equal(y.cpu(), ref)
+            assert s.counters["finished_here"] == 1 and s.counters["deadline_misses"] == 0
+            calls = s.counters["calls"]
+            again = m(x)
+            assert isinstance(again, RemoteTensor) and s.counters["calls"] > calls
+            assert torch.equal(again.cpu(), ref) and not s.is_late()
+        s._on_down(ops_pb2.SessionDown(error=ops_pb2.Error(
+            code="INTERNAL", message="boom", sequence=5)))
+        with pytest.raises(RemoteOpError, match="boom"):
+            s.raise_async_errors()
+    with offloaded(tmp_path / "strict", fallback="error") as itc, torch.no_grad():
+        m(x)
+        assert not itc.session.finish_here("replay")  # nothing may run here

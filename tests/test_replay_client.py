@@ -353,3 +353,46 @@ def test_what_the_app_drops_goes_to_the_host_while_the_replay_runs_ahead():
     base = session.sent[0].start.base_id
     dropped = sorted(i for f in releases for i in released_ids(f.release))
     assert dropped == [base + i for i in range(3 * RELEASE_STREAM_AT)]
+
+
+def test_an_inference_the_host_refused_to_replay_is_finished_here():
+    """The host refused a start, or failed a replay without saying where (an error naming the
+    sequence, no inference): the calls the app matched may have made nothing there, and
+    forwarding on from them would name values the host never made (UNKNOWN_TENSOR in the
+    app). The next call, or a read of a replayed output, hands the inference to the session
+    to finish here from its journal; the sequence is not started again. The shim may have
+    dropped the sequence first (the robot's drop crossed the start): the same."""
+    relu, neg = torch.ops.aten.relu.default, torch.ops.aten.neg.default
+
+    def begin(session: Session, calls: int) -> tuple[ReplayClient, Any]:
+        client = ReplayClient(session)  # type: ignore[arg-type]
+        client.define(long_chain(4))
+        x = client.dispatch(relu, (torch.ones(4),), {}, OpInfo(relu), 0, 0)
+        for _ in range(calls - 1):
+            x = client.dispatch(neg, (x,), {}, OpInfo(neg), 0, 0)
+            assert x is not MISS
+        return client, x
+
+    for dropped_first in (False, True):
+        for calls in (2, 4):  # in the middle: the next call; all matched: the output's read
+            session = Session()
+            finished: list[str] = []
+            session.finish_here = lambda why, f=finished: f.append(why) or True  # type: ignore[attr-defined]
+            client, x = begin(session, calls)
+            base = session.sent[0].start.base_id
+            if dropped_first:
+                client.define(ops_pb2.SequenceDef(id=9))
+            client.failed(9)
+            assert finished == [] and not client.sequences
+            if calls == 2:
+                assert client.dispatch(neg, (x,), {}, OpInfo(neg), 0, 0) is MISS
+            else:
+                assert client.take(base + 3) is None
+            assert finished == ["replay"]
+    # A session that cannot finish it here (nothing to rebuild from, ``fallback: error``)
+    # forwards from there, as before.
+    session = Session()
+    session.finish_here = lambda why: False  # type: ignore[attr-defined]
+    client, x = begin(session, 2)
+    client.failed(9)
+    assert client.dispatch(neg, (x,), {}, OpInfo(neg), 0, 0) is MISS and client.active is None

@@ -255,10 +255,16 @@ class RemoteSession:
                 w.event.set()
             elif err.base_id and self.replay is not None:
                 self.replay.broken(err)  # a replayed call the app may never make failed
+            elif err.sequence and self.replay is not None:
+                # The replay's, not an app call's (a start the host refused, an argument it
+                # could not take): the sequence goes, and an inference the app began with it
+                # is finished here (``ReplayClient.failed``). A crash while the host handled
+                # a frame may have been a forwarded call's: the app hears of that one.
+                if err.code == "INTERNAL":
+                    self._async_errors.append(err)
+                self.replay.failed(err.sequence)
             else:
                 self._async_errors.append(err)
-                if err.sequence and self.replay is not None:
-                    self.replay.failed(err.sequence)
 
     def _on_lost(self, reason: str) -> None:
         if self.lost is not None:
@@ -310,6 +316,7 @@ class RemoteSession:
             self.replay.inference_started()
         if self.deadline_ns:
             self._tls.began = time.monotonic_ns()
+        if self._late:  # a deadline missed, a replay finished here (``finish_here``)
             self._late.discard(self._thread())
         if self.lost is None and not self.recovered:
             self.journal.begin(self._thread())
@@ -353,6 +360,16 @@ class RemoteSession:
         at = self.deadline_at()
         if at is None or time.monotonic_ns() < at or self.lost is not None:
             return False
+        return self.finish_here("deadline")
+
+    def finish_here(self, why: str) -> bool:
+        """This thread's inference goes on here from the values the journal rebuilds, its
+        replay abandoned: its deadline passed (``why`` "deadline"), or the host refused or
+        failed its replay without saying where ("replay": a start it refused, after the app
+        had matched calls whose values it then never made). False if they cannot be rebuilt:
+        the inference goes on with the host (always under ``fallback: error``)."""
+        if self.lost is not None or self.fallback != "local":
+            return False  # everything runs here already; or nothing may
         t = self._thread()
         if t in self._late:
             return True
@@ -363,13 +380,17 @@ class RemoteSession:
             try:
                 values = self.journal.rebuild(written, self.recovered)
             except Unrecoverable as exc:
-                self._tls.began = None  # no deadline for the rest of this inference
-                self.warn_once("deadline", "an inference passed intercept.deadline_ms but "
-                               f"cannot be finished here ({exc}): it waits for the host")
+                if why == "deadline":
+                    self._tls.began = None  # no deadline for the rest of this inference
+                    self.warn_once("deadline", "an inference passed intercept.deadline_ms but "
+                                   f"cannot be finished here ({exc}): it waits for the host")
+                else:
+                    self.warn_once("replay", "the GPU host could not replay an inference the "
+                                   f"app had begun, and it cannot be finished here ({exc})")
                 return False
         self.recovered.update(values)
         self._late.add(t)
-        self.counters["deadline_misses"] += 1
+        self.counters["deadline_misses" if why == "deadline" else "finished_here"] += 1
         if self.replay is not None:
             self.replay.abandon()
         return True

@@ -688,6 +688,15 @@ class ReplayClient:
         for event in events:
             event.set()
 
+    def _finish_here(self, act: Active) -> bool:
+        """``act``'s sequence failed on the host without saying where (``failed``): the calls
+        the app matched may have made nothing there, and forwarding on from them would name
+        values that do not exist. True when the inference goes on here from the values the
+        session's journal rebuilds (its replay abandoned; the caller returns MISS and the
+        session runs the call here); False: forwarded from here on (nothing to rebuild from,
+        or ``fallback: error``)."""
+        return act.position > 0 and self.session.finish_here("replay")
+
     def _check_broken(self, act: Active) -> bool:
         """Whether this call must be forwarded because the host failed a call of ``act``'s
         inference. Calls before the failed one still replay (the host ran them). The failed
@@ -727,11 +736,16 @@ class ReplayClient:
             event.set()
 
     def failed(self, seq_id: int) -> None:
-        """The host could not replay ``seq_id`` (an operator failed, or it lost the sequence):
-        stop using it and wake every download waiting for a push, which then fetches the usual
-        way and gets the host's error instead of waiting forever."""
-        for seq in self._remove(seq_id):
-            seq.failed = True
+        """The host could not replay ``seq_id`` and did not say where (a start it refused, an
+        argument it could not take): stop using it, and wake every download waiting for a
+        push. An inference the app began with it may hold proxies of values the host never
+        made: it is finished here (``_finish_here``). Marked on the inferences' own sequences
+        too: the shim may have dropped it already (the robot's drop crossed the start)."""
+        gone = self._remove(seq_id)
+        with self._lock:
+            gone += [s for s in list(self._bases.values()) if s.id == seq_id]
+        for seq in gone:
+            (seq.root or seq).failed = True
         with self._lock:
             self._give_up.append(seq_id)  # told to the robot by an app thread (never block here)
             waiting = list(self._waiting.values())
@@ -768,6 +782,8 @@ class ReplayClient:
             self._tell_given_up()
         act = getattr(self._tls, "active", None)
         if act is not None and act.seq.host_failed:
+            if self._finish_here(act):
+                return MISS
             self._tls.active = act = None  # failed on the host: forward from here on
         elif act is not None and self._broken and act.base in self._broken \
                 and self._check_broken(act):
@@ -832,6 +848,8 @@ class ReplayClient:
         if step.answered or info.value_op:
             result = self._answer(act, args, kwargs)
             if result is MISS:
+                if act.seq.host_failed and self._finish_here(act):
+                    return MISS
                 self._mismatch(act)
                 return MISS
             return self._advance(act, result)
@@ -1579,9 +1597,13 @@ class ReplayClient:
                 if act is not None and i in act.seq.valued:
                     self._note_value(act, i, data)
                 return data
-            if not self._expects(oid) or self.session.lost is not None:
-                return None  # (a loss set ``lost`` before waking the waits: ``wake``)
-            event = self._waiting.setdefault(oid, threading.Event())
+            # (a loss set ``lost`` before waking the waits: ``wake``)
+            expected = self._expects(oid) and self.session.lost is None
+            if expected:
+                event = self._waiting.setdefault(oid, threading.Event())
+        if not expected:
+            self._made_nowhere(oid)
+            return None
         self.session.release_now(RELEASE_EARLY_AT)  # the host is still computing: help it
         while not event.wait(self.session.wait_slice(0.5)):
             if self.session.lost is not None or self.session.past_deadline():
@@ -1594,7 +1616,18 @@ class ReplayClient:
                     act.taken[oid] = data  # type: ignore[union-attr]
                 if act is not None and i in act.seq.valued:
                     self._note_value(act, i, data)
-            return data
+        if data is None:
+            self._made_nowhere(oid)
+        return data
+
+    def _made_nowhere(self, oid: int) -> None:
+        """A read of ``oid`` with nothing pushed: if its inference's sequence failed on the
+        host without saying where (``failed``), the host may never have made it, and the
+        inference is finished here (``session.finish_here``): the read is then served from
+        the journal's values (``downloads.read_value``)."""
+        seq = self._bases.get(REPLAY_BASE + ((oid - REPLAY_BASE) // SPAN) * SPAN)
+        if seq is not None and seq.host_failed:
+            self.session.finish_here("replay")
 
     @staticmethod
     def _note_value(act: Active, i: int, data: ops_pb2.TensorData) -> None:

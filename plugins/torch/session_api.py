@@ -73,10 +73,14 @@ class Session(Protocol):
         """Run one aten operator on proxies (``RemoteTensor.__torch_dispatch__``)."""
 
     def is_late(self) -> bool:
-        """Whether this thread's inference passed its deadline and goes on here."""
+        """Whether this thread's inference goes on here (``past_deadline``, ``finish_here``)."""
 
     def past_deadline(self) -> bool:
         """Whether this thread's inference now goes on here (its deadline passed)."""
+
+    def finish_here(self, why: str) -> bool:
+        """Whether this thread's inference now goes on here, from values the journal rebuilds
+        (``why``: "deadline", or "replay": the host could not replay it)."""
 
     def wait_slice(self, cap: float) -> float:
         """Seconds a wait for the host may block before it looks at the deadline again."""

@@ -496,8 +496,8 @@ class HostReplayer:
             gone = self.sequences.pop(d.id, None)
             if gone is not None:
                 self.retired[d.id] = gone
-                for old in list(self.retired)[:-RETIRED_KEPT]:
-                    del self.retired[old]
+                while len(self.retired) > RETIRED_KEPT:  # the oldest first
+                    del self.retired[next(iter(self.retired))]
             return
         self.retired.pop(d.id, None)
         replay = self.replay

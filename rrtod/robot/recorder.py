@@ -938,8 +938,8 @@ class Recorder:
         d = self.definitions.pop(seq_id, None)
         if d is not None:
             self._retired[seq_id] = d
-            for old in list(self._retired)[:-RETIRED_KEPT]:
-                del self._retired[old]
+            while len(self._retired) > RETIRED_KEPT:  # the oldest first
+                del self._retired[next(iter(self._retired))]
         self._keys.pop(seq_id, None)
         self._latest.pop(seq_id, None)
         self._found_from.pop(seq_id, None)
