@@ -267,15 +267,31 @@ def test_state_written_in_place_then_read_is_a_constant_the_host_accepts(tmp_pat
     assert buf not in d.local_ids and compiled.writes[0] == [0]  # snapshot before the write
 
 
-def test_a_replayed_prefix_the_robot_did_not_see_aborted_is_ignored(tmp_path):
-    """The host's ``ReplayedPrefix`` comes from the network: one that names no replay this
-    robot saw aborted (or a switch to a variant, where nothing was forwarded after the abort)
-    puts nothing into the op log and marks no thread for a variant search."""
+def relu_in_use(tmp_path) -> Recorder:
+    """A recorder with sequence 3 in use on thread 0: one ``relu`` of a constant."""
     rec = Recorder("app.py", "s1", DataDependencySearch(), tmp_path / "seq")
     d = ops_pb2.SequenceDef(id=3, local_ids=[1], outputs=[1])
     d.calls.add(op="aten::relu.default", out_ids=[1]).args.add().tensor.id = 100
     d.sources.add(kind=ops_pb2.SeqSource.CONSTANT, id=100)
     rec._adopt(d, {"id": 3, "thread": 0, "replays": 0, "mismatches": 0, "operators": 1})
+    return rec
+
+
+def abort_then_forward(rec: Recorder, base: int) -> None:
+    """Sequence 3 started at ``base``, aborted after its call, a ``neg`` forwarded; then the
+    host's account of the replayed call."""
+    for frame in (ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=3, base_id=base)),
+                  ops_pb2.SessionUp(abort=ops_pb2.ReplayAbort(position=1)),
+                  ops_pb2.SessionUp(call=ops_pb2.OpCall(seq=1, op="aten::neg.default"))):
+        rec.observe(frame)
+    rec.observe_replayed(ops_pb2.ReplayedPrefix(base_id=base, calls=[ops_pb2.OutSizes()]))
+
+
+def test_a_replayed_prefix_the_robot_did_not_see_aborted_is_ignored(tmp_path):
+    """The host's ``ReplayedPrefix`` comes from the network: one that names no replay this
+    robot saw aborted (or a switch to a variant, where nothing was forwarded after the abort)
+    puts nothing into the op log and marks no thread for a variant search."""
+    rec = relu_in_use(tmp_path)
     sizes = ops_pb2.ReplayedPrefix(base_id=7, calls=[ops_pb2.OutSizes()])
     rec.observe_replayed(sizes)  # no replay at all
     for frame in (ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=3, base_id=7)),
@@ -286,11 +302,7 @@ def test_a_replayed_prefix_the_robot_did_not_see_aborted_is_ignored(tmp_path):
     rec.observe_replayed(sizes)
     assert len(rec.log) == 0 and not rec.variant_threads
     # the same abort followed by a forwarded call: the replayed call goes into the log first
-    for frame in (ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=3, base_id=9)),
-                  ops_pb2.SessionUp(abort=ops_pb2.ReplayAbort(position=1)),
-                  ops_pb2.SessionUp(call=ops_pb2.OpCall(seq=1, op="aten::neg.default"))):
-        rec.observe(frame)
-    rec.observe_replayed(ops_pb2.ReplayedPrefix(base_id=9, calls=[ops_pb2.OutSizes()]))
+    abort_then_forward(rec, 9)
     assert [c.op for c in rec.log.calls] == ["aten::relu.default", "aten::neg.default"]
     assert rec.log.calls[0].out_ids == [9] and rec.variant_threads == {0}
 
@@ -299,17 +311,9 @@ def test_a_start_of_a_sequence_dropped_meanwhile_is_still_logged_when_aborted(tm
     """The shim learns of a drop (a replacement, a flush) after the host, which still runs a
     start that crossed it: its abort puts the replayed calls into the op log as for a sequence
     in use, so the inference is in the log whole."""
-    rec = Recorder("app.py", "s1", DataDependencySearch(), tmp_path / "seq")
-    d = ops_pb2.SequenceDef(id=3, local_ids=[1], outputs=[1])
-    d.calls.add(op="aten::relu.default", out_ids=[1]).args.add().tensor.id = 100
-    d.sources.add(kind=ops_pb2.SeqSource.CONSTANT, id=100)
-    rec._adopt(d, {"id": 3, "thread": 0, "replays": 0, "mismatches": 0, "operators": 1})
+    rec = relu_in_use(tmp_path)
     assert rec.drop(3) == ops_pb2.SequenceDef(id=3) and 3 not in rec.definitions
-    for frame in (ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=3, base_id=9)),
-                  ops_pb2.SessionUp(abort=ops_pb2.ReplayAbort(position=1)),
-                  ops_pb2.SessionUp(call=ops_pb2.OpCall(seq=1, op="aten::neg.default"))):
-        rec.observe(frame)
-    rec.observe_replayed(ops_pb2.ReplayedPrefix(base_id=9, calls=[ops_pb2.OutSizes()]))
+    abort_then_forward(rec, 9)
     assert [c.op for c in rec.log.calls] == ["aten::relu.default", "aten::neg.default"]
 
 
