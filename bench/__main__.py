@@ -51,6 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, help="measured inferences per cell")
     parser.add_argument("--warmup", type=int, help="warm-up inferences per cell (record phase)")
     parser.add_argument("--budget-s", type=float, help="stop measuring a cell after this")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run each (link, model)'s remote systems this many times back to "
+                             "back, the order reversed every other round; each ratio is then the "
+                             "median of the rounds' own (the machine's drift between cells "
+                             "minutes apart does not enter it)")
     parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS for every process of the run")
     parser.add_argument("--out", type=Path, help="results folder (default bench/results)")
     parser.add_argument("--split-cpus", action="store_true",
@@ -64,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
                              "route before a link's cells (a slow link then carries inferences "
                              "only, as NTO's server has its model already)")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds: at least 1")
     signal.signal(signal.SIGTERM, _terminate)
     plan = Plan(
         models=args.models or list(QUICK_MODELS if args.quick else MODELS),
@@ -74,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         budget_s=args.budget_s or (15.0 if args.quick else 60.0),
         cell_timeout_s=120.0 if args.quick else 300.0,
         quick=args.quick,
+        rounds=args.rounds,
         threads=args.threads,
         robot_cpu=args.robot_cpu,
         preload=args.preload_weights,
@@ -86,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         plan.out_dir = args.out
     print(f"bench: models {','.join(plan.models)}; links {','.join(plan.links)}; "
-          f"systems {','.join(plan.systems)}; {plan.iters} iterations after {plan.warmup} warm-up")
+          f"systems {','.join(plan.systems)}; {plan.iters} iterations after {plan.warmup} warm-up"
+          + (f"; {plan.rounds} rounds" if plan.rounds > 1 else ""))
     try:
         doc = run(plan)
     except OSError as exc:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.link import ALL_LINKS
+from bench.stats import percentile
 
 
 def _f(x: float | None, digits: int = 3) -> str:
@@ -126,7 +127,8 @@ def markdown(doc: dict[str, Any], json_name: str | None = None) -> str:
         lat = c["latency"]
         up = pi.get("link_bytes_up", pi.get("bytes_up"))
         down = pi.get("link_bytes_down", pi.get("bytes_down"))
-        system = c["system"] if c["status"] == "ok" else f"{c['system']} **FAILED**"
+        system = c["system"] + (f" #{c['round'] + 1}" if "round" in c else "")
+        system += "" if c["status"] == "ok" else " **FAILED**"
         trips = _f(pi.get("round_trips"))
         if pi.get("daemon_replies") is not None:
             trips += f" / {_f(pi['daemon_replies'])}"
@@ -164,11 +166,16 @@ def markdown(doc: dict[str, Any], json_name: str | None = None) -> str:
         t = comp["targets"]
         met = ", ".join(f"{k} {'met' if v else 'MISSED' if v is not None else 'n/a'}" for k, v in t.items())
         bound = "≤" if comp.get("shim_us_per_op_basis") == "ops" else ""
-        out.append(f"| {comp['link']} | {comp['model']} | {_f(comp['rrto_over_nto'])} | "
+        rounds = [r for r in comp.get("rrto_over_nto_rounds") or () if r is not None]
+        spread = (f" ({_f(min(rounds))}–{_f(max(rounds))}, {len(rounds)} rounds)"
+                  if len(rounds) > 1 else "")
+        out.append(f"| {comp['link']} | {comp['model']} | {_f(comp['rrto_over_nto'])}{spread} | "
                    f"{_f(comp['per_op_over_rrto'])} | {_f(comp['penalty_removed'])} | "
                    f"{bound}{_f(comp.get('shim_us_per_op'))} | {met} |")
     out += ["", "Shim µs/op: the shim's own time per replayed operator; \"≤\" marks time over all operators "
-            "with host waits included (an upper bound the target is not judged on).", ""]
+            "with host waits included (an upper bound the target is not judged on). With rounds "
+            "(`--rounds`, cells \"#k\"), each ratio is the median of the rounds' own ratios (each "
+            "round's cells ran back to back), their range in brackets.", ""]
     out += scheduling(doc)
     bad = [c for c in doc["cells"] if c["status"] != "ok"]
     if bad:
@@ -184,13 +191,15 @@ PLACED = ("local", "nto", "rrto", "rrto:robot-all", "rrto:min-cut", "rrto:hybrid
 
 
 def _medians(doc: dict[str, Any]) -> dict[tuple[str | None, str, str], float]:
-    """(link, model, system) -> median latency of each reported cell; local under every link."""
-    out: dict[tuple[str | None, str, str], float] = {}
+    """(link, model, system) -> median latency of each reported cell (the median of its rounds'
+    medians, ``--rounds``); local under every link."""
+    rounds: dict[tuple[str | None, str, str], list[float]] = {}
     for c in doc["cells"]:
         if c["status"] == "ok":
             for link in (doc["links"] if c["system"] == "local" else [c["link"]]):
-                out[(link, c["model"], c["system"])] = c["latency"]["median"]
-    return out
+                rounds.setdefault((link, c["model"], c["system"]), []).append(
+                    c["latency"]["median"])
+    return {k: percentile(v, 50) for k, v in rounds.items()}  # over rounds (``--rounds``)
 
 
 def scheduling(doc: dict[str, Any]) -> list[str]:
@@ -343,9 +352,7 @@ README_END = "<!-- bench:end -->"
 def summary(doc: dict[str, Any]) -> str:
     """The README's block: the plot and, per link and model, each system's median latency and
     the two ratios the project is judged on (the whole table: ``bench/results/latest.md``)."""
-    median: dict[tuple[Any, str, str], Any] = {
-        (c["link"], c["model"], c["system"]): c["latency"]["median"]
-        for c in doc["cells"] if c["status"] == "ok"}
+    median: dict[tuple[Any, str, str], Any] = dict(_medians(doc))
     median.update({(c["link"], c["model"], c["system"]): "FAILED (outputs ≠ local)"
                    for c in doc["cells"] if wrong_outputs(c)})
     m = doc["machine"]
@@ -364,7 +371,7 @@ def summary(doc: dict[str, Any]) -> str:
         link, model = comp["link"], comp["model"]
         if not any((link, model, s) in median for s in ("per-op", "nto", "rrto")):
             continue
-        row = [_cell(median.get((None, model, "local")))]
+        row = [_cell(median.get((link, model, "local")))]
         row += [_cell(median.get((link, model, s))) for s in ("per-op", "nto", "rrto")]
         out.append(f"| {link} | {model} | {' | '.join(row)} | {_f(comp['rrto_over_nto'])} | "
                    f"{_f(comp['penalty_removed'])} |")

@@ -12,6 +12,8 @@ from typing import Any
 RRTO_NTO_MAX = {"robot": 1.05, "loopback": 1.25}
 PENALTY_REMOVED_MIN = 0.98
 SHIM_US_PER_OP_MAX = 10.0
+RATIOS = ("rrto_over_nto", "per_op_over_rrto", "penalty_removed", "rrto_over_local",
+          "nto_over_local")
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -69,6 +71,28 @@ def comparisons(medians: dict[str, float | None], link_is_robot: bool,
         "rrto_over_local": ratio(rrto, local),
         "nto_over_local": ratio(nto, local),
     }
+    return _with_targets(out, link_is_robot, shim_us_per_op)
+
+
+def over_rounds(rounds: list[dict[str, Any]], link_is_robot: bool,
+                shim_us_per_op: float | None = None) -> dict[str, Any]:
+    """``comparisons`` of one (link, model) measured in rounds (``--rounds``: its systems'
+    cells back to back, seconds apart, the order reversed every other round): each ratio is
+    the median of the rounds' own ratios, so the machine's drift between rounds (20 % on this
+    shared machine between cells minutes apart) does not enter it. Each round's rrto/nto is
+    kept beside it (``rrto_over_nto_rounds``): their spread is the figure's own."""
+    out: dict[str, Any] = {}
+    for key in RATIOS:
+        values = [r[key] for r in rounds if r.get(key) is not None]
+        out[key] = percentile(values, 50) if values else None
+    out = _with_targets(out, link_is_robot, shim_us_per_op)
+    out["rrto_over_nto_rounds"] = [r.get("rrto_over_nto") for r in rounds]
+    return out
+
+
+def _with_targets(out: dict[str, Any], link_is_robot: bool,
+                  shim_us_per_op: float | None) -> dict[str, Any]:
+    """``out`` (the ratios) with where each target stands."""
     limit = RRTO_NTO_MAX["robot" if link_is_robot else "loopback"]
     targets: dict[str, bool | None] = {
         f"rrto/nto<={limit}": None if out["rrto_over_nto"] is None else out["rrto_over_nto"] <= limit,

@@ -396,3 +396,31 @@ def test_the_scheduling_table_compares_each_placement_with_the_best_fixed_one() 
         in table
     assert "| rate-500 | resnet | 4 | 400 | 110 | 120 | – | 126 | – | 120 | 1.05 | – |" in table
     assert scheduling({"links": {}, "cells": [cell("rrto", "x", 1.0)]}) == []
+
+
+def test_rounds_take_each_ratio_from_cells_run_back_to_back() -> None:
+    """``--rounds``: a (link, model)'s systems measured several times, back to back. Each
+    ratio is the median of the rounds' own ratios, not a ratio of medians from cells minutes
+    apart: a machine 30 % slower in the second round moves both of its cells, not the ratio.
+    Tables show each round's cell ("#k") and the ratio's range."""
+    def cell(system: str, r: int, median: float) -> dict:
+        return _cell(system, ["d"] * 3, median=median, round=r, link_measurement={})
+
+    cells = [_cell("local", ["d"] * 3, median=30.0),
+             cell("nto", 0, 10.0), cell("rrto", 0, 11.0),
+             cell("rrto", 1, 14.3), cell("nto", 1, 13.0),  # the order reversed: ABBA
+             cell("nto", 2, 10.2), cell("rrto", 2, 11.5)]
+    (comp,) = finish_cells(cells, {"loopback": {}})
+    assert comp["rrto_over_nto_rounds"] == pytest.approx([1.1, 1.1, 11.5 / 10.2])
+    assert comp["rrto_over_nto"] == pytest.approx(1.1)
+    assert comp["medians_ms"] == pytest.approx({"local": 30.0, "nto": 10.2, "rrto": 11.5})
+    assert comp["rrto_over_local"] == pytest.approx(11.5 / 30.0)
+    assert comp["targets"]["rrto/nto<=1.25"] is True
+    doc = {**_doc_with_cells(cells), "links": {"loopback": {}}, "comparisons": [comp]}
+    table = markdown(doc)
+    assert "| loopback | mlp | rrto #2 | 14.3 |" in table
+    assert "| loopback | mlp | 1.1 (1.1–1.13, 3 rounds) |" in table
+    assert "| loopback | mlp | 30 | – | 10.2 | 11.5 | 1.1 |" in summary(doc)
+    # one round: as without rounds
+    (one,) = finish_cells([cells[0], *(dict(c) for c in cells[1:3])], {"loopback": {}})
+    assert one["rrto_over_nto"] == pytest.approx(1.1) and "rrto_over_nto_rounds" not in one
