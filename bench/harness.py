@@ -262,17 +262,22 @@ def _switches(warm: dict[str, Any] | None, done: dict[str, Any] | None,
 
 def _host_replay(warm: dict[str, Any] | None, done: dict[str, Any] | None) -> dict[str, float]:
     """The GPU daemon's time per replayed inference between the two snapshots (its session's
-    ``replay_cpu_s`` and ``replay_wall_s``, rrtod/gpu/replay.py): the replay thread's CPU for
-    the calls, beside the NTO server's compute time of the same model; and from each start
-    frame to its last call. Empty when no replay ran to its end in the window."""
+    ``replay_cpu_s``, ``replay_wall_s`` and ``replay_minor_faults``, rrtod/gpu/replay.py): the
+    replay thread's CPU for the calls, beside the NTO server's compute time of the same model;
+    from each start frame to its last call; the page faults it took. Empty when no replay ran
+    to its end in the window."""
     if not warm or not done:
         return {}
     n = done.get("replays_completed", 0) - warm.get("replays_completed", 0)
     if n <= 0:
         return {}
-    return {key: (done.get(field, 0.0) - warm.get(field, 0.0)) / n * 1e3
-            for key, field in (("host_replay_cpu_ms", "replay_cpu_s"),
-                               ("host_replay_ms", "replay_wall_s"))}
+    out = {key: (done.get(field, 0.0) - warm.get(field, 0.0)) / n * 1e3
+           for key, field in (("host_replay_cpu_ms", "replay_cpu_s"),
+                              ("host_replay_ms", "replay_wall_s"))}
+    if "replay_minor_faults" in done:  # page faults of the replay thread (fresh memory)
+        out["host_replay_faults"] = (done["replay_minor_faults"]
+                                     - warm.get("replay_minor_faults", 0)) / n
+    return out
 
 
 def _live_session(status: dict[str, Any], pid: int) -> dict[str, Any] | None:

@@ -53,7 +53,9 @@ def _host_ms(cell: dict[str, Any]) -> str:
     thread CPU per replayed inference (``bench.harness._host_replay``)."""
     if cell["system"] == "nto":
         return _f(cell.get("host_compute_ms"))
-    return _f(cell.get("per_inference", {}).get("host_replay_cpu_ms"))
+    pi = cell.get("per_inference", {})
+    faults = pi.get("host_replay_faults")
+    return _f(pi.get("host_replay_cpu_ms")) + (f" ({faults:.0f} pf)" if faults is not None else "")
 
 
 def energy_label(doc: dict[str, Any]) -> str:
@@ -144,7 +146,8 @@ def markdown(doc: dict[str, Any], json_name: str | None = None) -> str:
             "counted them (a replayed inference's pushed outputs are one), then the robot daemon's "
             "frames to the app per inference. Host ms: for NTO its server's compute per inference; "
             "for rrto the GPU daemon's replay thread's CPU per replayed inference (operators and "
-            "the Python around them: beside NTO's compute, what replay adds on the host). "
+            "the Python around them: beside NTO's compute, what replay adds on the host), and in "
+            "brackets the minor page faults it took (pf: memory touched afresh). "
             "Replayed: share of measured inferences the daemon saw "
             "replayed (record/replay active). Energy: the robot's energy per measured inference from "
             "its call to the app's last read of its outputs, by the robot daemon's power meter "

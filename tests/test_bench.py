@@ -22,6 +22,7 @@ from bench import stats
 from bench.harness import (
     STANDBY_W,
     _energy_figures,
+    _host_replay,
     check_outputs,
     finish_cells,
     parse_shim_stats,
@@ -424,3 +425,15 @@ def test_rounds_take_each_ratio_from_cells_run_back_to_back() -> None:
     # one round: as without rounds
     (one,) = finish_cells([cells[0], *(dict(c) for c in cells[1:3])], {"loopback": {}})
     assert one["rrto_over_nto"] == pytest.approx(1.1) and "rrto_over_nto_rounds" not in one
+
+
+def test_the_host_replay_figures_are_per_replayed_inference_of_the_window() -> None:
+    warm = {"replays_completed": 5, "replay_cpu_s": 1.0, "replay_wall_s": 2.0,
+            "replay_minor_faults": 100}
+    done = {"replays_completed": 9, "replay_cpu_s": 1.4, "replay_wall_s": 2.8,
+            "replay_minor_faults": 900}
+    assert _host_replay(warm, done) == pytest.approx(
+        {"host_replay_cpu_ms": 100.0, "host_replay_ms": 200.0, "host_replay_faults": 200.0})
+    assert "host_replay_faults" not in _host_replay({"replays_completed": 0},
+                                                    {"replays_completed": 1})  # an older host
+    assert _host_replay(warm, warm) == {}

@@ -30,6 +30,7 @@ matched its first calls would leave the app holding proxies of values no one mad
 from __future__ import annotations
 
 import math
+import resource
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -295,6 +296,7 @@ class Active:
     sizes: dict[int, list[tuple[int, ...] | None]] = field(default_factory=dict)
     started_ns: int = field(default_factory=time.perf_counter_ns)  # its start frame ran
     cpu_ns: int = 0  # this thread's CPU running its calls (operators and the Python around)
+    faults: int = 0  # ... and the minor page faults it took meanwhile (fresh memory touched)
     timing: list[int] | None = None  # per call, its time (a profiled replay: ``PROFILED``)
     # data uploaded for it after its start frame, and when the last of it came (ReplayTiming)
     upload_bytes: int = 0
@@ -345,6 +347,7 @@ class HostReplayer:
         # thread, and the time from each start frame to its last call.
         self.completed = 0
         self.completed_cpu_ns = 0
+        self.completed_faults = 0
         self.completed_wall_ns = 0
         self.refused = False  # the last start named an unknown sequence
         # Early releases, from the transport's thread: (inference base, ids).
@@ -649,6 +652,7 @@ class HostReplayer:
         else:
             self.completed += 1
             self.completed_cpu_ns += act.cpu_ns
+            self.completed_faults += act.faults
             self.completed_wall_ns += time.perf_counter_ns() - act.started_ns
 
     def timings(self) -> dict[str, float | int]:
@@ -656,20 +660,25 @@ class HostReplayer:
         per replay that ran to its end, the replay thread's CPU for its calls (the operators
         and this module's Python around them; an operator's other threads not counted) and
         the time from its start frame to its last call (CPU plus waits for the app's inputs
-        and for the thread). Divided by ``replays_completed`` they are per inference."""
+        and for the thread), and the minor page faults the thread took running them (memory
+        touched for the first time: a replay that frees late writes into fresh pages, where the
+        app's own forward reuses cached ones). Divided by ``replays_completed`` they are per
+        inference."""
         return {"replays_completed": self.completed,
                 "replay_cpu_s": self.completed_cpu_ns / 1e9,
-                "replay_wall_s": self.completed_wall_ns / 1e9}
+                "replay_wall_s": self.completed_wall_ns / 1e9,
+                "replay_minor_faults": self.completed_faults}
 
     def _advance(self, emit: Emit, limit: int | None = None) -> None:
         act = self.active
         if act is None or act.failed:
             return
-        t0 = time.thread_time_ns()
+        t0, f0 = time.thread_time_ns(), _minor_faults()
         try:
             ended = self._run_on(act, emit, limit)
         finally:
             act.cpu_ns += time.thread_time_ns() - t0
+            act.faults += _minor_faults() - f0
         if ended and limit is None:
             self._close(act, complete=True)
             if act.timing is not None:
@@ -1040,6 +1049,14 @@ class HostReplayer:
                                               else ops_pb2.Sizes() for s in act.sizes.get(k, ())])
                        for k in _host_positions(app, act.start, position)])))
 
+
+
+_RUSAGE_THREAD = getattr(resource, "RUSAGE_THREAD", None)  # Linux
+
+
+def _minor_faults() -> int:
+    """This thread's minor page faults so far (0 where the kernel does not count per thread)."""
+    return resource.getrusage(_RUSAGE_THREAD).ru_minflt if _RUSAGE_THREAD is not None else 0
 
 
 def _host_positions(app: Any, start: int, end: int) -> list[int]:
