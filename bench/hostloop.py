@@ -219,17 +219,14 @@ def measure(name: str, rounds: int, per_round: int, tmp: str) -> dict[str, Any]:
     inputs = spec.inputs(4, seed=7)
     times: dict[str, list[float]] = {"forward": [], "bare": [], "replayed": []}
 
-    def forward(t: torch.Tensor) -> float:
-        t0 = time.thread_time()
-        model(t)
-        return time.thread_time() - t0
+    def timed(run: Any) -> Any:
+        def once(t: torch.Tensor) -> float:
+            t0 = time.thread_time()
+            run(t)
+            return time.thread_time() - t0
+        return once
 
-    def bare_run(t: torch.Tensor) -> float:
-        t0 = time.thread_time()
-        bare(t)
-        return time.thread_time() - t0
-
-    runs: dict[str, Any] = {"forward": forward, "bare": bare_run,
+    runs: dict[str, Any] = {"forward": timed(model), "bare": timed(bare),
                             "replayed": lambda t: harness.replay(t)[1]}
     with torch.inference_mode():
         for t in inputs:  # outputs equal the model's own, bit for bit, or nothing is reported

@@ -176,6 +176,9 @@ def upload_frame(slot: int, meta: bytes, data: Any) -> EncodedFrame:
 REPLAY_BASE = 1 << 52  # replayed inference k's ids: REPLAY_BASE + k * SPAN + local index
 SPAN = 1 << 20
 HOST_ID_BASE = 1 << 62  # ids the host's executor assigns
+# Dropped sequences the host still runs (and the robot still knows) per session: a start the
+# app sent before it heard of the drop may name one (rrtod/gpu/replay.py).
+RETIRED_KEPT = 8
 # The client binds a persistent tensor (a cached weight) to an id with this operator on a
 # ``TensorRef(persistent=hash, bind_id=id)``; hosts count it as a bind, not as a call.
 BIND_OP = "aten::alias.default"

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from rrto.v1 import ops_pb2
-from rrtod.gpu.replay import RETIRED_KEPT, HostReplayer
-from rrtod.wire import SPAN
+from rrtod.gpu.replay import HostReplayer
+from rrtod.wire import RETIRED_KEPT, SPAN
 from testkit.numbers import NumberExecutor, num
 
 SRC = ops_pb2.SeqSource

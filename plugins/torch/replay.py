@@ -744,9 +744,8 @@ class ReplayClient:
         gone = self._remove(seq_id)
         with self._lock:
             gone += [s for s in list(self._bases.values()) if s.id == seq_id]
-        for seq in gone:
-            (seq.root or seq).failed = True
-        with self._lock:
+            for seq in gone:
+                (seq.root or seq).failed = True
             self._give_up.append(seq_id)  # told to the robot by an app thread (never block here)
             waiting = list(self._waiting.values())
             self._waiting.clear()

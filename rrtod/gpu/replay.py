@@ -42,6 +42,7 @@ from rrtod import loops, lop, partition
 from rrtod.executor import ReplayExtension
 from rrtod.wire import (
     READ_VALUE,
+    RETIRED_KEPT,
     SPAN,
     final_writes,
     int_arg,
@@ -57,7 +58,6 @@ MAX_UNROLLED = 64  # counts a sequence with a loop keeps compiled
 # (``SequenceProfile``): what a scheduler places with. A timed call waits for the device, so
 # only these few are timed.
 PROFILED = 3
-RETIRED_KEPT = 8  # dropped sequences a start that crossed the drop may still name
 
 
 class Runner(Protocol):

@@ -37,7 +37,15 @@ from rrtod.robot.oplog import (
 from rrtod.robot.search import Found, SequenceSearch, search_log
 from rrtod.robot.sequences import SequenceStore
 from rrtod.robot.shapes import VALUE
-from rrtod.wire import REPLAY_BASE, SPAN, int_arg, int_of, iter_tensor_refs, scalar_of
+from rrtod.wire import (
+    REPLAY_BASE,
+    RETIRED_KEPT,
+    SPAN,
+    int_arg,
+    int_of,
+    iter_tensor_refs,
+    scalar_of,
+)
 
 log = structlog.get_logger("rrtod.recorder")
 SRC = ops_pb2.SeqSource
@@ -52,7 +60,6 @@ STALE_FACTOR, STALE_MARGIN = 2, 8
 MERGE_TRIES = 3
 # Aborted replays whose calls the robot waits to put into its log (``ReplayedPrefix``).
 MAX_CUTS = 4
-RETIRED_KEPT = 8  # dropped definitions kept for starts that crossed the drop (as the host)
 # Seqs of the calls of aborted replays that the host answered (``want_meta``), rebuilt into the
 # log with their answers as replies: above any seq an app's forwarded call has.
 _REBUILT_SEQS = itertools.count(REBUILT_SEQS)
@@ -529,7 +536,7 @@ class Recorder:
         # the host's account of what they ran, and each sequence's latest input per slot.
         self.definitions: dict[int, ops_pb2.SequenceDef] = {}
         # Dropped ones an app thread may still start (the shim learns of a drop after the
-        # host does, which still runs such a start: ``rrtod.gpu.replay.RETIRED_KEPT``).
+        # host does, which still runs such a start: ``rrtod.wire.RETIRED_KEPT``).
         self._retired: dict[int, ops_pb2.SequenceDef] = {}
         self._replay: _Replaying | None = None
         self._cuts: dict[int, _Replaying] = {}
