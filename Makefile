@@ -6,11 +6,12 @@ BIN    := $(VENV)/bin
 # Tests and CI use the CPU build on local disk; the package itself accepts any torch>=2.3.
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
+NATIVE := $(VENV)/.native
 
 .PHONY: install test demo bench bench-quick bench-detection bench-chaos bench-capacity bench-fleet bench-hostloop proto proto-check lint clean fuzz compat compat-venv \
 	compat-ci
 
-install: $(STAMP)
+install: $(STAMP) $(NATIVE)
 
 $(STAMP): pyproject.toml examples/rrto-example-plugin/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +20,12 @@ $(STAMP): pyproject.toml examples/rrto-example-plugin/pyproject.toml
 	$(BIN)/pip install -q -e ".[dev,torch]"
 	# RRTO_OFFLOAD=1 alone then activates offloading in this venv (rrto-run does not need it).
 	$(BIN)/rrto-run --install-hook
+	touch $@
+
+# The GPU host's native replay loop (plugins/torch/hostloop.cpp, ~40 s with g++ and ninja), built
+# for this venv's torch. Without a compiler the build fails here and the host replays in Python.
+$(NATIVE): $(STAMP) plugins/torch/hostloop.cpp
+	-PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m rrto_plugins.torch.native
 	touch $@
 
 # PYTEST_ARGS="-n 2 --dist loadscope": two workers, whole modules per worker (16-17 min on this
@@ -91,13 +98,17 @@ fuzz: install
 CVENV  := .venv-compat
 CSTAMP := $(CVENV)/.installed
 
-compat-venv: $(CSTAMP)
+compat-venv: $(CSTAMP) $(CVENV)/.native
 
 $(CSTAMP): compat/requirements.txt compat/constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(CVENV)
 	$(CVENV)/bin/pip install -q --upgrade pip
 	$(CVENV)/bin/pip install -q -c compat/constraints.txt -r compat/requirements.txt
 	$(CVENV)/bin/pip install -q -c compat/constraints.txt -e ".[torch]"
+	touch $@
+
+$(CVENV)/.native: $(CSTAMP) plugins/torch/hostloop.cpp
+	-PATH="$(abspath $(CVENV)/bin):$$PATH" $(CVENV)/bin/python -m rrto_plugins.torch.native
 	touch $@
 
 compat: compat-venv

@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench.models import MODELS
 from rrto_plugins.torch.bounds import check_view
-from rrto_plugins.torch.executor import PreparedCall
+from rrto_plugins.torch.prepared import PreparedCall
 
 
 class _Record(TorchDispatchMode):

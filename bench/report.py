@@ -54,8 +54,12 @@ def _host_ms(cell: dict[str, Any]) -> str:
     if cell["system"] == "nto":
         return _f(cell.get("host_compute_ms"))
     pi = cell.get("per_inference", {})
-    faults = pi.get("host_replay_faults")
-    return _f(pi.get("host_replay_cpu_ms")) + (f" ({faults:.0f} pf)" if faults is not None else "")
+    notes = []
+    if pi.get("host_replay_faults") is not None:
+        notes.append(f"{pi['host_replay_faults']:.0f} pf")
+    if pi.get("host_native_share") is not None:
+        notes.append(f"{pi['host_native_share']:.0%} native")
+    return _f(pi.get("host_replay_cpu_ms")) + (f" ({', '.join(notes)})" if notes else "")
 
 
 def energy_label(doc: dict[str, Any]) -> str:
@@ -147,7 +151,8 @@ def markdown(doc: dict[str, Any], json_name: str | None = None) -> str:
             "frames to the app per inference. Host ms: for NTO its server's compute per inference; "
             "for rrto the GPU daemon's replay thread's CPU per replayed inference (operators and "
             "the Python around them: beside NTO's compute, what replay adds on the host), and in "
-            "brackets the minor page faults it took (pf: memory touched afresh). "
+            "brackets the minor page faults it took (pf: memory touched afresh) and the share of "
+            "its operators the native loop ran (native; the rest ran one by one in Python). "
             "Replayed: share of measured inferences the daemon saw "
             "replayed (record/replay active). Energy: the robot's energy per measured inference from "
             "its call to the app's last read of its outputs, by the robot daemon's power meter "

@@ -30,10 +30,12 @@ from rrtod.executor import ExecutorContext
 from rrtod.gpu.blobstore import BlobError
 from rrtod.wire import BIND_OP, HOST_ID_BASE, hash_of, int_of, released_ids
 
-from . import aliasing, codec, sizing
+from . import aliasing, codec, native, sizing
+from . import batch as batch_
 from . import rows as rows_
 from .allowlist import Allowlist, OpNotAllowed
 from .bounds import BadView, check_view
+from .prepared import Layout, PreparedCall, _dense, _layout, written_args
 from .schemas import SchemaCheck, SchemaMismatch
 from .store import QuotaExceeded, TensorStore
 
@@ -73,20 +75,6 @@ def device_memory(device: torch.device) -> int:
     return psutil.virtual_memory().total
 
 
-_WRITTEN: dict[Any, tuple[tuple[int, str], ...]] = {}
-
-
-def written_args(op: Any) -> tuple[tuple[int, str], ...]:
-    """(position, name) of the arguments ``op``'s schema says it writes (``Tensor(a!)``):
-    an in-place operator may change their sizes and strides, not only their values."""
-    hit = _WRITTEN.get(op)
-    if hit is None:
-        hit = _WRITTEN[op] = tuple(
-            (i, a.name) for i, a in enumerate(op._schema.arguments)
-            if a.alias_info is not None and a.alias_info.is_write)
-    return hit
-
-
 def _written_tensors(op: Any, args: list[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []
     for i, name in written_args(op):
@@ -100,13 +88,6 @@ def _has_non_tensor(value: Any) -> bool:
     if isinstance(value, (list, tuple)):
         return any(_has_non_tensor(v) for v in value)
     return True
-
-
-Layout = tuple[tuple[int, ...], tuple[int, ...]]  # (shape, stride) the app's proxy describes
-
-
-def _layout(meta: ops_pb2.TensorMeta) -> Layout:
-    return tuple(meta.shape), tuple(meta.stride)
 
 
 def _conform(t: torch.Tensor, layout: Layout) -> torch.Tensor:
@@ -127,52 +108,12 @@ def _conform(t: torch.Tensor, layout: Layout) -> torch.Tensor:
     return torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device).copy_(t)
 
 
-def _dense(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
-    """Whether a (shape, stride) layout spans exactly numel elements: the only layouts the
-    host copies an output into, so that a client's strides cannot size an allocation."""
-    if len(shape) != len(stride) or any(st < 0 for st in stride):
-        return False
-    numel = 1
-    for size in shape:
-        numel *= size
-    if numel == 0:
-        return True
-    return 1 + sum((size - 1) * st for size, st in zip(shape, stride, strict=True)) == numel
-
-
 def _rebuild(value: Any, swap: dict[int, torch.Tensor]) -> Any:
     if isinstance(value, torch.Tensor):
         return swap.get(id(value), value)
     if isinstance(value, (list, tuple)):
         return type(value)(_rebuild(v, swap) for v in value)
     return value
-
-
-class _Hole:
-    """Where a tensor argument goes in a prepared call's arguments."""
-
-    __slots__ = ("index",)
-
-    def __init__(self, index: int):
-        self.index = index
-
-
-def _fill(value: Any, tensors: list[torch.Tensor]) -> Any:
-    if type(value) is _Hole:
-        return tensors[value.index]
-    if isinstance(value, (list, tuple)):
-        return type(value)(_fill(v, tensors) for v in value)
-    return value
-
-
-def _with_int(value: Any, path: list[int], n: int) -> Any:
-    """``value`` (an integer, or nested lists of them) with ``n`` at ``path``; lists copied,
-    the prepared arguments stay as recorded."""
-    if not path:
-        return n
-    items = list(value)
-    items[path[0]] = _with_int(items[path[0]], path[1:], n)
-    return type(value)(items)
 
 
 # The C++ guard behind ``torch.inference_mode()``, entered directly: the Python context manager
@@ -186,59 +127,20 @@ _inference_mode: Callable[[], Any] = (
 _NO_REPLIES: tuple[ops_pb2.SessionDown, ...] = ()
 
 
-class PreparedCall:
-    """A recorded call decoded once: its operator, its non-tensor arguments, and a hole per
-    tensor argument, numbered in ``iter_tensor_refs`` order (positional, then keyword
-    arguments by name)."""
-
-    __slots__ = ("op", "what", "args", "kwargs", "top", "layouts", "counts", "sizes", "written",
-                 "plain")
-
-    def __init__(self, op: Any, call: ops_pb2.OpCall, device: Any):
-        holes = itertools.count()
-
-        def hole(_ref: ops_pb2.TensorRef) -> _Hole:
-            return _Hole(next(holes))
-
-        self.op = op
-        self.what = f"{call.op} (replayed)"
-        self.args = [codec.decode_value(v, hole, device) for v in call.args]
-        self.kwargs = {k: codec.decode_value(call.kwargs[k], hole, device)
-                       for k in sorted(call.kwargs)}
-        self.layouts = [_layout(m) for m in call.out_meta]
-        # Bytes the call allocates, per metadata of its tensor arguments (``size_key``): a
-        # replay finds its inputs' metadata here and pays no meta execution.
-        self.sizes: dict[Any, int] = {}
-        self.written = bool(written_args(op))
-        self.counts = not (call.op == BIND_OP and call.args[0].tensor.HasField("persistent"))
-        top = [(i, v.index) for i, v in enumerate(self.args) if type(v) is _Hole]
-        # The common case: every tensor is a positional argument of its own.
-        self.top = top if not self.kwargs and len(top) == next(holes) else None
-        # ... of an operator that writes nothing and returns one tensor: ``run_plain``.
-        returns = op._schema.returns
-        self.plain = (self.top is not None and not self.written
-                      and len(returns) == 1 and str(returns[0].type) == "Tensor"
-                      and len(self.layouts) == 1)
-
-    @staticmethod
-    def size_key(tensors: list[torch.Tensor]) -> tuple[Any, ...]:
-        return tuple((t.dtype, t.shape, t.stride(), t.storage_offset()) for t in tensors)
-
-    def fill(self, tensors: list[torch.Tensor],
-             ints: list[tuple[list[Any], int]] | None = None) -> tuple[list[Any], dict[str, Any]]:
-        """The arguments with this inference's tensors and symbolic integers in place."""
-        if self.top is not None:
-            args: list[Any] = list(self.args)
-            for i, j in self.top:
-                args[i] = tensors[j]
-            kwargs: dict[str, Any] = {}
-        else:
-            args = [_fill(v, tensors) for v in self.args]
-            kwargs = {k: _fill(v, tensors) for k, v in self.kwargs.items()}
-        for path, n in ints or ():
-            where: Any = kwargs if isinstance(path[0], str) else args
-            where[path[0]] = _with_int(where[path[0]], path[1:], n)
-        return args, kwargs
+def _new_bytes(p: PreparedCall, tensors: list[torch.Tensor], args: list[Any],
+               kwargs: dict[str, Any], ints: list[tuple[list[Any], int]] | None = None) -> int:
+    """Bytes prepared call ``p`` allocates with these tensors (``sizing``), kept per their
+    sizes on the call: a replay pays no meta execution."""
+    key: Any = p.size_key(tensors)
+    if ints:  # the bytes it allocates may depend on them (``new_zeros([n, 4])``)
+        key = (key, tuple(n for _, n in ints))
+    need = p.sizes.get(key)
+    if need is None:
+        need = sizing.new_bytes(p.op, args, kwargs)
+        if len(p.sizes) >= 16:
+            p.sizes.clear()
+        p.sizes[key] = need
+    return need
 
 
 class TorchExecutor:
@@ -267,6 +169,8 @@ class TorchExecutor:
         self.counters = {
             "ops": 0, "errors": 0, "fetches": 0, "bytes_up": 0, "bytes_down": 0,
             "blob_puts": 0, "blob_hits": 0,
+            # replayed calls the native loop ran (``batch``), and in how many runs
+            "native_calls": 0, "native_runs": 0,
         }
         self._closed = False
 
@@ -502,18 +406,88 @@ class TorchExecutor:
             tensors = [self._live(r, what) if type(r) is int else self._tensor_from_ref(r, what)
                        for r in refs]
             args, kwargs = p.fill(tensors, ints)
-            key: Any = p.size_key(tensors)
-            if ints:  # the bytes it allocates may depend on them (``new_zeros([n, 4])``)
-                key = (key, tuple(n for _, n in ints))
-            need = p.sizes.get(key)
-            if need is None:
-                need = sizing.new_bytes(p.op, args, kwargs)
-                if len(p.sizes) >= 16:
-                    p.sizes.clear()
-                p.sizes[key] = need
-            return p.op, args, kwargs, need, p.written
+            return p.op, args, kwargs, _new_bytes(p, tensors, args, kwargs, ints), p.written
 
         return self._execute(decode, what, p.layouts, out_ids, 0, False, want_meta, p.counts)
+
+    def batchable(self, prepared: Any) -> bool:
+        """Whether a prepared call can be part of a native run (``batch.batchable``)."""
+        mod = native.module()
+        return mod is not None and batch_.batchable(prepared, mod)
+
+    def batch(self, prepared: list[Any], sources: list[list[int]], externals: int) -> Any:
+        """A run of prepared calls built into the native loop (``batch.Batch``), or None where
+        the loop is not built or a call is not ``batchable``: per call, per tensor argument,
+        its source (``e >= 0``: external tensor ``e``; ``-(v + 1)``: the run's ``v``-th
+        value, its calls' outputs in order)."""
+        mod = native.module()
+        if mod is None or not all(batch_.batchable(p, mod) for p in prepared):
+            return None
+        try:
+            return batch_.Batch(mod, prepared, sources, externals)
+        except (ValueError, RuntimeError, TypeError):  # an argument the loop cannot hold
+            return None
+
+    def run_batch(self, b: batch_.Batch, externals: list[int], out_ids: list[int]) -> int:
+        """Run a batch with these live external tensors, its values stored under ``out_ids``:
+        how many of its calls ran (in order; the caller runs the rest one by one). Calibrated,
+        one native call after admitting what the calibrating run allocated; else calibrating,
+        each call admitted and run on its own (``batch``)."""
+        get = self.store.get
+        tensors = [get(i) for i in externals]
+        if any(t is None for t in tensors):
+            return 0  # released or poisoned: the Python path says so
+        admitted, outs = 0, []
+        if b.loop.calibrated():
+            try:
+                self.store.admit(b.total, b.what)
+            except QuotaExceeded:
+                return 0
+            admitted = b.total
+            done, outs = b.loop.run(tensors)
+        if not outs:  # calibrate: sizes the run has not seen (or its first call failed)
+            if admitted:
+                self.store.cancel(admitted)
+            admitted, done, outs = self._calibrate(b, tensors)
+        if done:
+            try:
+                self.store.put_many(list(zip(out_ids, outs, strict=False)), b.what,
+                                    admitted=admitted)
+            except QuotaExceeded:  # nothing stored: the calls run again, one by one
+                return 0
+            self.counters["ops"] += done
+            self.counters["native_calls"] += done
+            self.counters["native_runs"] += 1
+        elif admitted:
+            self.store.cancel(admitted)
+        return done
+
+    def _calibrate(self, b: batch_.Batch, externals: list[torch.Tensor]
+                   ) -> tuple[int, int, list[torch.Tensor]]:
+        """The batch's calls one at a time, each admitted what it allocates for these sizes
+        before it runs: the bytes admitted, the calls run and the values they made. A run to
+        its end calibrates the batch (``Batch.total``)."""
+        outs: list[torch.Tensor] = []
+        admitted = done = 0
+        for j, (p, sources) in enumerate(zip(b.calls, b.sources, strict=True)):
+            tensors = [externals[s] if s >= 0 else outs[-s - 1] for s in sources]
+            try:
+                args, kwargs = p.fill(tensors)
+                need = _new_bytes(p, tensors, args, kwargs)
+                self.store.admit(need, p.what)
+            except (sizing.Unsizable, sizing.MetaFailed, QuotaExceeded):
+                break
+            made = b.loop.step(j, tensors)
+            if made is None:
+                self.store.cancel(need)
+                break
+            admitted += need
+            outs.extend(made)
+            done += 1
+        if done == len(b.calls):
+            b.loop.calibrate(externals, outs)
+            b.total = admitted
+        return admitted, done, outs
 
     def _run_plain(self, p: PreparedCall, refs: list[int | ops_pb2.TensorRef],
                    out_ids: list[int]) -> bool:

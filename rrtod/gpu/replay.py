@@ -58,6 +58,8 @@ MAX_UNROLLED = 64  # counts a sequence with a loop keeps compiled
 # (``SequenceProfile``): what a scheduler places with. A timed call waits for the device, so
 # only these few are timed.
 PROFILED = 3
+# The fewest calls worth a native run (``Run``): building and admitting one costs a few calls.
+MIN_RUN = 4
 
 
 class Runner(Protocol):
@@ -67,6 +69,23 @@ class Runner(Protocol):
     replay: ReplayExtension | None
 
     def handle(self, frame: ops_pb2.SessionUp) -> Iterable[ops_pb2.SessionDown]: ...
+
+
+@dataclass
+class Run:
+    """Calls ``[start, end)`` of a compiled sequence that the executor replays with one native
+    call (``ReplayExtension.batch``): none of them waits for anything of the inference, writes
+    in place, pushes (but the last), is answered or takes a symbolic integer, and each makes
+    only values of this inference. Its external tensors are what it reads of the session that
+    its own calls did not make; how each is found in an inference is ``_externals``."""
+
+    end: int
+    batch: Any
+    # (local index or -1, slot, its recorded id; 0: none, it must be bound)
+    externals: list[tuple[int, int, int]]
+    slots: frozenset[int]  # the slots its calls read: an argument given for one is not batched
+    constants: frozenset[int]  # the CONSTANT slots among them
+    outs: list[int]  # the local indices of its calls' outputs, in order
 
 
 @dataclass
@@ -134,6 +153,9 @@ class Compiled:
     profile_ns: list[int] = field(default_factory=list)
     profiled: int = 0
     base: bytes = b""  # the definition without its plans: what a redefinition must match
+    # Runs of calls the executor replays with one native call each (``Run``), by first call;
+    # None until the first replay that may use them plans them (``HostReplayer._runs``).
+    runs: dict[int, Run] | None = None
 
     def bound(self, slot: int) -> ops_pb2.TensorRef | None:
         """The weight or constant bound for ``slot`` (``sticky``), if any."""
@@ -722,8 +744,13 @@ class HostReplayer:
         stop = len(calls) if limit is None else min(limit, len(calls))
         robot, timing = act.seq.robot, act.timing
         sync = getattr(self.replay, "synchronize", None)
+        runs = act.seq.runs
+        if runs is None and timing is None and not act.joined:
+            runs = act.seq.runs = self._runs(act.seq)
         while act.position < stop:
             k = act.position
+            if runs and k in runs and timing is None and self._run_native(act, runs[k], stop, emit):
+                continue
             if k in robot:  # the robot runs it
                 act.position += 1
                 continue
@@ -798,6 +825,124 @@ class HostReplayer:
             free = [act.base + i for i in act.seq.free_after[k] if i in act.dropped]
             if free:
                 self._free(free)
+
+    def _runs(self, seq: Compiled) -> dict[int, Run]:
+        """Cut ``seq`` into the runs the executor can replay natively (``Run``), by first
+        call; none where it has no native loop."""
+        make = getattr(self.replay, "batch", None)
+        if make is None or not seq.prepared or seq.split:
+            return {}
+        n = len(seq.definition.calls)
+        native = self.replay.batchable  # type: ignore[union-attr]
+        ok = [self._batchable(seq, k) and native(seq.prepared[k]) for k in range(n)]
+        found: dict[int, Run] = {}
+        k = 0
+        while k < n:
+            if not ok[k]:
+                k += 1
+                continue
+            start = k
+            while k < n and ok[k]:
+                k += 1
+                if seq.pushes[k - 1]:
+                    break  # pushed as soon as made: the app may be waiting for it
+            if k - start >= MIN_RUN:
+                run = self._run_of(seq, start, k, make)
+                if run is not None:
+                    found[start] = run
+        return found
+
+    @staticmethod
+    def _batchable(seq: Compiled, k: int) -> bool:
+        """Whether call ``k`` can be part of a native run: nothing of it is per inference but
+        its tensors, and it makes only values of this inference."""
+        outs = seq.out_local[k]
+        return (seq.prepared[k] is not None and k not in seq.robot and k not in seq.answered
+                and k not in seq.symbols and k not in seq.varying and not seq.writes[k]
+                and not seq.mutates[k] and k not in seq.merges
+                and bool(outs) and None not in outs
+                and all(kind != "upload" for _s, _r, kind, _b, _p in seq.binding[k]))
+
+    def _run_of(self, seq: Compiled, start: int, end: int, make: Any) -> Run | None:
+        made: dict[int, int] = {}  # local index -> its place among the values the run makes
+        externals: list[tuple[int, int, int]] = []
+        produced_at: dict[int, int] = {}  # local index -> its external index
+        sources: list[list[int]] = []
+        slots: set[int] = set()
+        for k in range(start, end):
+            src = []
+            for slot, rec, kind, _bind, produced in seq.binding[k]:
+                slots.add(slot)
+                if produced is not None and produced in made:
+                    src.append(-(made[produced] + 1))
+                elif produced is not None:
+                    if produced not in produced_at:
+                        produced_at[produced] = len(externals)
+                        externals.append((produced, slot, 0))
+                    src.append(produced_at[produced])
+                else:  # a weight waits to be bound (``inputs``): no recorded id stands in
+                    src.append(len(externals))
+                    waits = slot in seq.inputs[k]
+                    externals.append((-1, slot, rec.id if kind == "id" and not waits else 0))
+            sources.append(src)
+            for i in seq.out_local[k]:
+                made[i] = len(made)  # type: ignore[index]
+        batch = make([seq.prepared[k] for k in range(start, end)], sources, len(externals))
+        if batch is None:
+            return None
+        constants = frozenset(s for k in range(start, end) for s in seq.constants_at[k])
+        return Run(end, batch, externals, frozenset(slots), constants,
+                   list(made))
+
+    def _externals(self, act: Active, run: Run) -> list[int] | None:
+        """The ids of a run's external tensors in this inference, as ``_bind`` finds them;
+        None where one is not a live id (a weight not bound yet, a ref to resolve)."""
+        seq, base = act.seq, act.base
+        ids = []
+        for i, slot, recorded in run.externals:
+            if i >= 0:
+                ids.append(base + i)
+                continue
+            sticky = seq.bound(slot)
+            if sticky is None:
+                if not recorded:
+                    return None
+                ids.append(recorded)
+            elif sticky.WhichOneof("ref") == "id":
+                ids.append(sticky.id)
+            else:
+                return None
+        return ids
+
+    def _run_native(self, act: Active, run: Run, stop: int, emit: Emit) -> bool:
+        """Run ``run`` (starting at ``act.position``) with one native call, then push, take
+        releases and free as the one-by-one path does after each call: True if any of its
+        calls ran (the rest, if any, run one by one)."""
+        seq = act.seq
+        if run.end > stop or act.joined or (act.args and not run.slots.isdisjoint(act.args)) \
+                or (seq.gone and not run.constants.isdisjoint(seq.gone)):
+            return False
+        ids = self._externals(act, run)
+        if ids is None:
+            return False
+        base = act.base
+        k = act.position
+        done = self.replay.run_batch(run.batch, ids,  # type: ignore[union-attr]
+                                     [base + i for i in run.outs])
+        if not done:
+            return False
+        act.position = k + done
+        for j in range(k, k + done):
+            for i in seq.pushes[j]:
+                self._push(base + i, emit)
+        if self._released:
+            self._take_released(act)
+        if act.dropped:
+            free = [base + i for j in range(k, k + done) for i in seq.free_after[j]
+                    if i in act.dropped]
+            if free:
+                self._free(free)
+        return True
 
     def _unroll(self, act: Active, emit: Emit) -> bool:
         """The head of a sequence with a loop has run: go on with the loop unrolled for this

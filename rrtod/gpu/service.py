@@ -181,7 +181,8 @@ class _Paced:
             return fn(*args)
         framing.hop("gpu.exec.begin")
         try:
-            return list(fn(*args))
+            result = fn(*args)
+            return result if isinstance(result, int) else list(result)  # run_batch: a count
         finally:
             framing.hop("gpu.exec.end")
 
@@ -204,11 +205,21 @@ class _PacedReplay:
         # optional (rrtod.executor): calls split by rows (Hybrid-Parallel, ``rrtod.lop``)
         self.rows = getattr(ext, "rows", None)
         self._run_rows = getattr(ext, "run_rows", None)
+        # optional: the device's queue waited for (a profiled replay times each call's work)
+        self.synchronize = getattr(ext, "synchronize", None)
+        # optional, together: runs of calls replayed by one native call (``Run``)
+        if getattr(ext, "run_batch", None) is not None:
+            self.batchable = ext.batchable  # type: ignore[attr-defined]
+            self.batch = ext.batch  # type: ignore[attr-defined]
+            self._run_batch = ext.run_batch  # type: ignore[attr-defined]
 
     def run_prepared(self, prepared: Any, refs: list[Any], out_ids: list[int],
                      ints: list[tuple[list[Any], int]] | None = None,
                      want_meta: bool = False) -> Any:
         return self._run(self._run_prepared, prepared, refs, out_ids, ints, want_meta)
+
+    def run_batch(self, batch: Any, externals: list[int], out_ids: list[int]) -> int:
+        return self._run(self._run_batch, batch, externals, out_ids)
 
     def run_rows(self, prepared: Any, refs: list[Any], out_ids: list[int], how: Any,
                  starts: list[int | None], lo: int, hi: int) -> Any:

@@ -1,0 +1,133 @@
+"""A run of prepared calls that the GPU host replays with one native call (``hostloop.cpp``).
+
+The replayer (``rrtod.gpu.replay``) cuts each sequence into runs of consecutive calls that need
+nothing of it between them (no input to wait for, no push, no answer, no symbolic integer, no
+in-place write) and gives the executor each run with its dataflow: per call, per tensor
+argument, an *external* tensor (live in the store when the run starts: a weight, a constant, a
+value made before the run) or a value an earlier call of the run made. A run is eligible here
+when every call returns only tensors and writes nothing (``batchable``), and the native loop is
+built (``native.module``).
+
+Memory safety is the Python path's, not relaxed: the bytes each call allocates are the sizing
+module's (meta execution, per input sizes), learnt in a *calibrating* run - the calls one at a
+time with their tensors, each admitted before it runs - and admitted as a whole before each
+native run, which the loop only starts when every external tensor has the sizes, strides,
+dtype and device it was calibrated with, and stops before any call whose output differs from
+its calibrated layout. Every output is checked to stay inside its storage and conformed to the
+layout the app's proxy describes, as ``_run_plain`` does. Where a run stops, nothing of the
+stopping call is kept, and the replayer runs it and the rest through the Python path, which
+reports what went wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import sizing
+from .prepared import PreparedCall, _dense, _Hole
+
+_PLACEHOLDER = torch.empty(0)  # a tensor argument's place in a template (the run fills it)
+
+
+def _template(p: PreparedCall) -> tuple[list[Any], list[bool], list[tuple[int, int]]] | None:
+    """The call's arguments in its schema's order, each hole replaced by a placeholder, which
+    arguments take their defaults, and per hole (argument, item in its list or -1). None when
+    a tensor sits deeper than a list of the top level, or the arguments do not fit the
+    schema."""
+    arguments = p.op._schema.arguments
+    if len(p.args) > len(arguments):
+        return None
+    values: list[Any] = [None] * len(arguments)
+    defaulted = [True] * len(arguments)
+    at: dict[int, tuple[int, int]] = {}
+
+    def place(i: int, v: Any) -> Any:
+        if type(v) is _Hole:
+            at[v.index] = (i, -1)
+            return _PLACEHOLDER
+        if isinstance(v, (list, tuple)):
+            items = []
+            for j, x in enumerate(v):
+                if type(x) is _Hole:
+                    at[x.index] = (i, j)
+                    items.append(_PLACEHOLDER)
+                elif isinstance(x, (list, tuple)) and _holds_hole(x):
+                    raise LookupError("nested")
+                else:
+                    items.append(x)
+            return type(v)(items)
+        return v
+
+    index = {a.name: i for i, a in enumerate(arguments)}
+    try:
+        for i, v in enumerate(p.args):
+            values[i], defaulted[i] = place(i, v), False
+        for name, v in p.kwargs.items():
+            i = index[name]
+            values[i], defaulted[i] = place(i, v), False
+    except LookupError:
+        return None
+    if sorted(at) != list(range(len(at))):
+        return None
+    return values, defaulted, [at[h] for h in range(len(at))]
+
+
+def _holds_hole(v: Any) -> bool:
+    if type(v) is _Hole:
+        return True
+    return isinstance(v, (list, tuple)) and any(_holds_hole(x) for x in v)
+
+
+def batchable(p: Any, native: Any) -> bool:
+    """Whether the native loop can replay prepared call ``p``: an operator that returns only
+    tensors (new ones, or views: checked like any output), writes nothing, allocates what its
+    input sizes decide, and whose arguments the loop can hold (a number where the schema says
+    Tensor cannot be: tried once, kept on the call)."""
+    if type(p) is not PreparedCall or p.written or not p.layouts:
+        return False
+    if p.native is None:
+        p.native = False
+        if all(str(r.type) in ("Tensor", "List[Tensor]") for r in p.op._schema.returns) \
+                and not sizing.data_dependent(p.op):
+            trial = native.Batch()
+            trial.set_externals(p.tensors)
+            try:
+                _add(trial, p, list(range(p.tensors)))
+                p.native = True
+            except (ValueError, RuntimeError, TypeError):
+                pass
+    return p.native
+
+
+def _add(loop: Any, p: PreparedCall, sources: list[int]) -> None:
+    made = _template(p)
+    if made is None or len(made[2]) != len(sources):
+        raise ValueError(f"{p.what}: its arguments do not fit a template")
+    values, defaulted, holes = made
+    loop.add(p.op._schema.name, p.op._schema.overload_name, values, defaulted,
+             [(arg, item, s) for (arg, item), s in zip(holes, sources, strict=True)],
+             [(list(shape), list(stride), _dense(shape, stride)) for shape, stride in p.layouts])
+
+
+class Batch:
+    """One run of prepared calls, built into the native loop; calibrated by its first run.
+    ``sources``: per call, per tensor argument, ``e >= 0`` for external tensor ``e``, or
+    ``-(v + 1)`` for the run's ``v``-th value (its calls' outputs in order)."""
+
+    __slots__ = ("loop", "calls", "sources", "total", "what")
+
+    def __init__(self, native: Any, calls: list[PreparedCall], sources: list[list[int]],
+                 externals: int):
+        self.loop = native.Batch()
+        self.loop.set_externals(externals)
+        for p, src in zip(calls, sources, strict=True):
+            _add(self.loop, p, src)
+        self.calls = calls
+        self.sources = sources
+        self.total = 0  # bytes the calibrated run allocates, admitted before each run
+        self.what = f"{calls[0].what} and {len(calls) - 1} more (replayed natively)"
+
+    def __len__(self) -> int:
+        return len(self.calls)

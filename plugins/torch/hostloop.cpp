@@ -1,0 +1,288 @@
+// The GPU host's replay of a run of prepared calls in one native call (rrto_plugins.torch.batch).
+//
+// The Python replay loop spends 10-25 us around each operator (binding ids, the store, the
+// checks, the call through OpOverload); a replayed inference of a detector is over a thousand
+// calls. A run of calls that return only tensors and write nothing is replayed here instead: the operators are called through the dispatcher with their recorded arguments and
+// this inference's tensors, without the GIL, with the same per-output checks as the Python path
+// (the output stays inside its storage; it is laid out as the app's proxy describes it). The
+// run stops before the first call that raises or fails a check, or whose output differs from
+// the calibrated layout: the caller replays that call and the rest one by one, and the Python
+// path reports what went wrong. Nothing here decides what may run: every call was prepared by
+// the executor from the allowlist, and the bytes it allocates were admitted by the caller.
+
+#include <torch/extension.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/InferenceMode.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace {
+
+// Where a tensor argument goes and where it comes from.
+struct Hole {
+  int arg;     // index in the schema's arguments
+  int item;    // index in that argument's list; -1: the argument itself
+  int source;  // >= 0: an external tensor; < 0: value -(source + 1) the run made (in order)
+};
+
+// The layout the app's proxy describes for an output.
+struct Layout {
+  std::vector<int64_t> shape, stride;
+  bool dense;  // it spans exactly its elements
+};
+
+struct Call {
+  c10::OperatorHandle op;
+  std::vector<c10::IValue> args;  // per schema argument; holes hold undefined tensors
+  std::vector<Hole> holes;
+  std::vector<Layout> layouts;  // per output
+  // The outputs as calibrated (sizes, strides): a run whose outputs differ stops there.
+  std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> seen;
+};
+
+struct Signature {
+  at::ScalarType dtype;
+  at::Device device;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset;
+
+  explicit Signature(const at::Tensor& t)
+      : dtype(t.scalar_type()),
+        device(t.device()),
+        sizes(t.sizes().vec()),
+        strides(t.strides().vec()),
+        offset(t.storage_offset()) {}
+
+  bool matches(const at::Tensor& t) const {
+    return t.defined() && t.layout() == at::kStrided && t.scalar_type() == dtype &&
+           t.device() == device && t.storage_offset() == offset && t.sizes().equals(sizes) &&
+           t.strides().equals(strides);
+  }
+};
+
+// rrto_plugins.torch.bounds.check_view for a strided tensor: every element it can reach lies
+// inside its storage.
+bool inside_storage(const at::Tensor& t) {
+  if (t.layout() != at::kStrided) return false;  // the Python path checks (or refuses) others
+  const int64_t offset = t.storage_offset();
+  if (offset < 0) return false;
+  int64_t low = offset, high = offset;
+  const auto sizes = t.sizes();
+  const auto strides = t.strides();
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == 0) return true;  // no element at all
+    if (strides[d] >= 0)
+      high += (sizes[d] - 1) * strides[d];
+    else
+      low += (sizes[d] - 1) * strides[d];
+  }
+  if (!t.has_storage()) return false;
+  const int64_t elements =
+      static_cast<int64_t>(t.storage().nbytes()) / static_cast<int64_t>(t.element_size());
+  return low >= 0 && high < elements;
+}
+
+// executor._conform: the output copied into the recorded layout where the kernel laid a dense
+// result out otherwise (a meta decomposition and a device kernel can disagree on strides).
+at::Tensor conform(const at::Tensor& t, const Layout& l) {
+  const auto strides = t.strides();
+  if (strides.equals(l.stride) || !t.sizes().equals(l.shape) || !l.dense) return t;
+  if (strides.size() != l.stride.size() || t.numel() <= 1) return t;
+  bool same = true;
+  for (size_t d = 0; d < l.shape.size(); ++d)
+    if (l.shape[d] != 1 && strides[d] != l.stride[d]) same = false;
+  if (same) return t;
+  return at::empty_strided(l.shape, l.stride, t.options()).copy_(t);
+}
+
+class Batch {
+ public:
+  // One call: the operator's schema name and overload, its arguments in schema order (Python
+  // values; a hole's place holds any tensor), then per hole (argument, item, source), and per
+  // output the recorded layout (shape, stride, dense).
+  void add(const std::string& name, const std::string& overload, const py::list& values,
+           const py::list& defaulted, const std::vector<std::tuple<int, int, int>>& holes,
+           const std::vector<std::tuple<std::vector<int64_t>, std::vector<int64_t>, bool>>& outs) {
+    Call c{c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str()),
+           {}, {}, {}, {}};
+    for (const auto& [shape, stride, dense] : outs) c.layouts.push_back(Layout{shape, stride, dense});
+    const auto& schema = c.op.schema();
+    const auto& arguments = schema.arguments();
+    TORCH_CHECK(values.size() == arguments.size(), name, ": ", values.size(),
+                " values for ", arguments.size(), " arguments");
+    TORCH_CHECK(!c.layouts.empty(), name, ": no output");
+    for (const auto& r : schema.returns()) {
+      const auto kind = r.type()->kind();
+      TORCH_CHECK(kind == c10::TypeKind::TensorType ||
+                  (kind == c10::TypeKind::ListType &&
+                   r.type()->containedType(0)->kind() == c10::TypeKind::TensorType),
+                  name, ": returns more than tensors");
+    }
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      if (defaulted[i].cast<bool>()) {
+        TORCH_CHECK(arguments[i].default_value().has_value(), name, ": argument ",
+                    arguments[i].name(), " has no default");
+        c.args.push_back(*arguments[i].default_value());
+      } else {
+        c.args.push_back(torch::jit::toIValue(values[i], arguments[i].type()));
+      }
+    }
+    for (const auto& [arg, item, source] : holes) {
+      TORCH_CHECK(arg >= 0 && static_cast<size_t>(arg) < c.args.size(), name, ": bad hole");
+      TORCH_CHECK(source >= 0 ? source < externals_ : -(source + 1) < values_,
+                  name, ": a hole's source is not before it");
+      if (item >= 0) {
+        TORCH_CHECK(c.args[arg].isList() && item < static_cast<int>(c.args[arg].toListRef().size()),
+                    name, ": bad list hole");
+        c.args[arg].toList().set(item, c10::IValue(at::Tensor()));  // held by no template
+      } else {
+        c.args[arg] = c10::IValue();
+      }
+      c.holes.push_back(Hole{arg, item, source});
+    }
+    values_ += static_cast<int>(c.layouts.size());
+    calls_.push_back(std::move(c));
+  }
+
+  void set_externals(int n) {
+    TORCH_CHECK(calls_.empty(), "externals are set before calls");
+    externals_ = n;
+  }
+
+  size_t size() const { return calls_.size(); }
+
+  // The external tensors' metadata and the outputs' layouts that later runs must match: the
+  // caller admitted their bytes per call from the same sizes.
+  void calibrate(const std::vector<at::Tensor>& externals, const std::vector<at::Tensor>& outs) {
+    TORCH_CHECK(static_cast<int>(externals.size()) == externals_, "calibrate: externals");
+    TORCH_CHECK(static_cast<int>(outs.size()) == values_, "calibrate: the run's values");
+    expected_.clear();
+    for (const auto& t : externals) expected_.emplace_back(t);
+    size_t v = 0;
+    for (Call& c : calls_) {
+      c.seen.clear();
+      for (size_t o = 0; o < c.layouts.size(); ++o, ++v)
+        c.seen.emplace_back(outs[v].sizes().vec(), outs[v].strides().vec());
+    }
+    calibrated_ = true;
+  }
+
+  bool calibrated() const { return calibrated_; }
+
+  // Call ``j`` with its tensors given (a calibrating run, one call at a time): its checked,
+  // conformed outputs, or None where it raised or failed a check.
+  std::optional<std::vector<at::Tensor>> step(size_t j, const std::vector<at::Tensor>& tensors) {
+    TORCH_CHECK(j < calls_.size(), "step: no call ", j);
+    const Call& c = calls_[j];
+    TORCH_CHECK(tensors.size() == c.holes.size(), "step: one tensor per hole");
+    std::vector<at::Tensor> outs;
+    py::gil_scoped_release no_gil;
+    c10::InferenceMode guard(true);
+    if (!invoke(c, [&](size_t h) -> const at::Tensor& { return tensors[h]; }, outs))
+      return std::nullopt;
+    return outs;
+  }
+
+  // The whole run with these external tensors: (calls run, the values they made, in order).
+  // It stops before a call that raised or failed a check, and runs nothing when an external
+  // tensor is not as calibrated.
+  std::pair<int, std::vector<at::Tensor>> run(const std::vector<at::Tensor>& externals) {
+    std::vector<at::Tensor> outs;
+    if (!calibrated_ || static_cast<int>(externals.size()) != externals_)
+      return {0, std::move(outs)};
+    for (size_t e = 0; e < externals.size(); ++e)
+      if (!expected_[e].matches(externals[e])) return {0, std::move(outs)};
+    outs.reserve(values_);
+    py::gil_scoped_release no_gil;
+    c10::InferenceMode guard(true);
+    int done = 0;
+    for (const Call& c : calls_) {
+      const size_t before = outs.size();
+      bool ok = invoke(c, [&](size_t h) -> const at::Tensor& {
+        const int s = c.holes[h].source;
+        return s >= 0 ? externals[s] : outs[-(s + 1)];
+      }, outs);
+      for (size_t o = 0; ok && o < c.seen.size(); ++o)
+        ok = outs[before + o].sizes().equals(c.seen[o].first) &&
+             outs[before + o].strides().equals(c.seen[o].second);
+      if (!ok) {
+        outs.resize(before);
+        break;
+      }
+      ++done;
+    }
+    return {done, std::move(outs)};
+  }
+
+ private:
+  // Run one call, appending its checked, conformed outputs to ``outs`` (false, with ``outs``
+  // possibly longer, where it raised or failed a check).
+  template <typename Tensors>
+  bool invoke(const Call& c, Tensors tensor, std::vector<at::Tensor>& outs) const {
+    torch::jit::Stack stack(c.args);
+    std::vector<bool> copied(stack.size(), false);
+    for (size_t h = 0; h < c.holes.size(); ++h) {
+      const Hole& hole = c.holes[h];
+      const at::Tensor& t = tensor(h);
+      if (!t.defined()) return false;
+      if (hole.item < 0) {
+        stack[hole.arg] = t;
+      } else {
+        if (!copied[hole.arg]) {  // the template's list stays as recorded
+          stack[hole.arg] = c10::IValue(stack[hole.arg].toList().copy());
+          copied[hole.arg] = true;
+        }
+        stack[hole.arg].toList().set(hole.item, t);
+      }
+    }
+    try {
+      c.op.callBoxed(stack);
+    } catch (const std::exception&) {
+      return false;  // the Python path runs it again and says what went wrong
+    }
+    const size_t first = outs.size();
+    for (const auto& v : stack) {  // a tuple's tensors, or one list of them
+      if (v.isTensor()) {
+        outs.push_back(v.toTensor());
+      } else if (v.isTensorList()) {
+        for (const at::Tensor& t : v.toTensorList()) outs.push_back(t);
+      } else {
+        return false;
+      }
+    }
+    if (outs.size() - first != c.layouts.size()) return false;
+    for (size_t o = 0; o < c.layouts.size(); ++o) {
+      at::Tensor& out = outs[first + o];
+      if (!out.defined() || !inside_storage(out)) return false;
+      out = conform(out, c.layouts[o]);
+    }
+    return true;
+  }
+
+  std::vector<Call> calls_;
+  std::vector<Signature> expected_;
+  int externals_ = 0;
+  int values_ = 0;  // outputs of all calls
+  bool calibrated_ = false;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "rrtod's native host replay loop (rrto_plugins.torch.batch)";
+  py::class_<Batch>(m, "Batch")
+      .def(py::init<>())
+      .def("set_externals", &Batch::set_externals)
+      .def("add", &Batch::add)
+      .def("calibrate", &Batch::calibrate)
+      .def("calibrated", &Batch::calibrated)
+      .def("step", &Batch::step)
+      .def("run", &Batch::run)
+      .def("__len__", &Batch::size);
+}
