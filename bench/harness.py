@@ -281,6 +281,8 @@ def _host_replay(warm: dict[str, Any] | None, done: dict[str, Any] | None) -> di
     ops = done.get("ops", 0) - warm.get("ops", 0)
     if "native_calls" in done and ops > 0:  # the share the native loop ran (plugins/torch/batch)
         out["host_native_share"] = (done["native_calls"] - warm.get("native_calls", 0)) / ops
+        out["host_native_calibrations"] = (done.get("native_calibrations", 0)
+                                           - warm.get("native_calibrations", 0)) / n
     return out
 
 

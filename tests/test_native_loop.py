@@ -202,6 +202,29 @@ def test_inputs_of_other_sizes_are_calibrated_again_and_the_results_follow(tmp_p
 
 
 @needs_loop
+def test_values_the_app_let_go_of_are_dropped_after_their_last_use_never_stored(tmp_path):
+    ex = make(tmp_path)
+    calls = [metas(op_call("aten::relu.default", ref(1), out=10), (64,)),
+             metas(op_call("aten::neg.default", ref(10), out=11), (64,)),
+             metas(op_call("aten::exp.default", ref(11), out=12), (64,)),
+             metas(op_call("aten::add.Tensor", ref(12), ref(10), out=13), (64,))]
+    b = batch_of(ex, calls, [[0], [-1], [-2], [-3, -1]], 1)
+    x = torch.randn(64)
+    ex.store.put(1, x)
+    want = torch.exp(-torch.relu(x)) + torch.relu(x)
+    for first in (10, 20):  # calibrating, then native: the same values kept
+        ids = [first, first + 1, first + 2, first + 3]
+        # 11 after neg's reader (call 2), 12 after its reader (call 3): 12 is read by the last
+        # call, so only 11 may go inside the run
+        assert ex.run_batch(b, [1], ids, [(2, 1)]) == 4
+        assert ids[1] not in ex.store and ids[0] in ex.store and ids[2] in ex.store
+        assert torch.equal(ex.store.get(ids[3]), want)
+    # a value dropped before a call that still reads it (neg reads relu's) stops the run there
+    assert ex.run_batch(b, [1], [30, 31, 32, 33], [(0, 0)]) == 1
+    assert 30 not in ex.store and 31 not in ex.store and ex.store.pending == 0
+
+
+@needs_loop
 def test_an_operator_that_raises_keeps_what_ran_before_it_and_nothing_of_itself(tmp_path):
     ex = make(tmp_path)
     calls = [metas(op_call("aten::relu.default", ref(1), out=10), (2, 3)),
@@ -217,13 +240,34 @@ def test_an_operator_that_raises_keeps_what_ran_before_it_and_nothing_of_itself(
     assert 20 in ex.store and 21 not in ex.store and ex.store.pending == 0
 
 
+@needs_loop
+def test_an_output_that_follows_the_data_stops_the_run_where_it_differs(tmp_path):
+    """``x[x > 0]`` is admitted at its bound (every element selected); when this inference
+    selects another count than the calibrating one, the run stops before it: the Python path
+    runs it and the rest, and the results are this inference's."""
+    ex = make(tmp_path)
+    calls = [metas(op_call("aten::gt.Scalar", ref(1), ops_pb2.Value(i=0), out=10), (8,)),
+             metas(op_call("aten::index.Tensor", ref(1), ops_pb2.Value(list=ops_pb2.ValueList(
+                 items=[ref(10)])), out=11), (3,)),
+             metas(op_call("aten::neg.default", ref(11), out=12), (3,)),
+             metas(op_call("aten::exp.default", ref(12), out=13), (3,))]
+    b = batch_of(ex, calls, [[0], [0, -1], [-2], [-3]], 1)
+    for first, x, done in ((10, torch.tensor([1., -1, 2, -2, 3, -3, -4, -5]), 4),  # calibrates
+                           (20, torch.tensor([-1., 1, -2, 2, -3, 3, -4, -5]), 4),  # 3 again
+                           (30, torch.tensor([1., 1, 1, 1, -3, 3, -4, -5]), 1)):  # 5: stops
+        ex.store.put(1, x)
+        assert ex.run_batch(b, [1], [first, first + 1, first + 2, first + 3]) == done
+        if done == 4:
+            assert torch.equal(ex.store.get(first + 3), torch.exp(-x[x > 0]))
+    assert 30 in ex.store and 31 not in ex.store and ex.store.pending == 0
+
+
 def test_calls_the_loop_cannot_hold_stay_on_the_python_path(tmp_path):
-    """In-place writes, data-dependent sizes and a number where the schema says Tensor."""
+    """In-place writes and a number where the schema says Tensor."""
     ex = make(tmp_path)
     ex.allow = AllowAll()
     ex.store.put(1, torch.ones(3))
     for call in (metas(op_call("aten::relu_.default", ref(1), out=1), (3,)),
-                 metas(op_call("aten::nonzero.default", ref(1), out=10), (3, 1)),
                  metas(op_call("aten::div.Tensor", ref(1), ops_pb2.Value(i=2), out=10), (3,))):
         assert not ex.batchable(ex.prepare(call))
     assert ex.batchable(ex.prepare(metas(op_call("aten::div.Scalar", ref(1), ops_pb2.Value(i=2),

@@ -9,7 +9,8 @@ when every call returns only tensors and writes nothing (``batchable``), and the
 built (``native.module``).
 
 Memory safety is the Python path's, not relaxed: the bytes each call allocates are the sizing
-module's (meta execution, per input sizes), learnt in a *calibrating* run - the calls one at a
+module's (meta execution per input sizes; for an operator whose output sizes follow the data,
+its bound from the input sizes), learnt in a *calibrating* run - the calls one at a
 time with their tensors, each admitted before it runs - and admitted as a whole before each
 native run, which the loop only starts when every external tensor has the sizes, strides,
 dtype and device it was calibrated with, and stops before any call whose output differs from
@@ -25,7 +26,6 @@ from typing import Any
 
 import torch
 
-from . import sizing
 from .prepared import PreparedCall, _dense, _Hole
 
 _PLACEHOLDER = torch.empty(0)  # a tensor argument's place in a template (the run fills it)
@@ -82,15 +82,16 @@ def _holds_hole(v: Any) -> bool:
 
 def batchable(p: Any, native: Any) -> bool:
     """Whether the native loop can replay prepared call ``p``: an operator that returns only
-    tensors (new ones, or views: checked like any output), writes nothing, allocates what its
-    input sizes decide, and whose arguments the loop can hold (a number where the schema says
-    Tensor cannot be: tried once, kept on the call)."""
+    tensors (new ones, or views: checked like any output), writes nothing, and whose arguments
+    the loop can hold (a number where the schema says Tensor cannot be: tried once, kept on the
+    call). An operator whose output sizes follow the data (``x[mask]``, ``nonzero``) is one:
+    what it may allocate is bounded by its input sizes (``sizing``), and where its outputs
+    differ from the calibrated ones the run stops before it."""
     if type(p) is not PreparedCall or p.written or not p.layouts:
         return False
     if p.native is None:
         p.native = False
-        if all(str(r.type) in ("Tensor", "List[Tensor]") for r in p.op._schema.returns) \
-                and not sizing.data_dependent(p.op):
+        if all(str(r.type) in ("Tensor", "List[Tensor]") for r in p.op._schema.returns):
             trial = native.Batch()
             trial.set_externals(p.tensors)
             try:

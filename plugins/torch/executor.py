@@ -20,7 +20,7 @@ import functools
 import itertools
 import math
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -169,8 +169,9 @@ class TorchExecutor:
         self.counters = {
             "ops": 0, "errors": 0, "fetches": 0, "bytes_up": 0, "bytes_down": 0,
             "blob_puts": 0, "blob_hits": 0,
-            # replayed calls the native loop ran (``batch``), and in how many runs
-            "native_calls": 0, "native_runs": 0,
+            # replayed calls the native loop ran (``batch``), in how many runs, and how many
+            # of those calibrated (their calls one at a time: new sizes)
+            "native_calls": 0, "native_runs": 0, "native_calibrations": 0,
         }
         self._closed = False
 
@@ -428,11 +429,13 @@ class TorchExecutor:
         except (ValueError, RuntimeError, TypeError):  # an argument the loop cannot hold
             return None
 
-    def run_batch(self, b: batch_.Batch, externals: list[int], out_ids: list[int]) -> int:
+    def run_batch(self, b: batch_.Batch, externals: list[int], out_ids: list[int],
+                  drops: Sequence[tuple[int, int]] = ()) -> int:
         """Run a batch with these live external tensors, its values stored under ``out_ids``:
         how many of its calls ran (in order; the caller runs the rest one by one). Calibrated,
         one native call after admitting what the calibrating run allocated; else calibrating,
-        each call admitted and run on its own (``batch``)."""
+        each call admitted and run on its own (``batch``). ``drops``: (call, value) pairs,
+        in call order, of values let go of once that call ran (never stored)."""
         get = self.store.get
         tensors = [get(i) for i in externals]
         if any(t is None for t in tensors):
@@ -444,15 +447,16 @@ class TorchExecutor:
             except QuotaExceeded:
                 return 0
             admitted = b.total
-            done, outs = b.loop.run(tensors)
+            done, outs = b.loop.run(tensors, drops)
         if not outs:  # calibrate: sizes the run has not seen (or its first call failed)
             if admitted:
                 self.store.cancel(admitted)
-            admitted, done, outs = self._calibrate(b, tensors)
+            admitted, done, outs = self._calibrate(b, tensors, drops)
+            self.counters["native_calibrations"] += 1
         if done:
             try:
-                self.store.put_many(list(zip(out_ids, outs, strict=False)), b.what,
-                                    admitted=admitted)
+                self.store.put_many([(i, t) for i, t in zip(out_ids, outs, strict=False)
+                                     if t is not None], b.what, admitted=admitted)
             except QuotaExceeded:  # nothing stored: the calls run again, one by one
                 return 0
             self.counters["ops"] += done
@@ -462,18 +466,22 @@ class TorchExecutor:
             self.store.cancel(admitted)
         return done
 
-    def _calibrate(self, b: batch_.Batch, externals: list[torch.Tensor]
-                   ) -> tuple[int, int, list[torch.Tensor]]:
+    def _calibrate(self, b: batch_.Batch, externals: list[torch.Tensor],
+                   drops: Sequence[tuple[int, int]]) -> tuple[int, int, list[torch.Tensor | None]]:
         """The batch's calls one at a time, each admitted what it allocates for these sizes
         before it runs: the bytes admitted, the calls run and the values they made. A run to
         its end calibrates the batch (``Batch.total``)."""
-        outs: list[torch.Tensor] = []
+        outs: list[torch.Tensor | None] = []
         admitted = done = 0
+        dropping = iter(drops)
+        drop = next(dropping, None)
         for j, (p, sources) in enumerate(zip(b.calls, b.sources, strict=True)):
             tensors = [externals[s] if s >= 0 else outs[-s - 1] for s in sources]
+            if any(t is None for t in tensors):
+                break  # a value dropped too early: the one-by-one path reports it
             try:
-                args, kwargs = p.fill(tensors)
-                need = _new_bytes(p, tensors, args, kwargs)
+                args, kwargs = p.fill(tensors)  # type: ignore[arg-type]
+                need = _new_bytes(p, tensors, args, kwargs)  # type: ignore[arg-type]
                 self.store.admit(need, p.what)
             except (sizing.Unsizable, sizing.MetaFailed, QuotaExceeded):
                 break
@@ -484,11 +492,14 @@ class TorchExecutor:
             admitted += need
             outs.extend(made)
             done += 1
+            while drop is not None and drop[0] <= j:
+                if drop[1] < len(outs):
+                    outs[drop[1]] = None
+                drop = next(dropping, None)
         if done == len(b.calls):
-            b.loop.calibrate(externals, outs)
+            b.loop.calibrate(externals)
             b.total = admitted
         return admitted, done, outs
-
     def _run_plain(self, p: PreparedCall, refs: list[int | ops_pb2.TensorRef],
                    out_ids: list[int]) -> bool:
         """``run_prepared`` for the call most replayed calls are (``PreparedCall.plain``: one

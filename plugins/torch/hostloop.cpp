@@ -157,42 +157,46 @@ class Batch {
 
   size_t size() const { return calls_.size(); }
 
-  // The external tensors' metadata and the outputs' layouts that later runs must match: the
-  // caller admitted their bytes per call from the same sizes.
-  void calibrate(const std::vector<at::Tensor>& externals, const std::vector<at::Tensor>& outs) {
+  // Every call stepped with these external tensors: their metadata, and the outputs' layouts
+  // each step saw, are what later runs must match (the caller admitted their bytes per call
+  // from the same sizes).
+  void calibrate(const std::vector<at::Tensor>& externals) {
     TORCH_CHECK(static_cast<int>(externals.size()) == externals_, "calibrate: externals");
-    TORCH_CHECK(static_cast<int>(outs.size()) == values_, "calibrate: the run's values");
+    for (const Call& c : calls_) TORCH_CHECK(!c.seen.empty(), "calibrate: a call not stepped");
     expected_.clear();
     for (const auto& t : externals) expected_.emplace_back(t);
-    size_t v = 0;
-    for (Call& c : calls_) {
-      c.seen.clear();
-      for (size_t o = 0; o < c.layouts.size(); ++o, ++v)
-        c.seen.emplace_back(outs[v].sizes().vec(), outs[v].strides().vec());
-    }
     calibrated_ = true;
   }
 
   bool calibrated() const { return calibrated_; }
 
   // Call ``j`` with its tensors given (a calibrating run, one call at a time): its checked,
-  // conformed outputs, or None where it raised or failed a check.
+  // conformed outputs (their layouts kept for ``calibrate``), or None where it raised or
+  // failed a check.
   std::optional<std::vector<at::Tensor>> step(size_t j, const std::vector<at::Tensor>& tensors) {
     TORCH_CHECK(j < calls_.size(), "step: no call ", j);
-    const Call& c = calls_[j];
+    Call& c = calls_[j];
     TORCH_CHECK(tensors.size() == c.holes.size(), "step: one tensor per hole");
+    calibrated_ = false;  // until ``calibrate`` says every call was stepped with these sizes
     std::vector<at::Tensor> outs;
-    py::gil_scoped_release no_gil;
-    c10::InferenceMode guard(true);
-    if (!invoke(c, [&](size_t h) -> const at::Tensor& { return tensors[h]; }, outs))
-      return std::nullopt;
+    {
+      py::gil_scoped_release no_gil;
+      c10::InferenceMode guard(true);
+      if (!invoke(c, [&](size_t h) -> const at::Tensor& { return tensors[h]; }, outs))
+        return std::nullopt;
+    }
+    c.seen.clear();
+    for (const auto& t : outs) c.seen.emplace_back(t.sizes().vec(), t.strides().vec());
     return outs;
   }
 
   // The whole run with these external tensors: (calls run, the values they made, in order).
   // It stops before a call that raised or failed a check, and runs nothing when an external
-  // tensor is not as calibrated.
-  std::pair<int, std::vector<at::Tensor>> run(const std::vector<at::Tensor>& externals) {
+  // tensor is not as calibrated. ``drops``: (call, value) pairs in call order: the value is let
+  // go of once that call ran (the app released it, and nothing after that call reads it), so
+  // that later calls reuse its memory, as the one-by-one path frees it; it comes back undefined.
+  std::pair<int, std::vector<at::Tensor>> run(const std::vector<at::Tensor>& externals,
+                                              const std::vector<std::pair<int, int>>& drops) {
     std::vector<at::Tensor> outs;
     if (!calibrated_ || static_cast<int>(externals.size()) != externals_)
       return {0, std::move(outs)};
@@ -202,6 +206,7 @@ class Batch {
     py::gil_scoped_release no_gil;
     c10::InferenceMode guard(true);
     int done = 0;
+    size_t next_drop = 0;
     for (const Call& c : calls_) {
       const size_t before = outs.size();
       bool ok = invoke(c, [&](size_t h) -> const at::Tensor& {
@@ -214,6 +219,10 @@ class Batch {
       if (!ok) {
         outs.resize(before);
         break;
+      }
+      for (; next_drop < drops.size() && drops[next_drop].first <= done; ++next_drop) {
+        const int v = drops[next_drop].second;
+        if (v >= 0 && static_cast<size_t>(v) < outs.size()) outs[v] = at::Tensor();
       }
       ++done;
     }

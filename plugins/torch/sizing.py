@@ -109,13 +109,6 @@ def measure(op: torch._ops.OpOverload, args: list[Any],
         return MetaFailed(f"{type(exc).__name__}: {exc}")
 
 
-def data_dependent(op: torch._ops.OpOverload) -> bool:
-    """Whether what ``op`` allocates depends on its inputs' values, not only their sizes
-    (``nonzero``, a library operator's shape rule): its bytes cannot be learnt once per
-    input sizes (``rrto_plugins.torch.batch``)."""
-    return op._schema.name in _DATA_DEPENDENT or _library_rule(op) is not None
-
-
 def _library_rule(op: torch._ops.OpOverload) -> libops.ShapeRule | None:
     if op.namespace == "aten":
         return None

@@ -60,6 +60,11 @@ MAX_UNROLLED = 64  # counts a sequence with a loop keeps compiled
 PROFILED = 3
 # The fewest calls worth a native run (``Run``): building and admitting one costs a few calls.
 MIN_RUN = 4
+# The most: between runs the replayer takes the app's releases, so that values it dropped are
+# freed after their last use and the next calls reuse their memory (fresh memory costs page
+# faults: ``HostReplayer`` class docstring). yolo-pose in the benchmark: 64 calls a run took
+# 4 600 page faults a replayed inference, 16 calls 440 (one by one: 1 600 in the same hour).
+MAX_RUN = 16
 
 
 class Runner(Protocol):
@@ -86,6 +91,7 @@ class Run:
     slots: frozenset[int]  # the slots its calls read: an argument given for one is not batched
     constants: frozenset[int]  # the CONSTANT slots among them
     outs: list[int]  # the local indices of its calls' outputs, in order
+    made_by: list[int]  # per output, the call that makes it
 
 
 @dataclass
@@ -842,7 +848,7 @@ class HostReplayer:
                 k += 1
                 continue
             start = k
-            while k < n and ok[k]:
+            while k < n and ok[k] and k - start < MAX_RUN:
                 k += 1
                 if seq.pushes[k - 1]:
                     break  # pushed as soon as made: the app may be waiting for it
@@ -858,7 +864,7 @@ class HostReplayer:
         its tensors, and it makes only values of this inference."""
         outs = seq.out_local[k]
         return (seq.prepared[k] is not None and k not in seq.robot and k not in seq.answered
-                and k not in seq.symbols and k not in seq.varying and not seq.writes[k]
+                and k not in seq.symbols and not seq.writes[k]
                 and not seq.mutates[k] and k not in seq.merges
                 and bool(outs) and None not in outs
                 and all(kind != "upload" for _s, _r, kind, _b, _p in seq.binding[k]))
@@ -891,8 +897,8 @@ class HostReplayer:
         if batch is None:
             return None
         constants = frozenset(s for k in range(start, end) for s in seq.constants_at[k])
-        return Run(end, batch, externals, frozenset(slots), constants,
-                   list(made))
+        return Run(end, batch, externals, frozenset(slots), constants, list(made),
+                   [k for k in range(start, end) for _ in seq.out_local[k]])
 
     def _externals(self, act: Active, run: Run) -> list[int] | None:
         """The ids of a run's external tensors in this inference, as ``_bind`` finds them;
@@ -917,7 +923,8 @@ class HostReplayer:
     def _run_native(self, act: Active, run: Run, stop: int, emit: Emit) -> bool:
         """Run ``run`` (starting at ``act.position``) with one native call, then push, take
         releases and free as the one-by-one path does after each call: True if any of its
-        calls ran (the rest, if any, run one by one)."""
+        calls ran (the rest, if any, run one by one). A value the app released before the run
+        and that no later call reads is let go of inside the run, after its last use."""
         seq = act.seq
         if run.end > stop or act.joined or (act.args and not run.slots.isdisjoint(act.args)) \
                 or (seq.gone and not run.constants.isdisjoint(seq.gone)):
@@ -927,11 +934,24 @@ class HostReplayer:
             return False
         base = act.base
         k = act.position
+        if self._released:
+            self._take_released(act)
+        drops = []
+        if act.dropped:
+            last, varying = seq.last_use, seq.varying
+            drops = sorted((last[i] - k, v) for v, i in enumerate(run.outs)
+                           if i in act.dropped and last.get(i, run.end) < run.end - 1
+                           and not (varying and run.made_by[v] in varying))
         done = self.replay.run_batch(run.batch, ids,  # type: ignore[union-attr]
-                                     [base + i for i in run.outs])
+                                     [base + i for i in run.outs], drops)
         if not done:
             return False
         act.position = k + done
+        if seq.varying:  # for an abort's account, as the one-by-one path keeps them
+            for j in range(k, k + done):
+                if j in seq.varying:
+                    act.sizes[j] = [self.replay.shape(base + i)  # type: ignore[union-attr]
+                                    for i in seq.out_local[j]]  # type: ignore[operator]
         for j in range(k, k + done):
             for i in seq.pushes[j]:
                 self._push(base + i, emit)

@@ -218,8 +218,9 @@ class _PacedReplay:
                      want_meta: bool = False) -> Any:
         return self._run(self._run_prepared, prepared, refs, out_ids, ints, want_meta)
 
-    def run_batch(self, batch: Any, externals: list[int], out_ids: list[int]) -> int:
-        return self._run(self._run_batch, batch, externals, out_ids)
+    def run_batch(self, batch: Any, externals: list[int], out_ids: list[int],
+                  drops: list[tuple[int, int]]) -> int:
+        return self._run(self._run_batch, batch, externals, out_ids, drops)
 
     def run_rows(self, prepared: Any, refs: list[Any], out_ids: list[int], how: Any,
                  starts: list[int | None], lo: int, hi: int) -> Any:
