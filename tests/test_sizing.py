@@ -93,3 +93,18 @@ def test_operators_that_may_copy_are_not_views(op):
     """``reshape`` says its result aliases its input but copies when it cannot view: sized by
     meta execution like any other operator."""
     assert not sizing._is_view(op)
+
+
+def test_a_call_that_cannot_be_sized_keeps_no_frames_alive_however_often_it_is_made():
+    """The cached failure is raised anew each time: raising the cached exception itself chained
+    every raise's traceback onto it, with each failed call's tensors (the native-runs fuzz
+    target grew by 4 MB an input)."""
+    op = torch.ops.aten.mm.default
+    args = [torch.ones(2, 3), torch.ones(4, 5)]
+    for _ in range(3):
+        with pytest.raises(sizing.MetaFailed) as caught:
+            sizing.new_bytes(op, args, {})
+        del caught
+    (cached,) = [v for k, v in sizing._cache.items() if k[0] is op and isinstance(v, Exception)
+                 and k[1] == sizing.signature(args)]
+    assert cached.__traceback__ is None

@@ -69,7 +69,9 @@ def new_bytes(op: torch._ops.OpOverload, args: list[Any], kwargs: dict[str, Any]
                 _cache.clear()
             _cache[key] = hit
     if isinstance(hit, Exception):
-        raise hit
+        # a new instance each time: raising the cached one would chain every raise's traceback
+        # onto it, keeping each failed call's frames and tensors alive (fuzzing found it)
+        raise type(hit)(*hit.args)
     return hit
 
 
