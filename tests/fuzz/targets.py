@@ -20,6 +20,9 @@ peer_session       the GPU daemon's Session stream (SessionOpen, then     none e
 codec              plugins/torch/codec decode_value, from_tensor_data      CodecError
 replay_defs        gpu.replay.compile_sequence, then HostReplayer         ValueError/KeyError
                    replays of the definition with a TorchExecutor          (compile); none after
+native_runs        a definition replayed in the host's native runs         none escape:
+                   (plugins/torch/hostloop.cpp) with fuzzed integer        SessionDown(error)
+                   arguments, output layouts and input sizes
 shim_down          the shim's replay client for what the host sends it     none escape (a bad
                    through the robot daemon (SessionDown: sequence,        definition is not
                    pushed outputs, answers, errors) and decode_answer     used; MISS)
@@ -68,7 +71,7 @@ from rrtod.robot.placement import Lane, NeedPull, Placement
 from rrtod.robot.recorder import Recorder
 from rrtod.robot.relay import AppRelay, AppSession
 from rrtod.robot.scheduling import Scheduling
-from rrtod.wire import HEADER, iter_tensor_refs
+from rrtod.wire import HEADER, REPLAY_BASE, SPAN, iter_tensor_refs
 
 from . import TARGET_NAMES
 from .protogen import Builder
@@ -355,6 +358,81 @@ def replay_defs(data: bytes) -> None:
         ex.close()
 
 
+# -- the host's native runs ---------------------------------------------------------------------
+_NATIVE_BASE: list[tuple[bytes, dict[int, torch.Tensor], tuple[int, ...]]] = []
+
+
+def _native_base() -> tuple[bytes, dict[int, torch.Tensor], tuple[int, ...]]:
+    """A recorded definition the host replays natively (a small CNN's forward, as
+    ``bench.hostloop`` records it), its constants by id and its input's shape: built once."""
+    if not _NATIVE_BASE:
+        from bench import hostloop
+
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.Sigmoid(), torch.nn.Flatten(),
+            torch.nn.Linear(64, 8), torch.nn.Softmax(dim=1)).eval()
+        x = torch.randn(1, 3, 8, 8)
+        d, constants, _ = hostloop.definition(model, x)
+        _NATIVE_BASE.append((d.SerializeToString(), constants, tuple(x.shape)))
+    return _NATIVE_BASE[0]
+
+
+def _int_values(v: ops_pb2.Value, found: list[ops_pb2.Value]) -> None:
+    kind = v.WhichOneof("kind")
+    if kind == "i":
+        found.append(v)
+    elif kind in ("list", "tuple"):
+        for item in getattr(v, kind).items:
+            _int_values(item, found)
+
+
+def native_runs(data: bytes) -> None:
+    """A definition the host replays in native runs, with fuzzed integers in its calls'
+    arguments (strides, paddings, dims, sizes), fuzzed output layouts and inputs of fuzzed
+    sizes: whatever the loop is given from the wire (through ``toIValue`` into the operators),
+    errors come back as replies (none ``INTERNAL``) and the process stays up."""
+    fdp = atheris.FuzzedDataProvider(data)
+    raw, constants, shape = _native_base()
+    d = ops_pb2.SequenceDef.FromString(raw)
+    ints: list[ops_pb2.Value] = []
+    for call in d.calls:
+        for v in (*call.args, *call.kwargs.values()):
+            _int_values(v, ints)
+    metas = [m for call in d.calls for m in call.out_meta]
+    for _ in range(fdp.ConsumeIntInRange(0, 6)):
+        if fdp.ConsumeBool() and ints:
+            ints[fdp.ConsumeIntInRange(0, len(ints) - 1)].i = fdp.ConsumeIntInRange(-(1 << 33),
+                                                                                 1 << 33)
+        elif metas:
+            m = metas[fdp.ConsumeIntInRange(0, len(metas) - 1)]
+            dims = m.shape if fdp.ConsumeBool() else m.stride
+            if dims:
+                dims[fdp.ConsumeIntInRange(0, len(dims) - 1)] = fdp.ConsumeIntInRange(-2, 1 << 20)
+    ex = _executor()
+    try:
+        ex.open(ops_pb2.SessionOpen())
+        for tid, t in constants.items():
+            ex.store.put(tid, t)
+        replayer = HostReplayer(ex)
+        replayer.process(ops_pb2.SessionUp(define=d), _emit)
+        for n in range(1, 2 + fdp.ConsumeIntInRange(1, 3)):
+            size = shape if fdp.ConsumeIntInRange(0, 3) != 1 else tuple(  # mostly as recorded
+                fdp.ConsumeIntInRange(1, 24) for _ in shape)
+            base = REPLAY_BASE + n * SPAN
+            upload = ops_pb2.TensorRef(upload=codec.tensor_data(torch.randn(size)))
+            for frame in (ops_pb2.SessionUp(start=ops_pb2.ReplayStart(
+                              sequence=d.id, base_id=base, inference=base)),
+                          ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload)),
+                          ops_pb2.SessionUp(release=ops_pb2.Release(
+                              ids=[base + i for i in range(len(d.local_ids))]))):
+                _drive(replayer, frame, _emit)
+        replayer._finish(_emit)
+    finally:
+        ex.close()
+
+
 # -- the shim's side of replay ----------------------------------------------------------------
 class _ShimSession:
     """What ``ReplayClient`` needs of a ``RemoteSession``, with no connection."""
@@ -605,6 +683,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "peer_session": peer_session,
     "codec": codec_values,
     "replay_defs": replay_defs,
+    "native_runs": native_runs,
     "shim_down": shim_down,
     "robot_replayed": robot_replayed,
     "robot_placement": robot_placement,
