@@ -30,4 +30,7 @@ def test_fuzz_target_short_run(target, fuzz_round):
           f"peak RSS {result.peak_rss_mb} MB")
     assert result.ok, (f"{target} crashed ({[str(c) for c in result.crashes]}):\n"
                        + result.output[-4000:])
-    assert result.executed >= 100  # it ran the target, not only the start-up
+    # it ran the target, not only the start-up; native_runs replays real operators for each
+    # input (two inferences of a small CNN, the first operators' lazy set-up in the first):
+    # 40-70 inputs in this round on two cores, thousands in a round of its own
+    assert result.executed >= (20 if target == "native_runs" else 100)

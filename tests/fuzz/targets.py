@@ -363,19 +363,60 @@ _NATIVE_BASE: list[tuple[bytes, dict[int, torch.Tensor], tuple[int, ...]]] = []
 
 
 def _native_base() -> tuple[bytes, dict[int, torch.Tensor], tuple[int, ...]]:
-    """A recorded definition the host replays natively (a small CNN's forward, as
-    ``bench.hostloop`` records it), its constants by id and its input's shape: built once."""
-    if not _NATIVE_BASE:
-        from bench import hostloop
+    """A definition the host replays natively (a small CNN's forward, written out as the
+    shim's recorder would send it), its constants by id and its input's shape: built once,
+    by running each call to know its output's layout."""
+    if _NATIVE_BASE:
+        return _NATIVE_BASE[0]
+    aten = torch.ops.aten
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 3, 8, 8, generator=gen)
+    consts = {2 << 20 | i: t for i, t in enumerate((
+        torch.randn(4, 3, 3, 3, generator=gen), torch.randn(4, generator=gen),
+        torch.randn(8, 64, generator=gen), torch.randn(8, generator=gen)))}
+    w, b, w2, b2 = consts
+    d = ops_pb2.SequenceDef(id=1, outputs=[8])
+    values: dict[int, torch.Tensor] = {1: x}
 
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(
-            torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-            torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.Sigmoid(), torch.nn.Flatten(),
-            torch.nn.Linear(64, 8), torch.nn.Softmax(dim=1)).eval()
-        x = torch.randn(1, 3, 8, 8)
-        d, constants, _ = hostloop.definition(model, x)
-        _NATIVE_BASE.append((d.SerializeToString(), constants, tuple(x.shape)))
+    def ref(tid: int) -> ops_pb2.Value:
+        v = ops_pb2.Value()
+        if tid == 1:  # the input: uploaded with each start, bound as value 1
+            d.sources.add(kind=ops_pb2.SeqSource.INPUT)
+            v.tensor.upload.CopyFrom(codec.tensor_data(x))
+            v.tensor.bind_id = 1
+        elif tid in consts:
+            d.sources.add(kind=ops_pb2.SeqSource.CONSTANT, id=tid,
+                          meta=codec.meta_of(consts[tid]))
+            v.tensor.id = tid
+        else:
+            d.sources.add(kind=ops_pb2.SeqSource.PRODUCED, id=tid)
+            v.tensor.id = tid
+        return v
+
+    def add(out: int, op: Any, *args: Any) -> None:
+        call = d.calls.add(op=f"{op._schema.name}.{op._overloadname}", out_ids=[out])
+        real = []
+        for a in args:
+            if isinstance(a, tuple):  # a tensor, by id
+                call.args.append(ref(a[0]))
+                real.append({**values, **consts}[a[0]])
+            else:
+                codec.encode_value(a, call.args.add(), lambda t: ops_pb2.TensorRef())
+                real.append(a)
+        values[out] = op(*real)
+        call.out_meta.append(codec.meta_of(values[out]))
+
+    d.local_ids.append(1)
+    for out, op, *args in ((2, aten.relu.default, (1,)),
+                           (3, aten.conv2d.default, (2,), (w,), (b,), [1, 1], [1, 1], [1, 1], 1),
+                           (4, aten.max_pool2d.default, (3,), [2, 2], [2, 2]),
+                           (5, aten.sigmoid.default, (4,)),
+                           (6, aten.view.default, (5,), [1, -1]),
+                           (7, aten.linear.default, (6,), (w2,), (b2,)),
+                           (8, aten.softmax.int, (7,), 1)):
+        d.local_ids.append(out)
+        add(out, op, *args)
+    _NATIVE_BASE.append((d.SerializeToString(), consts, tuple(x.shape)))
     return _NATIVE_BASE[0]
 
 
@@ -417,7 +458,7 @@ def native_runs(data: bytes) -> None:
             ex.store.put(tid, t)
         replayer = HostReplayer(ex)
         replayer.process(ops_pb2.SessionUp(define=d), _emit)
-        for n in range(1, 2 + fdp.ConsumeIntInRange(1, 3)):
+        for n in range(1, 3 + fdp.ConsumeIntInRange(0, 1)):  # calibrated, then native
             size = shape if fdp.ConsumeIntInRange(0, 3) != 1 else tuple(  # mostly as recorded
                 fdp.ConsumeIntInRange(1, 24) for _ in shape)
             base = REPLAY_BASE + n * SPAN
