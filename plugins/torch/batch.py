@@ -129,6 +129,3 @@ class Batch:
         self.sources = sources
         self.total = 0  # bytes the calibrated run allocates, admitted before each run
         self.what = f"{calls[0].what} and {len(calls) - 1} more (replayed natively)"
-
-    def __len__(self) -> int:
-        return len(self.calls)

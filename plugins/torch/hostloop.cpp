@@ -155,8 +155,6 @@ class Batch {
     externals_ = n;
   }
 
-  size_t size() const { return calls_.size(); }
-
   // Every call stepped with these external tensors: their metadata, and the outputs' layouts
   // each step saw, are what later runs must match (the caller admitted their bytes per call
   // from the same sizes).
@@ -292,6 +290,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("calibrate", &Batch::calibrate)
       .def("calibrated", &Batch::calibrated)
       .def("step", &Batch::step)
-      .def("run", &Batch::run)
-      .def("__len__", &Batch::size);
+      .def("run", &Batch::run);
 }
