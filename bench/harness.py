@@ -264,7 +264,8 @@ def _host_replay(warm: dict[str, Any] | None, done: dict[str, Any] | None) -> di
     """The GPU daemon's time per replayed inference between the two snapshots (its session's
     ``replay_cpu_s``, ``replay_wall_s`` and ``replay_minor_faults``, rrtod/gpu/replay.py): the
     replay thread's CPU for the calls, beside the NTO server's compute time of the same model;
-    from each start frame to its last call; the page faults it took; and the share of the
+    from each start frame to its last call; the page faults it took; the in-place calls it
+    copied a value for (an abort's undo) and those it did not (the app had matched them); the
     host's operators its native loop ran (``native_calls``). Empty when no replay ran to its
     end in the window."""
     if not warm or not done:
@@ -278,6 +279,10 @@ def _host_replay(warm: dict[str, Any] | None, done: dict[str, Any] | None) -> di
     if "replay_minor_faults" in done:  # page faults of the replay thread (fresh memory)
         out["host_replay_faults"] = (done["replay_minor_faults"]
                                      - warm.get("replay_minor_faults", 0)) / n
+    if "replay_snapshots" in done:  # undo copies of in-place calls, and those not needed
+        for key, field in (("host_snapshots", "replay_snapshots"),
+                           ("host_snapshots_skipped", "replay_snapshots_skipped")):
+            out[key] = (done[field] - warm.get(field, 0)) / n
     ops = done.get("ops", 0) - warm.get("ops", 0)
     if "native_calls" in done and ops > 0:  # the share the native loop ran (plugins/torch/batch)
         out["host_native_share"] = (done["native_calls"] - warm.get("native_calls", 0)) / ops

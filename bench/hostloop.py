@@ -172,12 +172,15 @@ class Harness:
         if not ack.defined.accepted:
             raise SystemExit(f"the host refused the definition: {ack.defined.reason}")
         self.outputs = [list(d.local_ids).index(o) for o in d.outputs]
+        self.calls = len(d.calls)
         self.inference = 0
 
-    def replay(self, x: torch.Tensor) -> tuple[list[torch.Tensor], float]:
+    def replay(self, x: torch.Tensor, ahead: bool = True) -> tuple[list[torch.Tensor], float]:
         """One replayed inference as the daemon's transport feeds it: the start, the input,
         and the app's release of every value but the outputs read as they arrive (the shim
-        streams what its app drops while the host still computes: ``HostReplayer.read``);
+        streams what its app drops while the host still computes: ``HostReplayer.read``,
+        with how far the app got: an app ahead of its host, to the end; ``ahead=False``:
+        nothing said, the host copies what in-place calls overwrite, for an abort);
         then the outputs, as pushed, and their release. Returns the outputs and the host's
         CPU seconds for it (the frames' encoding and the outputs' decoding are the app's)."""
         self.inference += 1
@@ -189,6 +192,8 @@ class Harness:
             slot=0, tensor=ops_pb2.TensorRef(upload=codec.tensor_data(x))))
         dropped = ops_pb2.SessionUp(release=ops_pb2.Release(
             ids=[base + i for i in range(n) if i not in self.outputs]))
+        if ahead:  # the app matched it all
+            dropped.release.progress.base_id, dropped.release.progress.position = base, self.calls
         outputs = ops_pb2.SessionUp(release=ops_pb2.Release(
             ids=[base + i for i in self.outputs]))
         downs: list[ops_pb2.SessionDown] = []

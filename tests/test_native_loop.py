@@ -119,6 +119,55 @@ def test_a_run_waits_for_the_weight_the_app_binds_after_the_start(tmp_path):
         assert torch.equal(got, model(x))
 
 
+class InPlace(torch.nn.Module):
+    """Activations written in place, as torchvision's backbones do (``ReLU(inplace=True)``,
+    ``Hardswish(inplace=True)``, a residual ``add_``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8).eval()
+        self.conv2 = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.conv3 = torch.nn.Conv2d(8, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.bn(self.conv1(x)).relu_()
+        z = self.conv2(y)
+        z.add_(y)
+        z = torch.nn.functional.hardswish(z, inplace=True)
+        z = self.conv3(z).relu_()
+        return z.mean(dim=(2, 3)), z
+
+
+@needs_loop
+def test_in_place_calls_run_natively_once_the_app_has_matched_them(tmp_path):
+    """An in-place call in a run needs no snapshot once the app has matched it (its release
+    frames say so: ``Release.progress``), so the run goes natively; while the app is behind,
+    those calls run one by one, each after a snapshot an abort would restore. Outputs equal
+    the forward's either way."""
+    torch.manual_seed(3)
+    model = InPlace().eval()
+    frames = [torch.randn(1, 3, 16, 16) for _ in range(4)]
+    with torch.inference_mode():
+        d, constants, _ = hostloop.definition(model, frames[0].clone())
+        assert sum(c.op in ("aten::relu_.default", "aten::add_.Tensor",
+                            "aten::hardswish_.default") for c in d.calls) == 4
+        harness = hostloop.Harness(d, constants, str(tmp_path))
+        r, counters = harness.replayer, harness.executor.counters
+        copied = ran_natively = 0
+        for ahead in (False, False, True, True, False):
+            for x in frames:
+                got, _ = harness.replay(x, ahead=ahead)
+                want = model(x.clone())
+                assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+            if ahead:  # no copies, and the in-place calls ran inside native runs
+                assert r.snapshots == copied
+                assert counters["native_calls"] - ran_natively >= len(d.calls) * len(frames) // 2
+            copied, ran_natively = r.snapshots, counters["native_calls"]
+        assert r.snapshots == 3 * 4 * len(frames)  # behind: every in-place call copied
+        assert r.snapshots_skipped == 2 * 4 * len(frames) and r.aborts == 0
+
+
 # -- the executor's batch contract, with raw calls ----------------------------------------------
 def op_call(op: str, *args: ops_pb2.Value, out: int | list[int]) -> ops_pb2.OpCall:
     outs = out if isinstance(out, list) else [out]
@@ -263,13 +312,22 @@ def test_an_output_that_follows_the_data_stops_the_run_where_it_differs(tmp_path
 
 
 def test_calls_the_loop_cannot_hold_stay_on_the_python_path(tmp_path):
-    """In-place writes and a number where the schema says Tensor."""
+    """A write in place of an argument the operator does not return (a batch norm's running
+    statistics: the loop checks only what calls return) and a number where the schema says
+    Tensor. An in-place call that returns what it writes (``relu_``) can run in the loop."""
     ex = make(tmp_path)
     ex.allow = AllowAll()
-    ex.store.put(1, torch.ones(3))
-    for call in (metas(op_call("aten::relu_.default", ref(1), out=1), (3,)),
-                 metas(op_call("aten::div.Tensor", ref(1), ops_pb2.Value(i=2), out=10), (3,))):
+    for i, t in enumerate((torch.ones(1, 3, 4), torch.ones(3), torch.zeros(3), torch.zeros(3),
+                           torch.ones(3)), start=1):
+        ex.store.put(i, t)
+    stats = metas(op_call("aten::_native_batch_norm_legit.default", *(ref(i) for i in range(1, 6)),
+                          ops_pb2.Value(b=True), ops_pb2.Value(f=0.1), ops_pb2.Value(f=1e-5),
+                          out=[10, 11, 12]), (1, 3, 4), (3,), (3,))
+    for call in (stats,
+                 metas(op_call("aten::div.Tensor", ref(2), ops_pb2.Value(i=2), out=10), (3,))):
         assert not ex.batchable(ex.prepare(call))
-    assert ex.batchable(ex.prepare(metas(op_call("aten::div.Scalar", ref(1), ops_pb2.Value(i=2),
+    relu_ = metas(op_call("aten::relu_.default", ref(2), out=2), (3,))
+    assert ex.batchable(ex.prepare(relu_)) is built
+    assert ex.batchable(ex.prepare(metas(op_call("aten::div.Scalar", ref(2), ops_pb2.Value(i=2),
                                                  out=10), (3,)))) is built
     assert os.environ.get("RRTO_NATIVE") is None

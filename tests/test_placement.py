@@ -189,9 +189,14 @@ def test_releases_and_downloads_go_where_the_values_are():
     placement, pick, primary, replica = setup()
     placement.route(start())
     placement.route(upload())
-    routed = placement.route(ops_pb2.SessionUp(release=release_of([BASE, BASE + 1, 3])))
+    release = ops_pb2.SessionUp(release=release_of([BASE, BASE + 1, 3]))
+    release.release.progress.base_id, release.release.progress.position = BASE, 5
+    routed = placement.route(release)
     assert [released_ids(f.release) for x, f in routed if x is replica] == [[BASE, BASE + 1]]
     assert [released_ids(f.release) for x, f in routed if x is primary] == [[3]]
+    # how far the app matched the replay goes to both (each host checks whose replay it is)
+    assert [(f.release.progress.base_id, f.release.progress.position)
+            for _x, f in routed] == [(BASE, 5)] * 2
     fetch = ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=4, id=BASE + 2))
     assert kinds(placement.route(fetch), replica) == ["fetch"]
 

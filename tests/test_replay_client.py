@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from rrto.v1 import ops_pb2
+from rrto_plugins.torch.client import RemoteSession
 from rrto_plugins.torch.metadata import MetaCache, OpInfo, app_device
 from rrto_plugins.torch.proxy import Handle, new_proxy
 from rrto_plugins.torch.replay import (
@@ -23,7 +24,7 @@ from rrto_plugins.torch.replay import (
     _read_after,
     decode_answer,
 )
-from rrtod.wire import REPLAY_BASE, SPAN, release_of, released_ids
+from rrtod.wire import REPLAY_BASE, SPAN, released_ids
 
 
 class Session:
@@ -33,10 +34,11 @@ class Session:
         self.lost: str | None = None
         self.epoch = 0
         self.sent: list[Any] = []
+        self.progress: Any = None
 
     def send_frames(self, frames: list[Any]) -> None:
         if self.released:  # as the real session: pending releases go first
-            self.sent.append(ops_pb2.SessionUp(release=release_of(self.released)))
+            self.sent.append(RemoteSession._release_frame(self, self.released))  # type: ignore[arg-type]
             self.released = []
         self.sent += frames
 
@@ -353,6 +355,12 @@ def test_what_the_app_drops_goes_to_the_host_while_the_replay_runs_ahead():
     base = session.sent[0].start.base_id
     dropped = sorted(i for f in releases for i in released_ids(f.release))
     assert dropped == [base + i for i in range(3 * RELEASE_STREAM_AT)]
+    # ... each saying how far the app had matched: past every value it released (each value
+    # is dropped once the call after it read it), so the host copies nothing for an abort
+    # before there (``Release.progress``)
+    for f in releases:
+        assert f.release.progress.base_id == base
+        assert f.release.progress.position >= max(released_ids(f.release)) - base + 2
 
 
 def test_an_inference_the_host_refused_to_replay_is_finished_here():

@@ -136,6 +136,39 @@ def test_abort_keeps_values_before_the_mismatch_and_restores_in_place_writes():
     assert r.aborts == 2 and r.replays == 2
 
 
+def progress(base: int, position: int) -> ops_pb2.SessionUp:
+    """A release frame as the shim streams it, saying how far its app has matched."""
+    return ops_pb2.SessionUp(release=ops_pb2.Release(
+        progress=ops_pb2.ReplayProgress(base_id=base, position=position)))
+
+
+def test_an_in_place_call_the_app_has_matched_is_not_snapshotted():
+    """The app's release frames say how far it has matched a replay (``Release.progress``): an
+    in-place call before that position can no longer be undone by an abort, so the host runs
+    it without a copy; one at or past it is copied as before, and an abort there restores it.
+    A claim about another inference changes nothing."""
+    ex = NumberExecutor()
+    r = HostReplayer(ex)
+    start = ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=1000))
+    run(r, ops_pb2.SessionUp(define=sequence()), start)
+    r.read(progress(1000, 3))  # read by the transport while the replay waits for its input
+    run(r, ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(2.0))))
+    assert ex.store[1000] == 156.0 and (r.snapshots, r.snapshots_skipped) == (0, 1)
+    # The app had matched only the first two calls: add_ (call 2) is copied, and undone.
+    run(r, ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=3000)),
+        progress(3000, 2), progress(1000, 3),
+        ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(2.0))))
+    assert (r.snapshots, r.snapshots_skipped) == (1, 1) and ex.store[3000] == 156.0
+    run(r, ops_pb2.SessionUp(abort=ops_pb2.ReplayAbort(position=2)))
+    assert ex.store[3000] == 12.0 and ex.store[3001] == 144.0
+    # In stream order too, and never lowered: a later, smaller claim keeps the larger one.
+    run(r, ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=5000)),
+        progress(5000, 3), progress(5000, 1),
+        ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(1.0))))
+    assert (r.snapshots, r.snapshots_skipped) == (1, 2) and r.active is None
+    assert r.timings()["replay_snapshots_skipped"] == 2
+
+
 def test_forwarded_call_after_replay_confirms_it():
     ex = NumberExecutor()
     r = HostReplayer(ex)

@@ -1,12 +1,13 @@
 """A run of prepared calls that the GPU host replays with one native call (``hostloop.cpp``).
 
 The replayer (``rrtod.gpu.replay``) cuts each sequence into runs of consecutive calls that need
-nothing of it between them (no input to wait for, no push, no answer, no symbolic integer, no
-in-place write) and gives the executor each run with its dataflow: per call, per tensor
-argument, an *external* tensor (live in the store when the run starts: a weight, a constant, a
-value made before the run) or a value an earlier call of the run made. A run is eligible here
-when every call returns only tensors and writes nothing (``batchable``), and the native loop is
-built (``native.module``).
+nothing of it between them (no input to wait for, no push, no answer, no symbolic integer) and
+gives the executor each run with its dataflow: per call, per tensor argument, an *external*
+tensor (live in the store when the run starts: a weight, a constant, a value made before the
+run) or a value an earlier call of the run made. A run is eligible here when every call returns
+only tensors and writes in place only what it returns (``relu_``: ``batchable``), and the
+native loop is built (``native.module``). A run with in-place calls runs natively only once the
+app has matched them (the replayer's choice: no abort can undo them, so no copy is kept).
 
 Memory safety is the Python path's, not relaxed: the bytes each call allocates are the sizing
 module's (meta execution per input sizes; for an operator whose output sizes follow the data,
@@ -82,12 +83,13 @@ def _holds_hole(v: Any) -> bool:
 
 def batchable(p: Any, native: Any) -> bool:
     """Whether the native loop can replay prepared call ``p``: an operator that returns only
-    tensors (new ones, or views: checked like any output), writes nothing, and whose arguments
-    the loop can hold (a number where the schema says Tensor cannot be: tried once, kept on the
-    call). An operator whose output sizes follow the data (``x[mask]``, ``nonzero``) is one:
-    what it may allocate is bounded by its input sizes (``sizing``), and where its outputs
-    differ from the calibrated ones the run stops before it."""
-    if type(p) is not PreparedCall or p.written or not p.layouts:
+    tensors (new ones, or views: checked like any output), writes in place only arguments it
+    returns (so the written tensor's sizes and strides are checked as its output's), and whose
+    arguments the loop can hold (a number where the schema says Tensor cannot be: tried once,
+    kept on the call). An operator whose output sizes follow the data (``x[mask]``,
+    ``nonzero``) is one: what it may allocate is bounded by its input sizes (``sizing``), and
+    where its outputs differ from the calibrated ones the run stops before it."""
+    if type(p) is not PreparedCall or not p.layouts or (p.written and not _returns_writes(p.op)):
         return False
     if p.native is None:
         p.native = False
@@ -100,6 +102,17 @@ def batchable(p: Any, native: Any) -> bool:
             except (ValueError, RuntimeError, TypeError):
                 pass
     return p.native
+
+
+def _returns_writes(op: Any) -> bool:
+    """Whether every argument ``op`` writes in place is one it returns (``Tensor(a!)`` both
+    ways, as ``relu_`` and ``index_put_``), not one it only writes (``out=``-style outputs are
+    returned too; a batch norm's running statistics are not)."""
+    schema = op._schema
+    returned = {s for r in schema.returns if r.alias_info is not None and r.alias_info.is_write
+                for s in r.alias_info.before_set}
+    return all(a.alias_info.before_set <= returned for a in schema.arguments
+               if a.alias_info is not None and a.alias_info.is_write)
 
 
 def _add(loop: Any, p: PreparedCall, sources: list[int]) -> None:

@@ -159,6 +159,9 @@ class RemoteSession:
         self.diverged: set[int] = set()
         self._late_replies: set[int] = set()
         self.released: list[int] = []
+        # The calling thread's replay under way, told with each release frame it sends (set by
+        # the replay client): how far the app has matched it (``Release.progress``).
+        self.progress: Callable[[], ops_pb2.ReplayProgress | None] | None = None
         self._lock = threading.Lock()
         self._seq = 0
         self._ids = itertools.count(1)
@@ -436,7 +439,7 @@ class RemoteSession:
             frames = []
             if self.released:
                 ids, self.released = self.released, []
-                frames.append(ops_pb2.SessionUp(release=release_of(ids)))
+                frames.append(self._release_frame(ids))
             if numbered:  # a call or fetch: number it in send order
                 self._seq += 1
                 seq = self._seq
@@ -473,7 +476,7 @@ class RemoteSession:
                 raise HostLost(self.lost)
             if self.released:
                 ids, self.released = self.released, []
-                frames = [ops_pb2.SessionUp(release=release_of(ids)), *frames]
+                frames = [self._release_frame(ids), *frames]
             if not frames:
                 return
             try:
@@ -482,6 +485,13 @@ class RemoteSession:
                 self._on_lost(f"connection to rrtod lost: {exc}")
                 raise HostLost(self.lost or str(exc)) from None
             self.counters["frames"] += len(frames)
+
+    def _release_frame(self, ids: list[int]) -> ops_pb2.SessionUp:
+        msg = release_of(ids)
+        progress = self.progress() if self.progress is not None else None
+        if progress is not None:
+            msg.progress.CopyFrom(progress)
+        return ops_pb2.SessionUp(release=msg)
 
     def release_now(self, at_least: int) -> None:
         """Send pending releases now, if there are ``at_least``: while the app waits for a

@@ -611,6 +611,16 @@ class ReplayClient:
                          "failed": 0, "failed_ahead": 0, "answer_waits": 0, "joined": 0,
                          "switches": 0, "abandoned": 0, "search_waits": 0, "search_wait_ns": 0,
                          "robot_ops": 0, "robot_ns": 0, "here": 0}
+        session.progress = self._progress
+
+    def _progress(self) -> ops_pb2.ReplayProgress | None:
+        """This thread's replay under way, as far as the app has matched it: told to the host
+        with each release frame, so that it keeps no undo copy for an in-place call the app
+        has already matched (``ReplayProgress``)."""
+        act = getattr(self._tls, "active", None)
+        if act is None or not act.position:
+            return None
+        return ops_pb2.ReplayProgress(base_id=act.base, position=act.position)
 
     # ----- from the reader thread -----
     def define(self, d: ops_pb2.SequenceDef) -> None:

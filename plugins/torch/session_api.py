@@ -43,6 +43,9 @@ class Session(Protocol):
     diverged: set[int]
     fallback: str  # "local": run here what the host cannot; "error": raise instead
     replay: PushedOutputs | None
+    # The calling thread's replay under way and how far the app has matched it, sent with
+    # each release frame (``Release.progress``); set by the replay client.
+    progress: Callable[[], ops_pb2.ReplayProgress | None] | None
     # Whether this thread is inside an offloaded module's forward (the interceptor sets it):
     # there ``.to("cpu")`` is device plumbing, not the app asking for the data (``proxy``).
     in_forward: Callable[[], bool]

@@ -79,10 +79,12 @@ class Runner(Protocol):
 @dataclass
 class Run:
     """Calls ``[start, end)`` of a compiled sequence that the executor replays with one native
-    call (``ReplayExtension.batch``): none of them waits for anything of the inference, writes
-    in place, pushes (but the last), is answered or takes a symbolic integer, and each makes
-    only values of this inference. Its external tensors are what it reads of the session that
-    its own calls did not make; how each is found in an inference is ``_externals``."""
+    call (``ReplayExtension.batch``): none of them waits for anything of the inference, pushes
+    (but the last), is answered or takes a symbolic integer, and each makes only values of this
+    inference. Those that write in place (``writes``) write only such values, and the run goes
+    natively only once the app has matched them (no snapshot is taken in a run). Its external
+    tensors are what it reads of the session that its own calls did not make; how each is
+    found in an inference is ``_externals``."""
 
     end: int
     batch: Any
@@ -92,6 +94,7 @@ class Run:
     constants: frozenset[int]  # the CONSTANT slots among them
     outs: list[int]  # the local indices of its calls' outputs, in order
     made_by: list[int]  # per output, the call that makes it
+    writes: list[int]  # its calls that write in place (a value made before them)
 
 
 @dataclass
@@ -316,6 +319,9 @@ class Active:
     args: dict[int, ops_pb2.TensorRef] = field(default_factory=dict)
     failed: bool = False
     snapshots: list[tuple[int, Any]] = field(default_factory=list)  # (call, executor token)
+    # The app matched every call before this position (``Release.progress``): no abort comes
+    # before it, so a call before it that writes in place needs no snapshot
+    matched: int = 0
     dropped: set[int] = field(default_factory=set)  # local indices the app let go of
     # joined under way (``ReplayStart.joined``): local index -> the id the app holds it under
     joined: dict[int, int] = field(default_factory=dict)
@@ -351,7 +357,13 @@ class HostReplayer:
     """Drives one session's executor through replays. Calls run ahead of the app, so a call
     that overwrites an existing value in place (``relu_`` on an earlier output, a running
     statistic) is preceded by an executor snapshot of that value: an abort before it restores
-    what forwarding would have left.
+    what forwarding would have left. Not where the app has already matched that call: its
+    release frames say how far it got (``Release.progress``), and no abort comes before that.
+    A host slower than its app (the common case for a detector: the app runs ahead to its
+    first data-dependent call while the host computes the backbone) so copies none of the
+    backbone's activations (Faster R-CNN: 25 ms of copying and ~10 000 page faults an
+    inference on this machine's CPU); a host ahead of its app copies as before, with time to
+    spare.
 
     Values the app lets go of while the host still computes are freed right after their last
     use in the sequence, ahead of the release frame itself (``read``): the next calls then
@@ -371,6 +383,9 @@ class HostReplayer:
         self.last: Active | None = None
         self.replays = 0
         self.aborts = 0
+        # Calls that write in place: snapshotted before they ran, or not (the app had matched them)
+        self.snapshots = 0
+        self.snapshots_skipped = 0
         # Replays that ran to their end (``timings``): the CPU their calls took on the replay
         # thread, and the time from each start frame to its last call.
         self.completed = 0
@@ -391,6 +406,7 @@ class HostReplayer:
         an abort may read them), and never an id an argument names."""
         kind = frame.WhichOneof("msg")
         if kind == "release":
+            self._progress(frame.release)
             base = self._read_base
             if base is not None and self.active is not None:
                 self._released.append((base, [i for i in released_ids(frame.release)
@@ -464,11 +480,23 @@ class HostReplayer:
         if kind == "call":
             self.last = None
         elif kind == "release":
+            self._progress(frame.release)
             self._constants_released(frame.release)
             if act is not None and self.active is act and (act.seq.symbols or act.seq.merges):
                 frame = self._defer_released(act, frame)
         for down in self.handle(frame):
             emit(down)
+
+    def _progress(self, release: ops_pb2.Release) -> None:
+        """How far the app has matched the replay under way (``Release.progress``), from the
+        transport's thread as the frame is read, and again in stream order (a frame read
+        before its replay's start was processed). Only ever raised: the app's position grows."""
+        if not release.HasField("progress"):
+            return
+        act = self.active
+        p = release.progress
+        if act is not None and act.base == p.base_id and p.position > act.matched:
+            act.matched = p.position
 
     def _defer_released(self, act: Active, frame: ops_pb2.SessionUp) -> ops_pb2.SessionUp:
         """``frame`` (a release) without the values of ``act`` still to be used, which go
@@ -695,7 +723,9 @@ class HostReplayer:
         return {"replays_completed": self.completed,
                 "replay_cpu_s": self.completed_cpu_ns / 1e9,
                 "replay_wall_s": self.completed_wall_ns / 1e9,
-                "replay_minor_faults": self.completed_faults}
+                "replay_minor_faults": self.completed_faults,
+                "replay_snapshots": self.snapshots,
+                "replay_snapshots_skipped": self.snapshots_skipped}
 
     def _advance(self, emit: Emit, limit: int | None = None) -> None:
         act = self.active
@@ -773,12 +803,15 @@ class HostReplayer:
                 if ints is None:
                     return
             call = None
-            if act.seq.writes[k] or act.seq.mutates[k]:
+            if (act.seq.writes[k] or act.seq.mutates[k]) and act.app_position(k) < act.matched:
+                self.snapshots_skipped += 1  # the app matched it: no abort undoes it
+            elif act.seq.writes[k] or act.seq.mutates[k]:
                 ids = [out_ids[j] for j in act.seq.writes[k]]
                 if act.seq.mutates[k] and act.seq.written is not None:
                     call = self._rebind(act, k, refs, out_ids)
                     ids += act.seq.written(call)  # ids as rebound for this inference
                 act.snapshots.append((k, self.replay.snapshot(ids)))  # replay: checked at define
+                self.snapshots += 1
             t_call = time.perf_counter_ns() if timing is not None else 0
             merged = None
             if k in act.seq.merges:
@@ -861,16 +894,25 @@ class HostReplayer:
     @staticmethod
     def _batchable(seq: Compiled, k: int) -> bool:
         """Whether call ``k`` can be part of a native run: nothing of it is per inference but
-        its tensors, and it makes only values of this inference."""
+        its tensors, and it makes only values of this inference (writing one in place, if
+        at all, and returning it)."""
         outs = seq.out_local[k]
         return (seq.prepared[k] is not None and k not in seq.robot and k not in seq.answered
-                and k not in seq.symbols and not seq.writes[k]
-                and not seq.mutates[k] and k not in seq.merges
+                and k not in seq.symbols and k not in seq.merges
+                and (not seq.mutates[k] or HostReplayer._writes_what_it_returns(seq, k))
                 and bool(outs) and None not in outs
                 and all(kind != "upload" for _s, _r, kind, _b, _p in seq.binding[k]))
 
+    @staticmethod
+    def _writes_what_it_returns(seq: Compiled, k: int) -> bool:
+        """Call ``k`` writes in place only tensors it returns (``relu_``, not a batch norm's
+        running statistics), each a value of this inference."""
+        call = seq.definition.calls[k]
+        return seq.written is not None and set(seq.written(call)) <= set(call.out_ids)
+
     def _run_of(self, seq: Compiled, start: int, end: int, make: Any) -> Run | None:
-        made: dict[int, int] = {}  # local index -> its place among the values the run makes
+        made: dict[int, int] = {}  # local index -> its latest place among the run's values
+        outs: list[int] = []  # per value the run makes, its local index (in place: again)
         externals: list[tuple[int, int, int]] = []
         produced_at: dict[int, int] = {}  # local index -> its external index
         sources: list[list[int]] = []
@@ -892,13 +934,15 @@ class HostReplayer:
                     externals.append((-1, slot, rec.id if kind == "id" and not waits else 0))
             sources.append(src)
             for i in seq.out_local[k]:
-                made[i] = len(made)  # type: ignore[index]
+                made[i] = len(outs)  # type: ignore[index]
+                outs.append(i)  # type: ignore[arg-type]
         batch = make([seq.prepared[k] for k in range(start, end)], sources, len(externals))
         if batch is None:
             return None
         constants = frozenset(s for k in range(start, end) for s in seq.constants_at[k])
-        return Run(end, batch, externals, frozenset(slots), constants, list(made),
-                   [k for k in range(start, end) for _ in seq.out_local[k]])
+        return Run(end, batch, externals, frozenset(slots), constants, outs,
+                   [k for k in range(start, end) for _ in seq.out_local[k]],
+                   [k for k in range(start, end) if seq.writes[k] or seq.mutates[k]])
 
     def _externals(self, act: Active, run: Run) -> list[int] | None:
         """The ids of a run's external tensors in this inference, as ``_bind`` finds them;
@@ -927,8 +971,9 @@ class HostReplayer:
         and that no later call reads is let go of inside the run, after its last use."""
         seq = act.seq
         if run.end > stop or act.joined or (act.args and not run.slots.isdisjoint(act.args)) \
-                or (seq.gone and not run.constants.isdisjoint(seq.gone)):
-            return False
+                or (seq.gone and not run.constants.isdisjoint(seq.gone)) \
+                or (run.writes and max(map(act.app_position, run.writes)) >= act.matched):
+            return False  # (an in-place call the app may still abort before: one by one)
         ids = self._externals(act, run)
         if ids is None:
             return False
@@ -947,6 +992,8 @@ class HostReplayer:
         if not done:
             return False
         act.position = k + done
+        if run.writes:
+            self.snapshots_skipped += sum(1 for j in run.writes if j < k + done)
         if seq.varying:  # for an abort's account, as the one-by-one path keeps them
             for j in range(k, k + done):
                 if j in seq.varying:

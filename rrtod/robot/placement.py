@@ -662,6 +662,9 @@ class Placement:
         out = [(lane, ops_pb2.SessionUp(release=release_of(ids))) for lane, ids in far.values()]
         if here:
             out.append((self.primary, ops_pb2.SessionUp(release=release_of(here))))
+        if frame.release.HasField("progress"):  # each host checks whether the replay is its own
+            for _lane, f in out:
+                f.release.progress.CopyFrom(frame.release.progress)
         return out
 
     async def pull(self, ids: list[int]) -> dict[int, ops_pb2.TensorData]:

@@ -410,11 +410,13 @@ def _native_base() -> tuple[bytes, dict[int, torch.Tensor], tuple[int, ...]]:
     for out, op, *args in ((2, aten.relu.default, (1,)),
                            (3, aten.conv2d.default, (2,), (w,), (b,), [1, 1], [1, 1], [1, 1], 1),
                            (4, aten.max_pool2d.default, (3,), [2, 2], [2, 2]),
+                           (4, aten.relu_.default, (4,)),  # in place: native once matched
                            (5, aten.sigmoid.default, (4,)),
                            (6, aten.view.default, (5,), [1, -1]),
                            (7, aten.linear.default, (6,), (w2,), (b2,)),
                            (8, aten.softmax.int, (7,), 1)):
-        d.local_ids.append(out)
+        if out not in d.local_ids:
+            d.local_ids.append(out)
         add(out, op, *args)
     _NATIVE_BASE.append((d.SerializeToString(), consts, tuple(x.shape)))
     return _NATIVE_BASE[0]
@@ -432,8 +434,10 @@ def _int_values(v: ops_pb2.Value, found: list[ops_pb2.Value]) -> None:
 def native_runs(data: bytes) -> None:
     """A definition the host replays in native runs, with fuzzed integers in its calls'
     arguments (strides, paddings, dims, sizes), fuzzed output layouts and inputs of fuzzed
-    sizes: whatever the loop is given from the wire (through ``toIValue`` into the operators),
-    errors come back as replies (none ``INTERNAL``) and the process stays up."""
+    sizes, fuzzed claims of how far the app matched (``Release.progress``: its in-place call
+    runs natively or after a snapshot) and aborts: whatever the loop is given from the wire
+    (through ``toIValue`` into the operators), errors come back as replies (none
+    ``INTERNAL``) and the process stays up."""
     fdp = atheris.FuzzedDataProvider(data)
     raw, constants, shape = _native_base()
     d = ops_pb2.SequenceDef.FromString(raw)
@@ -463,11 +467,19 @@ def native_runs(data: bytes) -> None:
                 fdp.ConsumeIntInRange(1, 24) for _ in shape)
             base = REPLAY_BASE + n * SPAN
             upload = ops_pb2.TensorRef(upload=codec.tensor_data(torch.randn(size)))
-            for frame in (ops_pb2.SessionUp(start=ops_pb2.ReplayStart(
-                              sequence=d.id, base_id=base, inference=base)),
-                          ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload)),
-                          ops_pb2.SessionUp(release=ops_pb2.Release(
-                              ids=[base + i for i in range(len(d.local_ids))]))):
+            progress = ops_pb2.ReplayProgress(
+                base_id=base if fdp.ConsumeIntInRange(0, 3) else fdp.ConsumeIntInRange(0, 1 << 62),
+                position=fdp.ConsumeIntInRange(0, len(d.calls) + 2))
+            frames = [ops_pb2.SessionUp(start=ops_pb2.ReplayStart(
+                          sequence=d.id, base_id=base, inference=base)),
+                      ops_pb2.SessionUp(release=ops_pb2.Release(progress=progress)),
+                      ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload))]
+            if fdp.ConsumeIntInRange(0, 3) == 0:  # the app went another way
+                frames.append(ops_pb2.SessionUp(abort=ops_pb2.ReplayAbort(
+                    position=fdp.ConsumeIntInRange(0, len(d.calls)))))
+            frames.append(ops_pb2.SessionUp(release=ops_pb2.Release(
+                ids=[base + i for i in range(len(d.local_ids))])))
+            for frame in frames:
                 _drive(replayer, frame, _emit)
         replayer._finish(_emit)
     finally:

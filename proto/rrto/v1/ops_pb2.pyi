@@ -160,12 +160,22 @@ class Fetched(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., tensor: _Optional[_Union[TensorData, _Mapping]] = ..., id: _Optional[int] = ...) -> None: ...
 
 class Release(_message.Message):
-    __slots__ = ("ids", "gaps")
+    __slots__ = ("ids", "gaps", "progress")
     IDS_FIELD_NUMBER: _ClassVar[int]
     GAPS_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedScalarFieldContainer[int]
     gaps: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, ids: _Optional[_Iterable[int]] = ..., gaps: _Optional[_Iterable[int]] = ...) -> None: ...
+    progress: ReplayProgress
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., gaps: _Optional[_Iterable[int]] = ..., progress: _Optional[_Union[ReplayProgress, _Mapping]] = ...) -> None: ...
+
+class ReplayProgress(_message.Message):
+    __slots__ = ("base_id", "position")
+    BASE_ID_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    base_id: int
+    position: int
+    def __init__(self, base_id: _Optional[int] = ..., position: _Optional[int] = ...) -> None: ...
 
 class BlobPut(_message.Message):
     __slots__ = ("hash", "tensor")
