@@ -95,6 +95,35 @@ def test_operators_that_may_copy_are_not_views(op):
     assert not sizing._is_view(op)
 
 
+@pytest.mark.parametrize("op, args", [
+    (aten.relu_.default, [t(6, 4)]),
+    (aten.add_.Tensor, [t(6, 4), t(4)]),
+    (aten.index_put_.default, [t(23, dtype=torch.bool), [torch.tensor([1, 5])],
+                               torch.tensor(True)]),
+    (aten.masked_fill_.Scalar, [t(4, 4), t(4, 4, dtype=torch.bool), 0.0]),
+    (aten.copy_.default, [t(3, 5), t(5)]),
+    (aten.fill_.Scalar, [t(7), 2.0]),
+])
+def test_in_place_calls_allocate_nothing_as_meta_execution_says(op, args):
+    """An operator computing into ``self`` and returning it is sized without meta execution
+    (a detector's per-class loop writes its keep-mask with index tensors of a new length each
+    time); the bytes are meta execution's."""
+    assert sizing._in_place(op) and sizing._meta_bytes(op, args, {}) == 0
+    assert sizing.measure(op, args, {}) == 0
+
+
+@pytest.mark.parametrize("op", [aten.resize_.default, aten.resize_as_.default,
+                                aten.set_.source_Tensor, aten._resize_output_.default,
+                                aten.squeeze_.default, aten.add.out, aten.relu.default,
+                                aten._native_batch_norm_legit.default])
+def test_operators_that_may_grow_a_storage_are_not_sized_as_in_place(op):
+    """Those that change metadata may grow the storage (``resize_``: meta execution sees it),
+    ``out=`` variants resize their output; batch norm writes statistics it does not return."""
+    assert not sizing._in_place(op)
+    if op is aten.resize_.default:  # what the rule must not hide
+        assert sizing._meta_bytes(op, [t(2), [1000]], {}) == 1000 * 4 - 2 * 4
+
+
 def test_a_call_that_cannot_be_sized_keeps_no_frames_alive_however_often_it_is_made():
     """The cached failure is raised anew each time: raising the cached exception itself chained
     every raise's traceback onto it, with each failed call's tensors (the native-runs fuzz

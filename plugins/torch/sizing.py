@@ -88,7 +88,7 @@ def measure(op: torch._ops.OpOverload, args: list[Any],
     try:
         if bound is not None:
             return bound(op, args, kwargs)
-        if _is_view(op):
+        if _is_view(op) or _in_place(op):
             return 0
         fast = _pointwise_bytes(op, args, kwargs)
         if fast is not None:
@@ -209,6 +209,34 @@ def _is_view(op: torch._ops.OpOverload) -> bool:
                     for r in schema.returns)
             and not torch._C._dispatch_has_kernel_for_dispatch_key(
                 op.name(), "CompositeImplicitAutograd"))
+    return known
+
+
+_IN_PLACE: dict[Any, bool] = {}
+
+
+def _in_place(op: torch._ops.OpOverload) -> bool:
+    """An aten operator that computes into its ``self`` and returns it (``relu_``,
+    ``index_put_``, ``masked_fill_``: ``Tag.inplace``): its output is an existing tensor, and
+    it writes no more than that tensor holds, so it allocates nothing for its outputs. Not
+    those that change metadata, which may grow the storage (``resize_``, ``set_``: also
+    ``Tag.inplace_view``), nor ``_resize_output_`` (tagged ``inplace`` alone: any name with
+    "resize" is left to meta execution), nor ``out=`` variants (they may resize their
+    output). The bytes are meta execution's (tests/test_sizing.py), without its ~50-100 us a
+    call: a detector's per-class loop writes its keep-mask ~90 times an inference with index
+    tensors of a new length each time, so a per-size cache never hits."""
+    known = _IN_PLACE.get(op)
+    if known is None:
+        schema = op._schema
+        args, returns = schema.arguments, schema.returns
+        known = _IN_PLACE[op] = (
+            op.namespace == "aten" and torch.Tag.inplace in op.tags
+            and torch.Tag.inplace_view not in op.tags and "resize" not in schema.name
+            and len(returns) == 1 and returns[0].alias_info is not None
+            and returns[0].alias_info.is_write and bool(args) and args[0].name == "self"
+            and args[0].alias_info is not None
+            and args[0].alias_info.before_set == returns[0].alias_info.before_set
+            and sum(a.alias_info is not None and a.alias_info.is_write for a in args) == 1)
     return known
 
 

@@ -228,7 +228,8 @@ def compile_sequence(d: ops_pb2.SequenceDef,
         inputs.append([s for s in own if d.sources[s].kind == SRC.PERSISTENT
                        or (d.sources[s].kind == SRC.INPUT and not d.sources[s].fixed)])
         writes.append([j for j, r in enumerate(call.out_ids) if r in produced or r not in local])
-        mutates.append(bool(written and written(call)))
+        # (an argument written and returned, as ``relu_``'s, is one of ``writes`` already)
+        mutates.append(bool(written and set(written(call)) - set(call.out_ids)))
         produced.update(call.out_ids)
     if any(o in robot_made for o in d.outputs):
         raise ValueError(f"sequence {d.id}: an output is made by the robot")
@@ -809,7 +810,7 @@ class HostReplayer:
                 ids = [out_ids[j] for j in act.seq.writes[k]]
                 if act.seq.mutates[k] and act.seq.written is not None:
                     call = self._rebind(act, k, refs, out_ids)
-                    ids += act.seq.written(call)  # ids as rebound for this inference
+                    ids = list(dict.fromkeys(ids + act.seq.written(call)))  # as rebound now
                 act.snapshots.append((k, self.replay.snapshot(ids)))  # replay: checked at define
                 self.snapshots += 1
             t_call = time.perf_counter_ns() if timing is not None else 0
@@ -899,16 +900,9 @@ class HostReplayer:
         outs = seq.out_local[k]
         return (seq.prepared[k] is not None and k not in seq.robot and k not in seq.answered
                 and k not in seq.symbols and k not in seq.merges
-                and (not seq.mutates[k] or HostReplayer._writes_what_it_returns(seq, k))
+                and not seq.mutates[k]
                 and bool(outs) and None not in outs
                 and all(kind != "upload" for _s, _r, kind, _b, _p in seq.binding[k]))
-
-    @staticmethod
-    def _writes_what_it_returns(seq: Compiled, k: int) -> bool:
-        """Call ``k`` writes in place only tensors it returns (``relu_``, not a batch norm's
-        running statistics), each a value of this inference."""
-        call = seq.definition.calls[k]
-        return seq.written is not None and set(seq.written(call)) <= set(call.out_ids)
 
     def _run_of(self, seq: Compiled, start: int, end: int, make: Any) -> Run | None:
         made: dict[int, int] = {}  # local index -> its latest place among the run's values
