@@ -124,6 +124,59 @@ def test_operators_that_may_grow_a_storage_are_not_sized_as_in_place(op):
         assert sizing._meta_bytes(op, [t(2), [1000]], {}) == 1000 * 4 - 2 * 4
 
 
+def _index_on_meta(x: torch.Tensor, indices: list) -> int:
+    """What the meta kernel allocates for ``x[indices]``, each mask as int64 indices of its
+    length (the most it can select)."""
+    expanded: list = []
+    for ix in indices:
+        if isinstance(ix, torch.Tensor) and ix.dtype in (torch.bool, torch.uint8):
+            expanded += [torch.empty(ix.numel(), dtype=torch.long, device="meta")] * ix.dim()
+        else:
+            expanded.append(ix if ix is None else ix.to("meta"))
+    out = aten.index.Tensor(x.to("meta"), expanded)
+    return out.numel() * out.element_size()
+
+
+def b(*shape: int) -> torch.Tensor:
+    return torch.zeros(*shape, dtype=torch.bool)
+
+
+def ix(*values: object) -> torch.Tensor:
+    return torch.tensor(values)
+
+
+@pytest.mark.parametrize("x, indices", [
+    (t(5, 4), [b(5)]),
+    (t(5, 4, 3), [b(5, 4)]),
+    (t(5, 4, 3), [None, b(4, 3)]),
+    (t(5, 4), [torch.zeros(5, dtype=torch.uint8)]),
+    (t(5, 4), [ix(1, 2, 3)]),
+    (t(5, 4, 3), [None, torch.tensor([[1, 2], [0, 1]])]),
+    (t(5, 4, 3), [ix(1, 2), None, ix(0, 1)]),  # separated: the broadcast shape goes first
+    (t(5, 4, 3), [ix(1, 2), torch.tensor([[0], [1]])]),  # broadcast to 2 x 2
+    (t(5, 4, dtype=torch.float64), [torch.zeros(0, dtype=torch.long)]),
+    (t(5, 4), [torch.tensor(2)]),
+])
+def test_advanced_indexing_is_sized_from_the_sizes_as_the_meta_kernel_sizes_it(x, indices):
+    """``x[mask]`` and ``x[i, j]`` with indices of a new length each frame (a detector's
+    boxes) are sized without meta execution, to the byte."""
+    assert sizing._index(aten.index.Tensor, [x, indices], {}) == _index_on_meta(x, indices)
+
+
+
+@pytest.mark.parametrize("x, indices", [
+    (t(5, 4), [b(4)]),  # a mask of another shape: the operator raises IndexError
+    (t(5, 4), [ix(1), ix(1), ix(1)]),  # too many indices
+    (t(5, 4), [ix(1, 2), ix(1, 2, 3)]),  # indices that do not broadcast
+    (t(5, 4), [torch.tensor([1.0])]),  # float indices
+])
+def test_indexing_the_operator_refuses_is_refused_before_it_runs(x, indices):
+    with pytest.raises(sizing.MetaFailed):
+        sizing._index(aten.index.Tensor, [x, indices], {})
+    with pytest.raises((IndexError, RuntimeError)):
+        aten.index.Tensor(x, indices)
+
+
 def test_a_call_that_cannot_be_sized_keeps_no_frames_alive_however_often_it_is_made():
     """The cached failure is raised anew each time: raising the cached exception itself chained
     every raise's traceback onto it, with each failed call's tensors (the native-runs fuzz
