@@ -22,7 +22,7 @@ from typing import Any
 import structlog
 
 from rrto.v1 import local_pb2
-from rrtod import __version__
+from rrtod import __version__, gcfreeze
 from rrtod import config as config_mod
 from rrtod import log as log_setup
 from rrtod.config import Config, ConfigError, LoadedConfig
@@ -103,6 +103,7 @@ class Daemon:
         interval = self.notifier.watchdog_interval()
         if interval:
             self._tasks.append(loop.create_task(self._watchdog(interval)))
+        gcfreeze.settle()  # modules, plugins and roles: kept for the daemon's life
         log.info("rrtod started", version=__version__, roles=list(cfg.roles), node=cfg.node,
                  socket=cfg.socket, config=[str(f) for f in self.loaded.files])
         self.notifier.ready(self._status_line())

@@ -38,7 +38,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from rrto.v1 import ops_pb2
-from rrtod import loops, lop, partition
+from rrtod import gcfreeze, loops, lop, partition
 from rrtod.wire import (
     HOST_ID_BASE,
     READ_VALUE,
@@ -642,6 +642,9 @@ class ReplayClient:
             for old in others[MAX_PER_THREAD - 1:]:  # the least recently found: told to the
                 self._give_up.append(old.id)        # robot, which drops it on the host too
                 self.counters["dropped"] += 1
+        # The app has what it keeps (its model, its libraries): keep the garbage collector's
+        # full collections off it (``rrtod.gcfreeze``); a later definition looks again
+        gcfreeze.settle(again=True)
 
     def search_hint(self, hint: ops_pb2.SearchHint) -> None:
         """The robot's sequence search is running (for at most ``wait_us`` more, as far as an
