@@ -22,7 +22,7 @@ from typing import Any
 import structlog
 
 from rrto.v1 import local_pb2
-from rrtod import __version__, gcfreeze
+from rrtod import __version__, gcfreeze, heap
 from rrtod import config as config_mod
 from rrtod import log as log_setup
 from rrtod.config import Config, ConfigError, LoadedConfig
@@ -104,6 +104,7 @@ class Daemon:
         if interval:
             self._tasks.append(loop.create_task(self._watchdog(interval)))
         gcfreeze.settle()  # modules, plugins and roles: kept for the daemon's life
+        heap.keep_freed_memory()  # replays free and allocate an inference's worth each time
         log.info("rrtod started", version=__version__, roles=list(cfg.roles), node=cfg.node,
                  socket=cfg.socket, config=[str(f) for f in self.loaded.files])
         self.notifier.ready(self._status_line())
