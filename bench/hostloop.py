@@ -172,7 +172,7 @@ class Harness:
         if not ack.defined.accepted:
             raise SystemExit(f"the host refused the definition: {ack.defined.reason}")
         self.outputs = [list(d.local_ids).index(o) for o in d.outputs]
-        self.calls = len(d.calls)
+        self.length = len(d.calls)
         self.inference = 0
 
     def replay(self, x: torch.Tensor, ahead: bool = True) -> tuple[list[torch.Tensor], float]:
@@ -193,7 +193,7 @@ class Harness:
         dropped = ops_pb2.SessionUp(release=ops_pb2.Release(
             ids=[base + i for i in range(n) if i not in self.outputs]))
         if ahead:  # the app matched it all
-            dropped.release.progress.base_id, dropped.release.progress.position = base, self.calls
+            dropped.release.progress.base_id, dropped.release.progress.position = base, self.length
         outputs = ops_pb2.SessionUp(release=ops_pb2.Release(
             ids=[base + i for i in self.outputs]))
         downs: list[ops_pb2.SessionDown] = []

@@ -44,6 +44,7 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):  # not glibc
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return all(mallopt(param, value) == 1 for param, value in (
+    set_ = [mallopt(param, value) == 1 for param, value in (  # each, even if one is refused
         (M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD),
-        (M_TOP_PAD, TOP_PAD)))
+        (M_TOP_PAD, TOP_PAD))]
+    return all(set_)

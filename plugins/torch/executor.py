@@ -500,6 +500,7 @@ class TorchExecutor:
             b.loop.calibrate(externals)
             b.total = admitted
         return admitted, done, outs
+
     def _run_plain(self, p: PreparedCall, refs: list[int | ops_pb2.TensorRef],
                    out_ids: list[int]) -> bool:
         """``run_prepared`` for the call most replayed calls are (``PreparedCall.plain``: one

@@ -306,8 +306,10 @@ def _index(op: Any, args: list[Any], kwargs: dict[str, Any]) -> int:
         raise MetaFailed("index: expected a tensor and a list of indices")
     shapes: list[tuple[int, ...]] = []
     dim = 0  # the next dimension of ``t`` an index applies to
+    kept = 1  # the product of the dimensions no index consumes
     for ix in indices:
         if ix is None:
+            kept *= t.shape[dim] if dim < t.dim() else 1
             dim += 1
         elif not isinstance(ix, torch.Tensor):
             raise MetaFailed(f"index: an index is a {type(ix).__name__}")
@@ -325,21 +327,12 @@ def _index(op: Any, args: list[Any], kwargs: dict[str, Any]) -> int:
             dim += 1
     if dim > t.dim():
         raise MetaFailed(f"IndexError: too many indices for tensor of dimension {t.dim()}")
-    kept = [t.shape[d] for d in range(t.dim())]
-    d = 0
-    for ix in indices:  # the dimensions an index consumes are replaced by the broadcast shape
-        if ix is None:
-            d += 1
-            continue
-        n = ix.dim() if ix.dtype in (torch.bool, torch.uint8) else 1
-        for k in range(d, d + n):
-            kept[k] = 1
-        d += n
+    kept *= math.prod(t.shape[dim:])  # the dimensions after the last index
     try:
         broadcast = torch.broadcast_shapes(*shapes) if shapes else torch.Size()
     except RuntimeError as exc:
         raise MetaFailed(f"IndexError: {exc}") from None
-    return math.prod(broadcast) * math.prod(kept) * t.element_size()
+    return math.prod(broadcast) * kept * t.element_size()
 
 
 def _repeat_interleave(op: Any, args: list[Any], kwargs: dict[str, Any]) -> int:

@@ -804,15 +804,16 @@ class HostReplayer:
                 if ints is None:
                     return
             call = None
-            if (act.seq.writes[k] or act.seq.mutates[k]) and act.app_position(k) < act.matched:
-                self.snapshots_skipped += 1  # the app matched it: no abort undoes it
-            elif act.seq.writes[k] or act.seq.mutates[k]:
-                ids = [out_ids[j] for j in act.seq.writes[k]]
-                if act.seq.mutates[k] and act.seq.written is not None:
-                    call = self._rebind(act, k, refs, out_ids)
-                    ids = list(dict.fromkeys(ids + act.seq.written(call)))  # as rebound now
-                act.snapshots.append((k, self.replay.snapshot(ids)))  # replay: checked at define
-                self.snapshots += 1
+            if act.seq.writes[k] or act.seq.mutates[k]:
+                if act.app_position(k) < act.matched:
+                    self.snapshots_skipped += 1  # the app matched it: no abort undoes it
+                else:
+                    ids = [out_ids[j] for j in act.seq.writes[k]]
+                    if act.seq.mutates[k] and act.seq.written is not None:
+                        call = self._rebind(act, k, refs, out_ids)
+                        ids = list(dict.fromkeys(ids + act.seq.written(call)))  # as rebound now
+                    act.snapshots.append((k, self.replay.snapshot(ids)))  # checked at define
+                    self.snapshots += 1
             t_call = time.perf_counter_ns() if timing is not None else 0
             merged = None
             if k in act.seq.merges:
