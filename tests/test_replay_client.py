@@ -404,3 +404,25 @@ def test_an_inference_the_host_refused_to_replay_is_finished_here():
     client, x = begin(session, 2)
     client.failed(9)
     assert client.dispatch(neg, (x,), {}, OpInfo(neg), 0, 0) is MISS and client.active is None
+
+
+def test_an_input_is_named_not_sent_only_when_every_byte_is_the_same():
+    """``ReplayArg.same_as`` for an input whose bytes did not change since the last inference
+    (compared exactly, the last byte included), an upload for one that did."""
+    session = Session()
+    client = ReplayClient(session)  # type: ignore[arg-type]
+    client.define(definition(1))
+    relu = torch.ops.aten.relu.default
+
+    def arg_frame(x: torch.Tensor) -> str:
+        session.sent.clear()
+        assert client.dispatch(relu, (x,), {}, OpInfo(relu), 0, 0) is not MISS
+        (arg,) = [f for f in session.sent if getattr(f, "kind", None) == "arg"
+                  or (isinstance(f, ops_pb2.SessionUp) and f.WhichOneof("msg") == "arg")]
+        return "same" if isinstance(arg, ops_pb2.SessionUp) else "upload"
+
+    first = torch.arange(4.0)
+    last_changed = first.clone()
+    last_changed[-1] = 7.0
+    assert [arg_frame(x) for x in (first, first.clone(), last_changed, last_changed.clone(),
+                                   first)] == ["upload", "same", "upload", "same", "upload"]

@@ -45,7 +45,17 @@ def _token(x: Any) -> Any:
     t = type(x)
     if t in _PLAIN:  # most arguments: checked by exact type first, isinstance is slower
         return x
-    if t is RemoteTensor or isinstance(x, RemoteTensor):
+    if t is RemoteTensor:
+        h = x._rrto_handle
+        return (_ID, h.id) if h.hash is None else (_PERSISTENT, h)
+    if t is list or t is tuple:
+        # Most are sizes, strides and paddings: plain items only. A tuple of them is kept as
+        # it is (immutable), a list copied in one step (the app may reuse it).
+        for v in x:
+            if type(v) not in _PLAIN:
+                return t([_token(v) for v in x])
+        return x if t is tuple else x[:]
+    if isinstance(x, RemoteTensor):
         h = x._rrto_handle
         return (_ID, h.id) if h.hash is None else (_PERSISTENT, h)
     if isinstance(x, torch.Tensor):
@@ -53,8 +63,6 @@ def _token(x: Any) -> Any:
             return (_LOCAL, x, x._version)
         except RuntimeError:  # an inference tensor keeps no version: keep a copy instead
             return (_LOCAL, x.clone(), None)
-    if t is list or t is tuple:
-        return t([_token(v) for v in x])
     return x
 
 
