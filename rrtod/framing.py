@@ -135,9 +135,14 @@ class FrameReader:
         self.max_frame = max_frame
         self.budget = budget
         self.buf = bytearray()
+        # Per message the last ``read`` returned, its bytes on the wire (the frame's length):
+        # ``ByteSize`` would serialize the message again to count them (0.4 ms for a 4.9 MB
+        # upload with protobuf's upb backend).
+        self.sizes: list[int] = []
 
     def _split(self) -> list[Message]:
         out, pos, buf = [], 0, self.buf
+        sizes = self.sizes = []
         with memoryview(buf) as view:  # parsed in place: no copy of a large frame's bytes
             while len(buf) - pos >= HEADER.size:
                 (length,) = HEADER.unpack_from(buf, pos)
@@ -147,6 +152,7 @@ class FrameReader:
                     if len(buf) < end:
                         break
                     out.append(decode(self.kind, view[pos + HEADER.size:end]))
+                    sizes.append(length)
                 except FrameError:
                     if out:
                         break  # the frames before it go first; the next read raises

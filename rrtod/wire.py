@@ -129,6 +129,16 @@ def session_prefix(length: int) -> bytes:
     return HEADER.pack(len(tag) + length) + tag
 
 
+def session_size(length: int) -> int:
+    """The inverse of ``session_prefix``: the bytes of the frame in a ``LocalRequest`` of
+    ``length`` bytes that holds only its ``session`` (more, if the envelope carried fields it
+    does not know: an upper bound, never less)."""
+    for n in range(max(0, length - len(_SESSION_KEY) - 10), length + 1):
+        if len(_SESSION_KEY) + len(varint(n)) + n == length:
+            return n
+    return length
+
+
 class EncodedFrame:
     """A ``SessionUp`` already in wire form, as parts: the bytes of a large upload stay in the
     tensor's own memory until the socket copies them (building the message instead copies

@@ -34,10 +34,13 @@ def test_frame_reader_returns_what_arrived_together() -> None:
     async def main() -> None:
         data = b"".join(encode(fetch(i)) for i in range(1, 4))
         r = FrameReader(reader_of(data, encode(fetch(4))[:3], eof=False), local_pb2.LocalRequest)
-        assert [f.session.fetch.seq for f in await r.read()] == [1, 2, 3]
+        frames = await r.read()
+        assert [f.session.fetch.seq for f in frames] == [1, 2, 3]
+        assert r.sizes == [f.ByteSize() for f in frames]  # each one's bytes, from the wire
         r.reader.feed_data(encode(fetch(4))[3:])  # the rest of a frame split across writes
         r.reader.feed_eof()
         assert [f.session.fetch.seq for f in await r.read()] == [4]
+        assert r.sizes == [fetch(4).ByteSize()]
         assert await r.read() is None
 
     asyncio.run(main())
@@ -48,10 +51,11 @@ def test_frame_reader_large_frame_and_errors() -> None:
         big = local_pb2.LocalRequest(session=ops_pb2.SessionUp(
             blob=ops_pb2.BlobPut(hash=b"w" * (3 * framing.READ_CHUNK))))
         r = FrameReader(reader_of(encode(big), encode(fetch(7))), local_pb2.LocalRequest)
-        got = []
+        got, sizes = [], []
         while (frames := await r.read()) is not None:
             got += frames
-        assert got == [big, fetch(7)]
+            sizes += r.sizes
+        assert got == [big, fetch(7)] and sizes == [big.ByteSize(), fetch(7).ByteSize()]
         # Good frames before a malformed one are returned first; the next read raises.
         bad = wire.HEADER.pack(3) + b"\xff\xff\xff"
         r = FrameReader(reader_of(encode(fetch(1)) + bad), local_pb2.LocalRequest)

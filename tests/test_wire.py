@@ -61,10 +61,22 @@ def test_session_prefix_is_the_envelope_both_ways(size: int) -> None:
     (length,) = wire.HEADER.unpack_from(framed)
     assert length == len(framed) - wire.HEADER.size
     assert local_pb2.LocalRequest.FromString(framed[wire.HEADER.size:]).session == up
+    assert wire.session_size(length) == up.ByteSize()  # the frame's size, from the wire's
     down = ops_pb2.SessionDown(error=ops_pb2.Error(code="X", message="y" * size))
     body = down.SerializeToString()
     reply = local_pb2.LocalReply.FromString((wire.session_prefix(len(body)) + body)[4:])
     assert reply.WhichOneof("msg") == "session" and reply.session == down
+
+
+def test_session_size_inverts_the_envelope_at_every_varint_edge() -> None:
+    """Every frame size, from the envelope's length alone (``FrameReader.sizes``); an envelope
+    with more than its frame counts as more, never less."""
+    for n in [*range(300), *(e for e in EDGES if e < 1 << 31)]:
+        assert wire.session_size(len(wire.session_prefix(n)) - wire.HEADER.size + n) == n, n
+    up = ops_pb2.SessionUp(blob=ops_pb2.BlobPut(hash=b"x" * 10))
+    extra = local_pb2.LocalRequest(session=up).SerializeToString() + b"\x98\x06\x01"
+    assert local_pb2.LocalRequest.FromString(extra).session == up  # the unknown field kept
+    assert wire.session_size(len(extra)) == up.ByteSize() + 3
 
 
 @pytest.mark.parametrize("slot", [0, 1, 300])

@@ -39,7 +39,7 @@ from rrtod.robot.oplog import NUMBERS
 from rrtod.robot.placement import Lane, NeedPull, Placement, Unplaceable
 from rrtod.robot.recorder import Recorder
 from rrtod.robot.scheduling import SessionPlacer, throughput
-from rrtod.wire import session_prefix
+from rrtod.wire import session_prefix, session_size
 
 log = structlog.get_logger("rrtod.robot")
 
@@ -313,7 +313,7 @@ class AppRelay:
             while (requests := await self.frames.read()) is not None:  # None: app closed
                 if framing.TRACING:
                     framing.hop("robot.up.read")
-                await self.up(requests)
+                await self.up(requests, getattr(self.frames, "sizes", None))
                 if framing.TRACING:
                     framing.hop("robot.up.relayed")
         except asyncio.CancelledError:
@@ -329,24 +329,28 @@ class AppRelay:
             down.cancel()
             await asyncio.gather(down, return_exceptions=True)
 
-    async def up(self, requests: list[local_pb2.LocalRequest]) -> None:
+    async def up(self, requests: list[local_pb2.LocalRequest],
+                 sizes: list[int] | None = None) -> None:
         """Relay frames the app wrote together. Its session frames go to the host in as few
         gRPC messages as their size allows (a ``SessionUpBatch``): each message on the stream
         costs handoffs between threads and processes worth far more than a small frame; with
         per-inference placement, to the hosts ``Placement.route`` says (``_Routed``). Energy
         bookkeeping (~0.1 ms a state change with the model meter) is done once the frames are
         on their way, not before. Frames before a malformed one are relayed, then
-        ``FrameError`` is raised."""
+        ``FrameError`` is raised. ``sizes``: each request's bytes on the app's socket, where
+        the reader has them (else counted by serializing each frame again)."""
         session, rec = self.session, self.recorder
         out = (_Routed(self) if self.placement is not None and self.placement.seqs
                else _Batched(self))
         energy: list[local_pb2.InferenceMark | None] = []  # None: communication starts
         bad = None
-        for request in requests:
+        if sizes is not None and len(sizes) != len(requests):
+            sizes = None
+        for k, request in enumerate(requests):
             kind = request.WhichOneof("msg")
             if kind == "session":
                 frame = request.session
-                n = frame.ByteSize()
+                n = session_size(sizes[k]) if sizes is not None else frame.ByteSize()
                 session.frames_up += 1
                 session.bytes_up += n
                 fkind = frame.WhichOneof("msg")
