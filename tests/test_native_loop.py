@@ -117,6 +117,25 @@ def test_a_run_waits_for_the_weight_the_app_binds_after_the_start(tmp_path):
         got = hostloop.codec.from_tensor_data(pushed[base + out])
         param.mul_(0.5)
         assert torch.equal(got, model(x))
+        # A later inference binds the slot to another tensor (a reloaded weight): the run
+        # reads that one (what it knew of its weights is worked out again at a bind).
+        harness.executor.store.put(7_000_001, param * 0.5)
+        runs = harness.executor.counters["native_runs"]
+        base += hostloop.SPAN
+        downs.clear()
+        for frame in (ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=2, base_id=base,
+                                                                  inference=base)),
+                      *(ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(
+                          slot=i, tensor=ops_pb2.TensorRef(id=7_000_001))) for i in slots),
+                      ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=ops_pb2.TensorRef(
+                          upload=hostloop.codec.tensor_data(x))))):
+            harness.replayer.process(frame, downs.append)
+        assert not [f for f in downs if f.WhichOneof("msg") == "error"]
+        pushed = {f.fetched.id: f.fetched.tensor for f in downs
+                  if f.WhichOneof("msg") == "fetched"}
+        param.mul_(0.5)
+        assert torch.equal(hostloop.codec.from_tensor_data(pushed[base + out]), model(x))
+        assert harness.executor.counters["native_runs"] > runs  # its runs went natively
 
 
 class InPlace(torch.nn.Module):
