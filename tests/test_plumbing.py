@@ -9,10 +9,10 @@ import types
 
 import pytest
 
-from rrto.v1 import local_pb2, ops_pb2
+from rrto.v1 import local_pb2, ops_pb2, peer_pb2, peer_pb2_grpc
 from rrtod import framing, wire
 from rrtod.framing import FrameError, FrameReader, encode
-from rrtod.gpu.service import HostSession, Outbox
+from rrtod.gpu.service import HostSession, Outbox, _unsized, add_peer
 from rrtod.grpc_options import BATCH_BYTES
 from rrtod.robot.relay import AppRelay, AppSession
 
@@ -298,3 +298,32 @@ def test_prefer_polling_engine_respects_the_operator_and_import_order(monkeypatc
     monkeypatch.setitem(sys.modules, "grpc", types.ModuleType("grpc"))
     env = {}
     assert not prefer_polling_engine(env) and env == {}  # too late: gRPC read it at import
+
+
+def test_the_gpu_daemon_gets_each_session_message_with_its_size_from_the_wire() -> None:
+    """``gpu.service.add_peer``: the Session stream deserializes to (message, its bytes on the
+    wire), so the read-ahead never serializes a frame again to count it; the other methods
+    are gRPC's generated handlers as they are."""
+    class Server:
+        def __init__(self) -> None:
+            self.generic: list = []
+            self.named: dict = {}
+
+        def add_generic_rpc_handlers(self, handlers) -> None:
+            self.generic.extend(handlers)
+
+        def add_registered_method_handlers(self, name, handlers) -> None:
+            self.named[name] = handlers
+
+    server = Server()
+    add_peer(peer_pb2_grpc.PeerServicer(), server)
+    handlers = server.named["rrto.v1.Peer"]
+    up = ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=3, tensor=ops_pb2.TensorRef(
+        upload=ops_pb2.TensorData(data=b"x" * 70000))))
+    wire_bytes = up.SerializeToString()
+    message, size = handlers["Session"].request_deserializer(wire_bytes)
+    assert message == up and size == len(wire_bytes) == up.ByteSize()
+    assert set(handlers) == {"Hello", "Ping", "Session"} and len(server.generic) == 1
+    hello = peer_pb2.PeerHello(node="r")
+    assert handlers["Hello"].request_deserializer(hello.SerializeToString()) == hello
+    assert _unsized(up) == (up, up.ByteSize())  # from older generated code
