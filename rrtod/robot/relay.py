@@ -140,6 +140,7 @@ class _Routed:
         self.placement = relay.placement
         self.routed: list[tuple[Lane, ops_pb2.SessionUp]] = []
         self.seen: list[ops_pb2.SessionUp] = []
+        self.sizes: dict[int, int] = {}  # id of an app frame routed as it is -> its bytes
 
     async def add(self, frame: ops_pb2.SessionUp, n: int) -> None:
         try:
@@ -149,10 +150,12 @@ class _Routed:
             values = await self.placement.pull(need.ids)
             self.routed += self.placement.route(self.placement.rewrite(frame, values))
         self.seen.append(frame)
+        self.sizes[id(frame)] = n
 
     async def flush(self) -> None:
-        routed, seen, self.routed, self.seen = self.routed, self.seen, [], []
-        await self.relay._send_lanes(routed)
+        routed, seen, sizes = self.routed, self.seen, self.sizes
+        self.routed, self.seen, self.sizes = [], [], {}
+        await self.relay._send_lanes(routed, sizes)
         await self.relay._observe_up(seen)
 
 
@@ -392,9 +395,11 @@ class AppRelay:
         if bad is not None:
             raise FrameError(f"unexpected {bad} frame inside an app session")
 
-    async def _send_lanes(self, routed: list[tuple[Lane, ops_pb2.SessionUp]]) -> None:
+    async def _send_lanes(self, routed: list[tuple[Lane, ops_pb2.SessionUp]],
+                          sizes: dict[int, int] | None = None) -> None:
         """Each lane's frames (after those queued for it by a failover), in order, in messages
-        of at most ``BATCH_BYTES`` (a large tensor alone)."""
+        of at most ``BATCH_BYTES`` (a large tensor alone). ``sizes``: the bytes of the app's
+        frames among them, by ``id`` (the others are counted by serializing them)."""
         placement = self.placement
         lanes: dict[int, tuple[Lane, list[ops_pb2.SessionUp]]] = {}
         for lane, _ in placement.pending if placement is not None else ():
@@ -402,32 +407,37 @@ class AppRelay:
         for lane, frame in routed:
             lanes.setdefault(id(lane), (lane, []))[1].append(frame)
         if len(lanes) > 1:  # a stalled host's stream must not hold up the others
-            await asyncio.gather(*(self._send_lane(lane, frames) for lane, frames in lanes.values()))
+            await asyncio.gather(*(self._send_lane(lane, frames, sizes)
+                                   for lane, frames in lanes.values()))
         elif lanes:
-            await self._send_lane(*next(iter(lanes.values())))
+            await self._send_lane(*next(iter(lanes.values())), sizes)
 
-    async def _send_lane(self, lane: Lane, frames: list[ops_pb2.SessionUp]) -> None:
+    async def _send_lane(self, lane: Lane, frames: list[ops_pb2.SessionUp],
+                         sizes: dict[int, int] | None = None) -> None:
         """A replica that does not take its frames within ``REPLICA_WRITE_S`` (stalled, its
         stream full) is lost: its inferences go to the primary, the app is not held up."""
         if not lane.alive:
             return
         if lane.primary:
-            await self._write_lane(lane, frames)
+            await self._write_lane(lane, frames, sizes)
             return
         try:
-            await asyncio.wait_for(self._write_lane(lane, frames), REPLICA_WRITE_S)
+            await asyncio.wait_for(self._write_lane(lane, frames, sizes), REPLICA_WRITE_S)
         except (TimeoutError, grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
             if self.placement is not None:
                 self.placement.lose(lane.link, f"frames not taken: {exc!r}", lane)
 
-    async def _write_lane(self, lane: Lane, frames: list[ops_pb2.SessionUp]) -> None:
+    async def _write_lane(self, lane: Lane, frames: list[ops_pb2.SessionUp],
+                          sizes: dict[int, int] | None = None) -> None:
         placement = self.placement
         async with lane.lock:
             todo = (placement.take(lane) if placement is not None else []) + frames
             batch: list[ops_pb2.SessionUp] = []
             size = 0
             for f in todo:
-                n = f.ByteSize()
+                n = sizes.get(id(f)) if sizes else None
+                if n is None:
+                    n = f.ByteSize()
                 if batch and size + n > BATCH_BYTES:
                     await _write(lane.call, batch)
                     batch, size = [], 0
