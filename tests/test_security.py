@@ -73,6 +73,26 @@ def test_default_daemon_listens_on_no_tcp_port_and_peers_over_its_unix_socket(rr
     conn.close()
 
 
+def test_an_undecodable_session_message_gets_an_error_status_and_the_daemon_keeps_serving(
+        rrtod_daemon):
+    """The Session stream's messages are read with their size (``gpu.service.add_peer``): bytes
+    that are no SessionUp end that stream with an error status, nothing else."""
+    d = rrtod_daemon(listen=None, tls={}, **ECHO)
+    peer = Path(d.socket).parent / "peer.sock"
+    with grpc.insecure_channel(f"unix:{peer}") as channel:
+        session = channel.stream_stream("/rrto.v1.Peer/Session",
+                                        request_serializer=lambda raw: raw,
+                                        response_deserializer=ops_pb2.SessionDown.FromString)
+        with pytest.raises(grpc.RpcError) as refused:
+            list(session(iter([b"\xff\xff\xff\xff"]), timeout=20))
+        assert refused.value.code() != grpc.StatusCode.OK
+    conn, welcome = open_app(d.socket)  # and an app session still runs end to end
+    assert welcome.WhichOneof("msg") == "welcome", welcome
+    conn.send(call(1, sync=True))
+    assert conn.recv(local_pb2.LocalReply).session.result.seq == 1
+    conn.close()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a probe as another user")
 def test_user_outside_the_group_cannot_reach_the_peer_link(rrtod_daemon):
     """A local user who cannot open the app socket finds no way into the GPU daemon: no TCP

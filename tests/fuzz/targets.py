@@ -65,7 +65,7 @@ from rrtod.executor import ExecutorContext
 from rrtod.framing import ByteBudget, FrameError, FrameReader, encode, read_frame
 from rrtod.gpu.blobstore import BlobStore
 from rrtod.gpu.replay import HostReplayer, compile_sequence
-from rrtod.gpu.service import REPLAY_FRAMES
+from rrtod.gpu.service import REPLAY_FRAMES, _sized_session_up
 from rrtod.local_server import STREAM_LIMIT, Connection, LocalServer
 from rrtod.robot.placement import Lane, NeedPull, Placement
 from rrtod.robot.recorder import Recorder
@@ -275,6 +275,11 @@ def peer_session(data: bytes) -> None:
                 kind.FromString(raw)
             except DecodeError:
                 pass
+        try:  # the Session stream's own deserializer (gpu.service.add_peer)
+            message, size = _sized_session_up(raw)
+            assert size == len(raw)
+        except DecodeError:
+            pass
         return
     builder = Builder(fdp, budget=150, schema_of=_host_schema)
     ex = _executor()
