@@ -45,9 +45,6 @@ def _token(x: Any) -> Any:
     t = type(x)
     if t in _PLAIN:  # most arguments: checked by exact type first, isinstance is slower
         return x
-    if t is RemoteTensor:
-        h = x._rrto_handle
-        return (_ID, h.id) if h.hash is None else (_PERSISTENT, h)
     if t is list or t is tuple:
         # Most are sizes, strides and paddings: plain items only. A tuple of them is kept as
         # it is (immutable), a list copied in one step (the app may reuse it).

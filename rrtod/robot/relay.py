@@ -316,7 +316,7 @@ class AppRelay:
             while (requests := await self.frames.read()) is not None:  # None: app closed
                 if framing.TRACING:
                     framing.hop("robot.up.read")
-                await self.up(requests, getattr(self.frames, "sizes", None))
+                await self.up(requests, self.frames.sizes)
                 if framing.TRACING:
                     framing.hop("robot.up.relayed")
         except asyncio.CancelledError:
@@ -347,8 +347,6 @@ class AppRelay:
                else _Batched(self))
         energy: list[local_pb2.InferenceMark | None] = []  # None: communication starts
         bad = None
-        if sizes is not None and len(sizes) != len(requests):
-            sizes = None
         for k, request in enumerate(requests):
             kind = request.WhichOneof("msg")
             if kind == "session":

@@ -276,8 +276,7 @@ def peer_session(data: bytes) -> None:
             except DecodeError:
                 pass
         try:  # the Session stream's own deserializer (gpu.service.add_peer)
-            message, size = _sized_session_up(raw)
-            assert size == len(raw)
+            assert _sized_session_up(raw)[1] == len(raw)
         except DecodeError:
             pass
         return
