@@ -193,6 +193,40 @@ def test_a_plain_replayed_call_keeps_every_check_on_its_short_path(tmp_path):
     assert ex.store.held == held + 256 and ex.store.pending == 0
 
 
+def test_a_plain_call_with_a_new_size_or_a_tensor_list_takes_the_short_path(tmp_path,
+                                                                           monkeypatch):
+    """``x[idx]`` (``index.Tensor``, its index inside a list) with an index of a new length
+    every replay, as a detector's per-class loop makes them: the short path works out the
+    bytes from the sizing rules itself instead of leaving every new size to the general path
+    (~3 us a call less): the same values and charge, and what the general path refuses it
+    still refuses (with the general path's error: it runs the call again)."""
+    ex = make(tmp_path, quota=MiB, allow_all=True)
+    x = torch.randn(500, 4)
+    call(ex, "aten::clone.default", [up(x)], out_ids=[1], seq=1)
+    index = ex.prepare(ops_pb2.OpCall(
+        op="aten::index.Tensor", out_ids=[10],
+        args=[ref(100), ops_pb2.Value(list=ops_pb2.ValueList(items=[ref(101)]))],
+        out_meta=[meta([3, 4])]))
+    assert index.plain
+    general = ex._execute
+    monkeypatch.setattr(ex, "_execute", lambda *a: pytest.fail("took the general path"))
+    for n, out in ((3, 20), (7, 21), (11, 22)):  # a new length each time
+        idx = torch.randint(0, 500, (n,))
+        ex.store.put(100 + n, idx)
+        held = ex.store.held
+        assert list(ex.run_prepared(index, [1, 100 + n], [out])) == []
+        assert ex.store.held == held + n * 4 * 4
+        assert torch.equal(ex.store.get(out), x[idx])
+    monkeypatch.setattr(ex, "_execute", general)
+    ex.store.put(200, torch.tensor([0, 500]))  # out of range: the operator raises
+    (err,) = ex.run_prepared(index, [1, 200], [30])
+    assert err.error.code == "OP_FAILED" and fetch(ex, 30).error.code == "POISONED"
+    ex.store.put(201, torch.zeros(20000, dtype=torch.int64))
+    ex.store.quota = ex.store.held + 100  # 320 KB of output does not fit
+    (err,) = ex.run_prepared(index, [1, 201], [31])
+    assert err.error.code == "QUOTA_EXCEEDED" and ex.store.pending == 0
+
+
 def test_host_memory_limit_is_shared_by_all_sessions(tmp_path):
     """Six sessions of 4 MiB each against a 10 MiB host limit: the first two fit, the later
     ones are refused; closing a session gives its memory back."""

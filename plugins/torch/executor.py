@@ -519,10 +519,13 @@ class TorchExecutor:
             if t is None:
                 return False
             tensors.append(t)
+        args, kwargs = p.fill(tensors)
         need = p.sizes.get(p.size_key(tensors))
-        if need is None:
-            return False
-        args, _ = p.fill(tensors)
+        if need is None:  # sizes this call has not had (a count that follows the data)
+            try:
+                need = _new_bytes(p, tensors, args, kwargs)
+            except (sizing.Unsizable, sizing.MetaFailed):
+                return False
         store, what = self.store, p.what
         try:
             store.admit(need, what)
@@ -530,7 +533,7 @@ class TorchExecutor:
             return False
         try:
             with _inference_mode():
-                out = p.op(*args)
+                out = p.op(*args, **kwargs)
             if type(out) is not torch.Tensor:
                 raise TypeError(type(out).__name__)
             check_view(out, what)

@@ -106,11 +106,11 @@ class PreparedCall:
         top = [(i, v.index) for i, v in enumerate(self.args) if type(v) is _Hole]
         # The common case: every tensor is a positional argument of its own.
         self.top = top if not self.kwargs and len(top) == self.tensors else None
-        # ... of an operator that writes nothing and returns one tensor: ``run_plain``.
+        # ... of an operator that writes nothing and returns one tensor: ``run_plain``. Its
+        # tensors may sit in lists (``index.Tensor``'s indices): ``fill`` places them.
         returns = op._schema.returns
-        self.plain = (self.top is not None and not self.written
-                      and len(returns) == 1 and str(returns[0].type) == "Tensor"
-                      and len(self.layouts) == 1)
+        self.plain = (not self.written and len(returns) == 1
+                      and str(returns[0].type) == "Tensor" and len(self.layouts) == 1)
 
     @staticmethod
     def size_key(tensors: list[torch.Tensor]) -> tuple[Any, ...]:
