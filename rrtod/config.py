@@ -266,8 +266,18 @@ class SocketLimitsConfig(_Section):
     max_control_frame: int = 64 * 2**10  # largest frame before hello (AppHello, CtlRequest)
     max_frame: int = 2**30  # largest frame of an app session: what one connection may buffer
     max_buffered: int = 2 * 2**30  # large frames all connections may buffer together
+    # per app session, a shared memory region for its large replayed inputs (a memfd, its
+    # pages made as the app writes them: rrtod.shared_uploads); 0: none, all on the socket.
+    # Left unset, at most max_frame (``shared_bytes``).
+    shared_upload: int = 64 * 2**20
 
-    @field_validator("max_control_frame", "max_frame", "max_buffered", mode="before")
+    @property
+    def shared_bytes(self) -> int:
+        """The region's size an app session gets."""
+        return min(self.shared_upload, self.max_frame)
+
+    @field_validator("max_control_frame", "max_frame", "max_buffered", "shared_upload",
+                     mode="before")
     @classmethod
     def _size(cls, v: int | str) -> int:
         return parse_size(v)
@@ -280,6 +290,9 @@ class SocketLimitsConfig(_Section):
             raise ValueError(f"max_frame: at most {MAX_FRAME} bytes (1GiB)")
         if self.max_buffered < self.max_frame:
             raise ValueError("max_buffered: must be at least max_frame")
+        if self.shared_upload < 0 or ("shared_upload" in self.model_fields_set
+                                      and self.shared_upload > self.max_frame):
+            raise ValueError("shared_upload: must be between 0 and max_frame")
         return self
 
 

@@ -96,6 +96,13 @@ def decode(kind: type[Message], payload: bytes | memoryview) -> Message:
     return message
 
 
+def _peek(buf: bytearray) -> int:
+    """The length in the frame header at the start of ``buf`` (which holds one)."""
+    (length,) = HEADER.unpack_from(buf, 0)
+    _check_length(length)
+    return length
+
+
 def _check_length(length: int, limit: int = MAX_FRAME) -> None:
     if length > limit:
         raise FrameError(f"frame of {length} bytes exceeds the {limit}-byte limit")
@@ -245,6 +252,23 @@ class FramedSocket:
         (length,) = HEADER.unpack(self._recv_exact(HEADER.size))
         _check_length(length)
         return decode(kind, self._recv_exact(length))
+
+    def recv_with_fds(self, kind: type[Message], maxfds: int = 1) -> tuple[Message, list[int]]:
+        """The next frame and the descriptors that came with its bytes (SCM_RIGHTS), read
+        with ``recvmsg``: a plain read would drop them. The caller owns (closes) them."""
+        fds: list[int] = []
+        try:
+            while len(self._buf) < HEADER.size or len(self._buf) < HEADER.size + _peek(self._buf):
+                chunk, got, _flags, _addr = socket.recv_fds(self.sock, 1 << 16, maxfds)
+                fds += got
+                if not chunk:
+                    raise ConnectionError(f"rrtod closed the connection on {self.path}")
+                self._buf += chunk
+            return self.recv(kind), fds
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
 
     def close(self) -> None:
         self.sock.close()

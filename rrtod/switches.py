@@ -36,6 +36,8 @@ SWITCHES: dict[str, str] = {
     "RRTO_STATS": "1/true/yes/on: the shim prints its counters (whole run and per inference) "
                   "as JSON on stderr at exit",
     "RRTO_EVENT_LOOP": "`asyncio`: the daemon runs the standard event loop instead of uvloop",
+    "RRTO_SHARED_UPLOADS": "0/false/no/off: this app's replayed inputs go on the socket, not "
+                           "through the shared memory region the robot daemon offers",
     "RRTO_HOP_TRACE": "a directory: daemons and shim write per-hop timestamps there "
                       "(bench.plumbing)",
 }

@@ -145,12 +145,16 @@ class EncodedFrame:
     them once per nesting level, then to serialize: ~47 us for a 48 KiB input here, ~9 us
     this way). Channels that take messages get it back through ``SerializeToString``."""
 
-    __slots__ = ("parts", "size", "kind")
+    __slots__ = ("parts", "size", "kind", "upload")
 
-    def __init__(self, parts: list[Any], kind: str):
+    def __init__(self, parts: list[Any], kind: str,
+                 upload: tuple[int, bytes, Any] | None = None):
         self.parts = parts
         self.size = sum(len(p) for p in parts)
         self.kind = kind
+        # A replayed inference's upload as (slot, serialized meta, raw bytes): a channel may
+        # send it another way (``rrtod.shared_uploads``).
+        self.upload = upload
 
     def SerializeToString(self) -> bytes:  # noqa: N802 - the protobuf message method
         return b"".join(self.parts)
@@ -178,7 +182,7 @@ def upload_frame(slot: int, meta: bytes, data: Any) -> EncodedFrame:
     arg = _SLOT_KEY + varint(slot) + _TENSOR_KEY + varint(size)
     size += len(arg)
     head = _ARG_KEY + varint(size) + arg + ref + tensor_data
-    return EncodedFrame([head, data] if len(data) else [head], "arg")
+    return EncodedFrame([head, data] if len(data) else [head], "arg", (slot, meta, data))
 
 
 # ----- ids ---------------------------------------------------------------------------------

@@ -371,6 +371,8 @@ def _error(tmp_path: Path, main: str, **drop_ins: str) -> ConfigError:
         ("roles: [gpu]\nlisten: '0.0.0.0:1'\nhealth_listen: '0.0.0.0:1'\n"
          "tls: {mode: insecure}\n", "health_listen", "must differ from listen"),
         ("health_listen: 7731\n", "health_listen", "valid string"),
+        ("socket_limits: {max_frame: 1MiB, max_buffered: 1MiB, shared_upload: 2MiB}\n",
+         "socket_limits.shared_upload", "must be between 0 and max_frame"),
     ],
 )
 def test_errors_name_file_key_and_reason(tmp_path: Path, text: str, key: str, reason: str) -> None:

@@ -109,6 +109,25 @@ def test_replayed_gru_sends_its_input_once_and_little_else(fresh, tmp_path):
     assert per["wire"] - per["tensors"] <= 1024, per
 
 
+def test_a_large_replayed_input_comes_through_shared_memory_with_outputs_equal_to_local(
+        fresh, tmp_path):
+    """big_input's 4 MiB input, at least ``SHARED_MIN``: each replayed inference writes it to
+    the region the robot daemon gave the app, not to the socket (the daemon counts it), and
+    prints what local execution prints. With ``RRTO_SHARED_UPLOADS=0`` the same run goes on
+    the socket. (That the host gets the very frame the socket would carry, counted alike:
+    tests/test_shared_uploads.py.)"""
+    runs = 5
+    before = finished(fresh)
+    stats = same_as_local("big_input", fresh, "--runs", str(runs), tmp=tmp_path)
+    shared = finished(fresh)
+    replayed = sum(stats["by_inference"]["replays"])
+    assert replayed == runs - 2 and stats["mismatches"] == 0, stats
+    assert shared["shared_uploads"] - before["shared_uploads"] == replayed
+    same_as_local("big_input", fresh, "--runs", str(runs), tmp=tmp_path,
+                  extra_env={"RRTO_SHARED_UPLOADS": "0"})
+    assert finished(fresh)["shared_uploads"] == shared["shared_uploads"]
+
+
 @pytest.mark.parametrize("name", ["replay_shapes", "replay_shapes_conv"])
 def test_changing_input_shape_is_forwarded_then_replays_again(fresh, name, tmp_path):
     """12 inferences: six at 32x32, three at 40x40, three at 32x32. Exactly these replay: the

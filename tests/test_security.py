@@ -28,7 +28,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rrto.v1 import local_pb2, ops_pb2, peer_pb2, peer_pb2_grpc
+from rrtod import shared_uploads
 from rrtod.config import from_mapping
+from rrtod.framing import FramedSocket
 from rrtod.gpu.access import AccessPolicy
 from rrtod.tls import certificate_identity
 from testkit.daemons import ECHO, free_port
@@ -88,6 +90,58 @@ def test_an_undecodable_session_message_gets_an_error_status_and_the_daemon_keep
         assert refused.value.code() != grpc.StatusCode.OK
     conn, welcome = open_app(d.socket)  # and an app session still runs end to end
     assert welcome.WhichOneof("msg") == "welcome", welcome
+    conn.send(call(1, sync=True))
+    assert conn.recv(local_pb2.LocalReply).session.result.seq == 1
+    conn.close()
+
+
+@pytest.mark.skipif(not shared_uploads.supported(), reason="no sealable memfd here")
+def test_a_shared_upload_outside_its_region_is_refused_and_the_daemon_keeps_serving(
+        rrtod_daemon):
+    """An app's shared upload region (``rrtod.shared_uploads``) comes sealed at its size, so
+    the app cannot make the daemon's reads of it fault, and each ``SharedUpload`` is checked
+    against it: a range beyond it, or one on a session given no region, ends that session
+    with BAD_FRAME; the daemon never reads outside it and serves the next app."""
+    d = rrtod_daemon(listen=None, tls={}, **ECHO)
+    meta = ops_pb2.TensorMeta(dtype="uint8", shape=[16]).SerializeToString()
+    conn = FramedSocket(d.socket, timeout=10)
+    conn.send(local_pb2.LocalRequest(app_hello=local_pb2.AppHello(
+        app="test-app", pid=os.getpid(), executor="echo", shared_uploads=True)))
+    welcome, fds = conn.recv_with_fds(local_pb2.LocalReply)
+    size = welcome.welcome.shared_bytes
+    assert size == 64 << 20 and len(fds) == 1, welcome
+    try:
+        with pytest.raises(PermissionError):
+            os.ftruncate(fds[0], 4096)
+    finally:
+        os.close(fds[0])
+    conn.send(local_pb2.LocalRequest(shared_upload=local_pb2.SharedUpload(
+        seq=1, meta=meta, offset=size - 8, length=16)))
+    reply = conn.recv(local_pb2.LocalReply)
+    assert reply.error.code == "BAD_FRAME" and "outside" in reply.error.message, reply
+    conn.close()
+    conn, welcome = open_app(d.socket)  # asked for none: none given
+    assert welcome.welcome.shared_bytes == 0, welcome
+    conn.send(call(1, sync=True))
+    assert conn.recv(local_pb2.LocalReply).session.result.seq == 1
+    conn.send(local_pb2.LocalRequest(shared_upload=local_pb2.SharedUpload(
+        seq=1, meta=meta, length=16)))
+    reply = conn.recv(local_pb2.LocalReply)
+    assert reply.error.code == "BAD_FRAME" and "unexpected shared_upload" in reply.error.message
+    conn.close()
+    conn, welcome = open_app(d.socket)
+    conn.send(call(2, sync=True))
+    assert conn.recv(local_pb2.LocalReply).session.result.seq == 2
+    conn.close()
+
+
+def test_a_daemon_configured_without_shared_uploads_gives_no_region(rrtod_daemon):
+    d = rrtod_daemon(listen=None, tls={}, socket_limits={"shared_upload": 0}, **ECHO)
+    conn = FramedSocket(d.socket, timeout=10)
+    conn.send(local_pb2.LocalRequest(app_hello=local_pb2.AppHello(
+        app="test-app", pid=os.getpid(), executor="echo", shared_uploads=True)))
+    welcome, fds = conn.recv_with_fds(local_pb2.LocalReply)
+    assert welcome.welcome.shared_bytes == 0 and fds == [], welcome
     conn.send(call(1, sync=True))
     assert conn.recv(local_pb2.LocalReply).session.result.seq == 1
     conn.close()

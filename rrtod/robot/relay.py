@@ -31,7 +31,7 @@ import grpc
 import structlog
 
 from rrto.v1 import local_pb2, ops_pb2
-from rrtod import framing
+from rrtod import framing, shared_uploads
 from rrtod.framing import JOIN_BYTES, FrameError, FrameReader, encode
 from rrtod.grpc_options import BATCH_BYTES
 from rrtod.robot.host_link import SWITCH_PROBE_BYTES, HostLink
@@ -75,6 +75,7 @@ class AppSession:
         self.frames_up = self.frames_down = 0
         self.bytes_up = self.bytes_down = 0
         self.inferences = 0
+        self.shared_uploads = 0  # uploads that came through the shared region
         self.state = "opening"  # then "active"; "host-lost" when the host stream broke,
         # "refused" when the host refused to open it
         self.recorder = recorder
@@ -90,6 +91,7 @@ class AppSession:
             "opened": self.opened, "ops_forwarded": self.calls, "frames_up": self.frames_up,
             "frames_down": self.frames_down, "bytes_up": self.bytes_up,
             "bytes_down": self.bytes_down, "inferences": self.inferences,
+            "shared_uploads": self.shared_uploads,
             "record": self.recorder.describe() if self.recorder else None,
             "scheduling": self.placer.describe() if self.placer is not None else None,
             "versions": self.versions, "host_versions": self.host_versions,
@@ -187,8 +189,13 @@ class AppRelay:
 
     def __init__(self, session: AppSession, call: grpc.aio.StreamStreamCall,
                  frames: FrameReader, writer: asyncio.StreamWriter, energy: Any = None,
-                 placement: Placement | None = None, placer: SessionPlacer | None = None):
+                 placement: Placement | None = None, placer: SessionPlacer | None = None,
+                 shared_bytes: int = 0):
         self.session = session
+        # The app's shared region for large uploads, made at the welcome (``open``) when
+        # ``shared_bytes`` is not 0; None: everything comes on the socket.
+        self.shared_bytes = shared_bytes
+        self.shared: shared_uploads.Region | None = None
         # The scheduler's placement of a sequence's calls (``rrtod.robot.scheduling``), applied
         # to each definition on its way to the host and renewed as profiles come in; None:
         # every call runs there.
@@ -290,13 +297,45 @@ class AppRelay:
         session.host_session = first.ready.session
         session.host_versions = dict(first.ready.versions)
         session.state = "active"
-        self.writer.write(encode(local_pb2.LocalReply(welcome=local_pb2.AppWelcome(
-            session=session.id, host=session.host.name, device=first.ready.device))))
+        welcome = local_pb2.AppWelcome(session=session.id, host=session.host.name,
+                                       device=first.ready.device)
+        self._welcome(welcome)
         await self.writer.drain()
         self.log.info("app session opened", host_session=session.host_session)
         if self.energy is not None:
             self.energy.track_process(session.id, session.pid)  # the app's CPU, for the model meter
             self.energy.set_state(session.id, "standby")
+
+    def _welcome(self, welcome: local_pb2.AppWelcome) -> None:
+        """Write the welcome, with the shared upload region's descriptor where the app asked
+        for one and this daemon can make it (else the app uploads on the socket)."""
+        region = None
+        sock = self.writer.get_extra_info("socket") if self.shared_bytes else None
+        if sock is not None:
+            try:
+                region = shared_uploads.Region(self.shared_bytes, f"rrto-upload-{self.session.id}")
+            except OSError as exc:  # no memfd here, or no memory for its mapping
+                self.log.warning("no shared upload region", error=str(exc))
+        if region is None:
+            self.writer.write(encode(local_pb2.LocalReply(welcome=welcome)))
+            return
+        welcome.shared_bytes = region.size
+        data = encode(local_pb2.LocalReply(welcome=welcome))
+        try:  # nothing was written to the app before: its first bytes carry the descriptor
+            sent = region.send_welcome(sock, data)
+        except OSError as exc:
+            region.close()
+            self.log.warning("no shared upload region", error=str(exc))
+            welcome.shared_bytes = 0
+            self.writer.write(encode(local_pb2.LocalReply(welcome=welcome)))
+            return
+        self.shared = region
+        if sent < len(data):
+            self.writer.write(data[sent:])
+
+    def _acked(self) -> bytes:
+        """The shared region's acknowledgement, due with the next write to the app."""
+        return self.shared.ack() if self.shared is not None else b""
 
     async def run(self) -> None:
         """Relay until the app closes (returns), the host ends the stream (``AioRpcError``),
@@ -346,7 +385,7 @@ class AppRelay:
         out = (_Routed(self) if self.placement is not None and self.placement.seqs
                else _Batched(self))
         energy: list[local_pb2.InferenceMark | None] = []  # None: communication starts
-        bad = None
+        bad: FrameError | None = None
         for k, request in enumerate(requests):
             kind = request.WhichOneof("msg")
             if kind == "session":
@@ -370,6 +409,18 @@ class AppRelay:
                 await out.add(frame, n)
                 if fkind == "query":  # restored definitions follow the query on the stream
                     await out.flush()
+            elif kind == "shared_upload" and self.shared is not None:
+                try:  # copied out of the region: acknowledged with the next write to the app
+                    frame, n = self.shared.frame(request.shared_upload)
+                except FrameError as exc:
+                    bad = exc
+                    break
+                session.frames_up += 1
+                session.bytes_up += n
+                session.shared_uploads += 1
+                if not energy or energy[-1] is not None:
+                    energy.append(None)
+                await out.add(frame, n)
             elif kind == "mark":
                 session.inferences += 1
                 energy.append(request.mark)
@@ -385,13 +436,13 @@ class AppRelay:
                             await self._hint(wait)  # the app's calls wait at the next one
                         rec.request_search(self.push_sequence, self._search_ended)
             else:
-                bad = kind or "empty"
+                bad = FrameError(f"unexpected {kind or 'empty'} frame inside an app session")
                 break
         await out.flush()  # before a bad frame too
         if self.energy is not None:
             self._account(energy)
         if bad is not None:
-            raise FrameError(f"unexpected {bad} frame inside an app session")
+            raise bad
 
     async def _send_lanes(self, routed: list[tuple[Lane, ops_pb2.SessionUp]],
                           sizes: dict[int, int] | None = None) -> None:
@@ -455,7 +506,7 @@ class AppRelay:
             elif what == "replayed":
                 rec.observe_replayed(frame.replayed)
                 return
-        self.writer.write(b"".join(_framed(self.session, frame)))
+        self.writer.write(self._acked() + b"".join(_framed(self.session, frame)))
         await self.writer.drain()
 
     def _account(self, events: list[local_pb2.InferenceMark | None]) -> None:
@@ -507,6 +558,8 @@ class AppRelay:
             frames = (message.batch.frames if message.WhichOneof("msg") == "batch"
                       else (message,))
             parts: list[bytes] = []
+            if self.shared is not None and (ack := self.shared.ack()):
+                parts.append(ack)
             for frame in frames:
                 what = frame.WhichOneof("msg")
                 if placement is not None and what != "defined" and not placement.from_host(
@@ -689,7 +742,7 @@ class AppRelay:
 
     async def _write_app(self, data: bytes) -> None:
         try:
-            self.writer.write(data)
+            self.writer.write(self._acked() + data)
             await self.writer.drain()
         except (ConnectionError, OSError):
             pass  # the app is gone: its session ends on the up side
@@ -752,3 +805,5 @@ class AppRelay:
         self.call.cancel()
         if self.recorder is not None:
             self.recorder.close()
+        if self.shared is not None:
+            self.shared.close()

@@ -21,6 +21,7 @@ from typing import Any
 import structlog
 
 from rrto.v1 import local_pb2, ops_pb2
+from rrtod import shared_uploads
 from rrtod.config import Config
 from rrtod.framing import ByteBudget, FrameReader, encode
 from rrtod.hookspecs import HostBalancer
@@ -60,7 +61,8 @@ class RobotRole:
         # Counters of sessions that have ended, so demos and benchmarks can read what a
         # finished app cost after its session is gone.
         self.finished = {"sessions": 0, "ops_forwarded": 0, "frames_up": 0, "frames_down": 0,
-                         "bytes_up": 0, "bytes_down": 0, "inferences": 0}
+                         "bytes_up": 0, "bytes_down": 0, "inferences": 0,
+                         "shared_uploads": 0}
 
     @property
     def sessions(self) -> dict[str, AppSession]:
@@ -181,8 +183,10 @@ class RobotRole:
         if self.config.placement == "inference":
             placement = Placement(Lane(link, call, primary=True), lambda: list(self.hosts.values()),
                                   lambda: self.balancer, request)
+        shared = (self.config.socket_limits.shared_bytes
+                  if hello.shared_uploads and shared_uploads.supported() else 0)
         relay = AppRelay(session, call, frames, writer, self.energy, placement,
-                         placer=self.scheduling.session(link))
+                         placer=self.scheduling.session(link), shared_bytes=shared)
         link.sessions += 1
         self.relays[sid] = relay
         try:
@@ -194,7 +198,7 @@ class RobotRole:
             done = session.describe()
             self.finished["sessions"] += 1
             for key in ("ops_forwarded", "frames_up", "frames_down", "bytes_up", "bytes_down",
-                        "inferences"):
+                        "inferences", "shared_uploads"):
                 self.finished[key] += done[key]
             if self.energy is not None:
                 self.energy.close_session(sid)

@@ -10,13 +10,15 @@ client run against real daemons and, in unit tests, straight against an executor
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from rrto.v1 import local_pb2, ops_pb2
-from rrtod import framing
+from rrtod import framing, shared_uploads
 from rrtod.framing import FramedSocket, encode, send_parts
+from rrtod.switches import flag
 from rrtod.wire import EncodedFrame, session_prefix
 
 OnDown = Callable[[ops_pb2.SessionDown], None]
@@ -85,14 +87,25 @@ class SocketChannel:
                  timeout: float = 10.0, versions: dict[str, str] | None = None):
         self._hello = (path, app, pid, argv, executor, timeout, versions)
         self.sock = FramedSocket(path, timeout=timeout)
+        shared = shared_uploads.supported() and flag("RRTO_SHARED_UPLOADS", True)
         try:
             self.sock.send(local_pb2.LocalRequest(app_hello=local_pb2.AppHello(
                 app=app[:HELLO_TEXT], pid=pid, argv=hello_argv(argv), executor=executor,
-                versions={k[:64]: v[:256] for k, v in (versions or {}).items()})))
-            reply = self.sock.recv(local_pb2.LocalReply)
+                versions={k[:64]: v[:256] for k, v in (versions or {}).items()},
+                shared_uploads=shared)))
+            reply, fds = self.sock.recv_with_fds(local_pb2.LocalReply)
         except BaseException:
             self.sock.close()
             raise
+        # the region for large replayed inputs (``rrtod.shared_uploads``), if one came
+        self.shared: shared_uploads.Writer | None = None
+        if fds and reply.WhichOneof("msg") == "welcome" and reply.welcome.shared_bytes:
+            try:
+                self.shared = shared_uploads.Writer(fds.pop(0), reply.welcome.shared_bytes)
+            except (OSError, ValueError):
+                pass  # not mappable here: every upload goes on the socket
+        for fd in fds:
+            os.close(fd)
         kind = reply.WhichOneof("msg")
         if kind == "error":
             self.sock.close()
@@ -122,6 +135,8 @@ class SocketChannel:
                 kind = reply.WhichOneof("msg")
                 if kind == "session":
                     self._on_down(reply.session)
+                elif kind == "shared_done" and self.shared is not None:
+                    self.shared.acknowledged(reply.shared_done)
                 elif kind == "error":
                     reason = f"{reply.error.code}: {reply.error.message}"
                     if reply.error.code == "HOST_LOST":
@@ -139,9 +154,17 @@ class SocketChannel:
         if framing.TRACING:
             framing.hop("shim.send")
         parts: list[Any] = []
+        shared = self.shared
         for up in frames:
             if type(up) is EncodedFrame:  # an upload's bytes straight from the tensor
-                parts += (session_prefix(up.size), *up.parts)
+                # through the shared region where it takes it (one upload there at a time:
+                # another thread's finds it busy and goes on the socket)
+                framed = (shared.put(*up.upload)
+                          if shared is not None and up.upload is not None else None)
+                if framed is not None:
+                    parts.append(framed)
+                else:
+                    parts += (session_prefix(up.size), *up.parts)
                 continue
             body = up.SerializeToString()
             parts += (session_prefix(len(body)), body)

@@ -12,6 +12,7 @@ target             decoder (as reached from the socket)                    docum
 frames             framing.FrameReader / read_frame on the unix socket    FrameError
 local_socket       LocalServer before the hello (AppHello, CtlRequest),   none escape: error
                    then the robot's AppRelay and recorder for app frames  replies, then close
+                   (SharedUpload ones against a shared region)
 peer_session       the GPU daemon's Session stream (SessionOpen, then     none escape:
                    SessionUp frames and batches) into a TorchExecutor      SessionDown(error)
                    and HostReplayer (reading it with rrtod.wire's
@@ -59,7 +60,7 @@ from rrto_plugins.torch.allowlist import Allowlist, OpNotAllowed
 from rrto_plugins.torch.executor import TorchExecutor
 from rrto_plugins.torch.replay import ReplayClient, decode_answer
 from rrto_plugins.torch.schemas import schema_hash
-from rrtod import partition
+from rrtod import partition, shared_uploads
 from rrtod.config import SocketLimitsConfig
 from rrtod.executor import ExecutorContext
 from rrtod.framing import ByteBudget, FrameError, FrameReader, encode, read_frame
@@ -206,6 +207,8 @@ def local_socket(data: bytes) -> None:
         # ``serve`` less its error replies, and a search is let finish (a search that fails
         # logs an error: a finding) before ``close`` would cancel it.
         await relay.open(ops_pb2.SessionOpen(app=hello.app))
+        if hello.shared_uploads and shared_uploads.supported():
+            relay.shared = shared_uploads.Region(4096)  # as the welcome gives it, unsent
         try:
             await relay.run()
         except FrameError:

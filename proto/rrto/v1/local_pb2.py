@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from rrto.v1 import ops_pb2 as rrto_dot_v1_dot_ops__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13rrto/v1/local.proto\x12\x07rrto.v1\x1a\x11rrto/v1/ops.proto\"w\n\nCtlRequest\x12\x0f\n\x07\x63ommand\x18\x01 \x01(\t\x12+\n\x04\x61rgs\x18\x02 \x03(\x0b\x32\x1d.rrto.v1.CtlRequest.ArgsEntry\x1a+\n\tArgsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"3\n\x08\x43tlReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0c\n\x04json\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"\xa8\x01\n\x08\x41ppHello\x12\x0b\n\x03\x61pp\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x0c\n\x04\x61rgv\x18\x03 \x03(\t\x12\x10\n\x08\x65xecutor\x18\x04 \x01(\t\x12\x31\n\x08versions\x18\x05 \x03(\x0b\x32\x1f.rrto.v1.AppHello.VersionsEntry\x1a/\n\rVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\";\n\nAppWelcome\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\"h\n\rInferenceMark\x12\r\n\x05index\x18\x01 \x01(\x04\x12\x10\n\x08start_ns\x18\x02 \x01(\x03\x12\x0e\n\x06\x65nd_ns\x18\x03 \x01(\x03\x12\x0e\n\x06thread\x18\x04 \x01(\r\x12\x16\n\x0esearch_wait_us\x18\x05 \x01(\x04\"\xb0\x01\n\x0cLocalRequest\x12&\n\tapp_hello\x18\x01 \x01(\x0b\x32\x11.rrto.v1.AppHelloH\x00\x12%\n\x07session\x18\x02 \x01(\x0b\x32\x12.rrto.v1.SessionUpH\x00\x12\"\n\x03\x63tl\x18\x03 \x01(\x0b\x32\x13.rrto.v1.CtlRequestH\x00\x12&\n\x04mark\x18\x04 \x01(\x0b\x32\x16.rrto.v1.InferenceMarkH\x00\x42\x05\n\x03msg\"\xa7\x01\n\nLocalReply\x12&\n\x07welcome\x18\x01 \x01(\x0b\x32\x13.rrto.v1.AppWelcomeH\x00\x12\'\n\x07session\x18\x02 \x01(\x0b\x32\x14.rrto.v1.SessionDownH\x00\x12 \n\x03\x63tl\x18\x03 \x01(\x0b\x32\x11.rrto.v1.CtlReplyH\x00\x12\x1f\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x0e.rrto.v1.ErrorH\x00\x42\x05\n\x03msgb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13rrto/v1/local.proto\x12\x07rrto.v1\x1a\x11rrto/v1/ops.proto\"w\n\nCtlRequest\x12\x0f\n\x07\x63ommand\x18\x01 \x01(\t\x12+\n\x04\x61rgs\x18\x02 \x03(\x0b\x32\x1d.rrto.v1.CtlRequest.ArgsEntry\x1a+\n\tArgsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"3\n\x08\x43tlReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0c\n\x04json\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"\xc0\x01\n\x08\x41ppHello\x12\x0b\n\x03\x61pp\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x0c\n\x04\x61rgv\x18\x03 \x03(\t\x12\x10\n\x08\x65xecutor\x18\x04 \x01(\t\x12\x31\n\x08versions\x18\x05 \x03(\x0b\x32\x1f.rrto.v1.AppHello.VersionsEntry\x12\x16\n\x0eshared_uploads\x18\x06 \x01(\x08\x1a/\n\rVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"Q\n\nAppWelcome\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12\x14\n\x0cshared_bytes\x18\x04 \x01(\x04\"W\n\x0cSharedUpload\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0c\n\x04slot\x18\x02 \x01(\r\x12\x0c\n\x04meta\x18\x03 \x01(\x0c\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06length\x18\x05 \x01(\x04\"h\n\rInferenceMark\x12\r\n\x05index\x18\x01 \x01(\x04\x12\x10\n\x08start_ns\x18\x02 \x01(\x03\x12\x0e\n\x06\x65nd_ns\x18\x03 \x01(\x03\x12\x0e\n\x06thread\x18\x04 \x01(\r\x12\x16\n\x0esearch_wait_us\x18\x05 \x01(\x04\"\xe0\x01\n\x0cLocalRequest\x12&\n\tapp_hello\x18\x01 \x01(\x0b\x32\x11.rrto.v1.AppHelloH\x00\x12%\n\x07session\x18\x02 \x01(\x0b\x32\x12.rrto.v1.SessionUpH\x00\x12\"\n\x03\x63tl\x18\x03 \x01(\x0b\x32\x13.rrto.v1.CtlRequestH\x00\x12&\n\x04mark\x18\x04 \x01(\x0b\x32\x16.rrto.v1.InferenceMarkH\x00\x12.\n\rshared_upload\x18\x05 \x01(\x0b\x32\x15.rrto.v1.SharedUploadH\x00\x42\x05\n\x03msg\"\xbe\x01\n\nLocalReply\x12&\n\x07welcome\x18\x01 \x01(\x0b\x32\x13.rrto.v1.AppWelcomeH\x00\x12\'\n\x07session\x18\x02 \x01(\x0b\x32\x14.rrto.v1.SessionDownH\x00\x12 \n\x03\x63tl\x18\x03 \x01(\x0b\x32\x11.rrto.v1.CtlReplyH\x00\x12\x1f\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x0e.rrto.v1.ErrorH\x00\x12\x15\n\x0bshared_done\x18\x05 \x01(\x04H\x00\x42\x05\n\x03msgb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,15 +43,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CTLREPLY']._serialized_start=172
   _globals['_CTLREPLY']._serialized_end=223
   _globals['_APPHELLO']._serialized_start=226
-  _globals['_APPHELLO']._serialized_end=394
-  _globals['_APPHELLO_VERSIONSENTRY']._serialized_start=347
-  _globals['_APPHELLO_VERSIONSENTRY']._serialized_end=394
-  _globals['_APPWELCOME']._serialized_start=396
-  _globals['_APPWELCOME']._serialized_end=455
-  _globals['_INFERENCEMARK']._serialized_start=457
-  _globals['_INFERENCEMARK']._serialized_end=561
-  _globals['_LOCALREQUEST']._serialized_start=564
-  _globals['_LOCALREQUEST']._serialized_end=740
-  _globals['_LOCALREPLY']._serialized_start=743
-  _globals['_LOCALREPLY']._serialized_end=910
+  _globals['_APPHELLO']._serialized_end=418
+  _globals['_APPHELLO_VERSIONSENTRY']._serialized_start=371
+  _globals['_APPHELLO_VERSIONSENTRY']._serialized_end=418
+  _globals['_APPWELCOME']._serialized_start=420
+  _globals['_APPWELCOME']._serialized_end=501
+  _globals['_SHAREDUPLOAD']._serialized_start=503
+  _globals['_SHAREDUPLOAD']._serialized_end=590
+  _globals['_INFERENCEMARK']._serialized_start=592
+  _globals['_INFERENCEMARK']._serialized_end=696
+  _globals['_LOCALREQUEST']._serialized_start=699
+  _globals['_LOCALREQUEST']._serialized_end=923
+  _globals['_LOCALREPLY']._serialized_start=926
+  _globals['_LOCALREPLY']._serialized_end=1116
 # @@protoc_insertion_point(module_scope)

@@ -33,7 +33,7 @@ class CtlReply(_message.Message):
     def __init__(self, ok: _Optional[bool] = ..., json: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
 
 class AppHello(_message.Message):
-    __slots__ = ("app", "pid", "argv", "executor", "versions")
+    __slots__ = ("app", "pid", "argv", "executor", "versions", "shared_uploads")
     class VersionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -46,22 +46,40 @@ class AppHello(_message.Message):
     ARGV_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    SHARED_UPLOADS_FIELD_NUMBER: _ClassVar[int]
     app: str
     pid: int
     argv: _containers.RepeatedScalarFieldContainer[str]
     executor: str
     versions: _containers.ScalarMap[str, str]
-    def __init__(self, app: _Optional[str] = ..., pid: _Optional[int] = ..., argv: _Optional[_Iterable[str]] = ..., executor: _Optional[str] = ..., versions: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    shared_uploads: bool
+    def __init__(self, app: _Optional[str] = ..., pid: _Optional[int] = ..., argv: _Optional[_Iterable[str]] = ..., executor: _Optional[str] = ..., versions: _Optional[_Mapping[str, str]] = ..., shared_uploads: _Optional[bool] = ...) -> None: ...
 
 class AppWelcome(_message.Message):
-    __slots__ = ("session", "host", "device")
+    __slots__ = ("session", "host", "device", "shared_bytes")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    SHARED_BYTES_FIELD_NUMBER: _ClassVar[int]
     session: str
     host: str
     device: str
-    def __init__(self, session: _Optional[str] = ..., host: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
+    shared_bytes: int
+    def __init__(self, session: _Optional[str] = ..., host: _Optional[str] = ..., device: _Optional[str] = ..., shared_bytes: _Optional[int] = ...) -> None: ...
+
+class SharedUpload(_message.Message):
+    __slots__ = ("seq", "slot", "meta", "offset", "length")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    META_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    slot: int
+    meta: bytes
+    offset: int
+    length: int
+    def __init__(self, seq: _Optional[int] = ..., slot: _Optional[int] = ..., meta: _Optional[bytes] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class InferenceMark(_message.Message):
     __slots__ = ("index", "start_ns", "end_ns", "thread", "search_wait_us")
@@ -78,25 +96,29 @@ class InferenceMark(_message.Message):
     def __init__(self, index: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., thread: _Optional[int] = ..., search_wait_us: _Optional[int] = ...) -> None: ...
 
 class LocalRequest(_message.Message):
-    __slots__ = ("app_hello", "session", "ctl", "mark")
+    __slots__ = ("app_hello", "session", "ctl", "mark", "shared_upload")
     APP_HELLO_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     CTL_FIELD_NUMBER: _ClassVar[int]
     MARK_FIELD_NUMBER: _ClassVar[int]
+    SHARED_UPLOAD_FIELD_NUMBER: _ClassVar[int]
     app_hello: AppHello
     session: _ops_pb2.SessionUp
     ctl: CtlRequest
     mark: InferenceMark
-    def __init__(self, app_hello: _Optional[_Union[AppHello, _Mapping]] = ..., session: _Optional[_Union[_ops_pb2.SessionUp, _Mapping]] = ..., ctl: _Optional[_Union[CtlRequest, _Mapping]] = ..., mark: _Optional[_Union[InferenceMark, _Mapping]] = ...) -> None: ...
+    shared_upload: SharedUpload
+    def __init__(self, app_hello: _Optional[_Union[AppHello, _Mapping]] = ..., session: _Optional[_Union[_ops_pb2.SessionUp, _Mapping]] = ..., ctl: _Optional[_Union[CtlRequest, _Mapping]] = ..., mark: _Optional[_Union[InferenceMark, _Mapping]] = ..., shared_upload: _Optional[_Union[SharedUpload, _Mapping]] = ...) -> None: ...
 
 class LocalReply(_message.Message):
-    __slots__ = ("welcome", "session", "ctl", "error")
+    __slots__ = ("welcome", "session", "ctl", "error", "shared_done")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     CTL_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    SHARED_DONE_FIELD_NUMBER: _ClassVar[int]
     welcome: AppWelcome
     session: _ops_pb2.SessionDown
     ctl: CtlReply
     error: _ops_pb2.Error
-    def __init__(self, welcome: _Optional[_Union[AppWelcome, _Mapping]] = ..., session: _Optional[_Union[_ops_pb2.SessionDown, _Mapping]] = ..., ctl: _Optional[_Union[CtlReply, _Mapping]] = ..., error: _Optional[_Union[_ops_pb2.Error, _Mapping]] = ...) -> None: ...
+    shared_done: int
+    def __init__(self, welcome: _Optional[_Union[AppWelcome, _Mapping]] = ..., session: _Optional[_Union[_ops_pb2.SessionDown, _Mapping]] = ..., ctl: _Optional[_Union[CtlReply, _Mapping]] = ..., error: _Optional[_Union[_ops_pb2.Error, _Mapping]] = ..., shared_done: _Optional[int] = ...) -> None: ...
