@@ -213,3 +213,41 @@ def test_a_shared_upload_without_a_region_is_an_unexpected_frame() -> None:
     with pytest.raises(FrameError, match="unexpected shared_upload"):
         asyncio.run(relay.up([up]))
     assert written == []
+
+
+def test_the_shims_channel_puts_a_large_upload_in_the_region_in_order(tmp_path) -> None:
+    """``SocketChannel.send``: the upload's place among the frames holds its SharedUpload; a
+    second one before the acknowledgement goes on the socket; once acknowledged (as the
+    reader thread hears it), the region again."""
+    import threading
+
+    from rrto_plugins.torch import codec
+    from rrtod.shim.channel import SocketChannel
+
+    region = Region(SIZE)
+    writer, _ = connected(tmp_path, region)
+    a, b = socket.socketpair()
+    channel = SocketChannel.__new__(SocketChannel)  # the hello is tested above
+    channel.sock, channel._wlock, channel.shared = FramedSocket.__new__(FramedSocket), \
+        threading.Lock(), writer
+    channel.sock.path, channel.sock.sock, channel.sock._buf = "", a, bytearray()
+    reader = FramedSocket.__new__(FramedSocket)
+    reader.path, reader.sock, reader._buf = "", b, bytearray()
+    t = torch.randn(1, 3, 128, 128)
+    start = ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=5, base_id=7, inference=7))
+
+    def sent() -> list[str]:
+        return [reader.recv(local_pb2.LocalRequest).WhichOneof("msg") for _ in range(3)]
+
+    channel.send([start, codec.replay_upload(2, t, {}), start])
+    assert sent() == ["session", "shared_upload", "session"]
+    channel.send([start, codec.replay_upload(2, t, {}), start])
+    assert sent() == ["session", "session", "session"]  # not acknowledged yet
+    channel.shared.acknowledged(1)
+    channel.send([start, codec.replay_upload(2, t + 1, {}), start])
+    got = [reader.recv(local_pb2.LocalRequest) for _ in range(3)]
+    frame, _ = region.frame(got[1].shared_upload)
+    assert torch.equal(codec.from_tensor_data(frame.arg.tensor.upload), t + 1)
+    a.close()
+    b.close()
+    region.close()

@@ -82,6 +82,8 @@ class SocketChannel:
     """The robot daemon's unix socket: ``AppHello`` -> ``AppWelcome``, then session frames."""
 
     _marks: list[bytes] | tuple[()] = ()  # queued inference marks (a list once connected)
+    # the region for large replayed inputs (``rrtod.shared_uploads``), if the daemon sent one
+    shared: shared_uploads.Writer | None = None
 
     def __init__(self, path: str, app: str, pid: int, argv: list[str], executor: str = "torch",
                  timeout: float = 10.0, versions: dict[str, str] | None = None):
@@ -97,8 +99,6 @@ class SocketChannel:
         except BaseException:
             self.sock.close()
             raise
-        # the region for large replayed inputs (``rrtod.shared_uploads``), if one came
-        self.shared: shared_uploads.Writer | None = None
         if fds and reply.WhichOneof("msg") == "welcome" and reply.welcome.shared_bytes:
             try:
                 self.shared = shared_uploads.Writer(fds.pop(0), reply.welcome.shared_bytes)
