@@ -9,16 +9,19 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import threading
 import types
 
 import pytest
 import torch
 
 from rrto.v1 import local_pb2, ops_pb2
+from rrto_plugins.torch import codec
 from rrtod import shared_uploads
 from rrtod.framing import FramedSocket, FrameError, encode
 from rrtod.robot.relay import AppRelay, AppSession
 from rrtod.shared_uploads import SHARED_MIN, Region, Writer
+from rrtod.shim.channel import SocketChannel
 from rrtod.wire import HEADER, upload_frame
 
 pytestmark = pytest.mark.skipif(not shared_uploads.supported(), reason="no sealable memfd here")
@@ -219,11 +222,6 @@ def test_the_shims_channel_puts_a_large_upload_in_the_region_in_order(tmp_path) 
     """``SocketChannel.send``: the upload's place among the frames holds its SharedUpload; a
     second one before the acknowledgement goes on the socket; once acknowledged (as the
     reader thread hears it), the region again."""
-    import threading
-
-    from rrto_plugins.torch import codec
-    from rrtod.shim.channel import SocketChannel
-
     region = Region(SIZE)
     writer, _ = connected(tmp_path, region)
     a, b = socket.socketpair()
