@@ -249,3 +249,17 @@ def test_the_shims_channel_puts_a_large_upload_in_the_region_in_order(tmp_path) 
     a.close()
     b.close()
     region.close()
+
+
+def test_rrto_shared_uploads_switches_the_request_off_and_a_bad_value_is_ignored(monkeypatch):
+    """The shim asks for a region unless ``RRTO_SHARED_UPLOADS`` says no; a value that is
+    neither is ignored with a note (the app still offloads), never an error at import."""
+    from rrtod.shim.activate import settings
+
+    monkeypatch.delenv("RRTO_SHARED_UPLOADS", raising=False)
+    assert settings().shared_uploads
+    monkeypatch.setenv("RRTO_SHARED_UPLOADS", "0")
+    assert not settings().shared_uploads
+    monkeypatch.setenv("RRTO_SHARED_UPLOADS", "maybe")
+    s = settings()
+    assert s.shared_uploads and "RRTO_SHARED_UPLOADS='maybe'" in s.config_note

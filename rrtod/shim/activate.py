@@ -30,6 +30,7 @@ class ShimSettings:
     replay: bool
     config_note: str = ""  # why the config file was not used, if it was not
     deadline_ms: float | None = None
+    shared_uploads: bool = True  # ask the robot daemon for a shared upload region
 
 
 def settings() -> ShimSettings:
@@ -54,6 +55,11 @@ def settings() -> ShimSettings:
         deadline = milliseconds("RRTO_DEADLINE_MS", deadline)
     except SwitchError as exc:
         note = f"{note}; {exc}: ignored" if note else f"{exc}: ignored"
+    shared = True
+    try:
+        shared = flag("RRTO_SHARED_UPLOADS", shared)
+    except SwitchError as exc:
+        note = f"{note}; {exc}: ignored" if note else f"{exc}: ignored"
     mode = os.environ.get("RRTO_MODE", mode)
     fallback = os.environ.get("RRTO_FALLBACK", fallback)
     if mode not in ("stream", "sync"):
@@ -61,7 +67,7 @@ def settings() -> ShimSettings:
     if fallback not in ("local", "error"):
         fallback = "local"
     return ShimSettings(os.environ.get("RRTO_SOCKET") or sock, backend, mode, fallback, replay,
-                        note, deadline)
+                        note, deadline, shared)
 
 
 def _warn(message: str) -> None:
@@ -119,7 +125,8 @@ def activate() -> Any:
 
         app = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
         channel = SocketChannel(s.socket, app=app, pid=os.getpid(), argv=list(sys.argv),
-                                executor=s.backend, versions=app_versions(record))
+                                executor=s.backend, versions=app_versions(record),
+                                shared_uploads=s.shared_uploads)
     except (OSError, LookupError) as exc:
         reason = f"{exc}" if not isinstance(exc, FileNotFoundError) else \
             f"no rrtod socket at {s.socket}"

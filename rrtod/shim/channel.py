@@ -16,9 +16,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from rrto.v1 import local_pb2, ops_pb2
-from rrtod import framing, shared_uploads
+from rrtod import framing
+from rrtod import shared_uploads as _shared
 from rrtod.framing import FramedSocket, encode, send_parts
-from rrtod.switches import flag
 from rrtod.wire import EncodedFrame, session_prefix
 
 OnDown = Callable[[ops_pb2.SessionDown], None]
@@ -83,13 +83,14 @@ class SocketChannel:
 
     _marks: list[bytes] | tuple[()] = ()  # queued inference marks (a list once connected)
     # the region for large replayed inputs (``rrtod.shared_uploads``), if the daemon sent one
-    shared: shared_uploads.Writer | None = None
+    shared: _shared.Writer | None = None
 
     def __init__(self, path: str, app: str, pid: int, argv: list[str], executor: str = "torch",
-                 timeout: float = 10.0, versions: dict[str, str] | None = None):
-        self._hello = (path, app, pid, argv, executor, timeout, versions)
+                 timeout: float = 10.0, versions: dict[str, str] | None = None,
+                 shared_uploads: bool = True):
+        self._hello = (path, app, pid, argv, executor, timeout, versions, shared_uploads)
         self.sock = FramedSocket(path, timeout=timeout)
-        shared = shared_uploads.supported() and flag("RRTO_SHARED_UPLOADS", True)
+        shared = shared_uploads and _shared.supported()
         try:
             self.sock.send(local_pb2.LocalRequest(app_hello=local_pb2.AppHello(
                 app=app[:HELLO_TEXT], pid=pid, argv=hello_argv(argv), executor=executor,
@@ -101,7 +102,7 @@ class SocketChannel:
             raise
         if fds and reply.WhichOneof("msg") == "welcome" and reply.welcome.shared_bytes:
             try:
-                self.shared = shared_uploads.Writer(fds.pop(0), reply.welcome.shared_bytes)
+                self.shared = _shared.Writer(fds.pop(0), reply.welcome.shared_bytes)
             except (OSError, ValueError):
                 pass  # not mappable here: every upload goes on the socket
         for fd in fds:
