@@ -100,18 +100,19 @@ class Connection:
     idle: bool = True  # waiting for a frame before its hello: may be displaced
 
 
-def usable_connections(wanted: int) -> int:
-    """``wanted`` or fewer, so that connections plus ``FD_HEADROOM`` fit the descriptor limit;
-    raises the soft limit towards the hard one first."""
+def usable_connections(wanted: int, per_connection: int = 1) -> int:
+    """``wanted`` or fewer, so that connections (``per_connection`` descriptors each: an app's
+    shared upload region is one more) plus ``FD_HEADROOM`` fit the descriptor limit; raises
+    the soft limit towards the hard one first."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = wanted + FD_HEADROOM
+    need = wanted * per_connection + FD_HEADROOM
     if soft != resource.RLIM_INFINITY and soft < need:
         target = need if hard == resource.RLIM_INFINITY else min(need, hard)
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft != resource.RLIM_INFINITY and soft < need:
-        usable = max(2, soft - FD_HEADROOM)
+        usable = max(2, (soft - FD_HEADROOM) // per_connection)
         log.warning("descriptor limit below socket_limits.max_connections + headroom; serving "
                     "fewer connections", max_connections=wanted, serving=usable, nofile=soft)
         return usable
@@ -138,7 +139,8 @@ class LocalServer:
         return max(1, self.max_connections // 16)
 
     async def start(self) -> None:
-        self.max_connections = usable_connections(self.limits.max_connections)
+        self.max_connections = usable_connections(self.limits.max_connections,
+                                                  2 if self.limits.shared_upload else 1)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists() or self.path.is_symlink():
             if _in_use(self.path):

@@ -6,15 +6,16 @@ The shim writes each replayed inference's input to the robot daemon's unix socke
 several times that. DESIGN.md's wire lets large tensors go through shared memory instead.
 
 One region per app session, made by the robot daemon (``Region``): a memfd sealed against
-shrinking and growing, so that the app can never make the daemon's reads fault, sent with the
-welcome as SCM_RIGHTS ancillary data on a hello that asked for one (``AppHello.shared_uploads``).
-The shim (``Writer``) copies an upload of at least ``SHARED_MIN`` bytes into it and sends a
-small ``SharedUpload`` frame in its place, in order with its other frames; the daemon copies
-the bytes out when it relays that frame and acknowledges its ``seq`` with its next write to
-the app (``LocalReply.shared_done``). The shim writes the region again only once every upload
-it put there is acknowledged: otherwise (a daemon with nothing to say yet) the upload goes on
-the socket as before. The acknowledgement travels on the socket, so the daemon's reads of the
-region happen before the app's next write to it on any CPU, ARM's included.
+shrinking and growing, read by the daemon with ``pread`` (nothing the app does to it can make
+that fault or grow the daemon's memory), sent with the welcome as SCM_RIGHTS ancillary data on
+a hello that asked for one (``AppHello.shared_uploads``). The shim (``Writer``) copies an
+upload of at least ``SHARED_MIN`` bytes into it and sends a small ``SharedUpload`` frame in its
+place, in order with its other frames; the daemon copies the bytes out when it relays that
+frame and acknowledges its ``seq`` with its next write to the app (``LocalReply.shared_done``).
+The shim writes the region again only once every upload it put there is acknowledged: otherwise
+(a daemon with nothing to say yet) the upload goes on the socket as before. The acknowledgement
+travels on the socket, so the daemon's reads of the region happen before the app's next write
+to it on any CPU, ARM's included.
 
 Everything here degrades to the socket: no memfd (not Linux), a region not sent or not
 mappable, an upload larger than the region, an unacknowledged one.
@@ -46,63 +47,57 @@ def supported() -> bool:
 
 
 class Region:
-    """The robot daemon's side: the region it made for one app session, read only."""
+    """The robot daemon's side: the region it made for one app session. It reads the region
+    with ``pread`` rather than through a mapping: a range the app never wrote then reads as
+    zeros without the daemon's own memory growing (a read fault on a shared mapping would make
+    the page, charged to the daemon), and no read can fault at all."""
 
     def __init__(self, size: int, name: str = "rrto-upload"):
         fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(fd, size)
-            # Sealed before the app can see it: its size is fixed for good, so a read inside
-            # it never faults whatever the app does with its descriptor.
+            # Sealed before the app can see it: its size is fixed for good.
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
-            self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
         except BaseException:
             os.close(fd)
             raise
-        self.fd: int | None = fd  # until ``send_welcome`` has passed it on
+        self.fd: int | None = fd
         self.size = size
-        self.view = memoryview(self._map)
         self.copied = 0  # the last seq copied out
         self.acked = 0  # the last seq told to the app
-        self.uploads = 0
-        self.bytes = 0
 
     def send_welcome(self, sock: Any, data: bytes) -> int:
         """Write ``data`` (the encoded welcome) with the region's descriptor attached, on the
         app's socket (an asyncio transport's: nothing else has been written to it yet, so the
         welcome's bytes are the stream's first). Returns how many bytes went; the caller
-        writes the rest the usual way. The daemon's own descriptor is closed: the mapping
-        stays."""
+        writes the rest the usual way."""
         dup = socket.socket(fileno=os.dup(sock.fileno()))
         try:
             return socket.send_fds(dup, [data], [self.fd])
         finally:
             dup.close()
-            self.close_fd()
-
-    def close_fd(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
 
     def frame(self, up: local_pb2.SharedUpload) -> tuple[ops_pb2.SessionUp, int]:
         """The session frame ``up`` stands for, its bytes copied out of the region, and its
         size as the socket would have carried it. Raises FrameError for a range outside the
         region or a malformed meta."""
         end = up.offset + up.length
-        if end > self.size or up.offset > self.size:
+        if end > self.size or self.fd is None:
             raise FrameError(f"shared upload [{up.offset}, {end}) lies outside the "
                              f"{self.size}-byte region")
-        wire = upload_frame(up.slot, up.meta, self.view[up.offset:end])
         frame = ops_pb2.SessionUp()
-        try:  # the meta is parsed with the frame
-            frame.ParseFromString(b"".join(wire.parts))  # the one copy out of the region
+        frame.arg.slot = up.slot
+        upload = frame.arg.tensor.upload
+        try:
+            upload.meta.ParseFromString(up.meta)
         except Exception as exc:  # noqa: BLE001 - DecodeError, by any backend's name
-            raise FrameError(f"malformed shared upload: {exc}") from None
+            raise FrameError(f"malformed shared upload meta: {exc}") from None
+        data = os.pread(self.fd, up.length, up.offset) if up.length else b""
+        if len(data) != up.length:  # cannot happen to a sealed region: said, not assumed
+            raise FrameError(f"shared upload [{up.offset}, {end}) read {len(data)} bytes")
+        upload.data = data  # the one copy out of the region
         self.copied = max(self.copied, up.seq)
-        self.uploads += 1
-        self.bytes += up.length
-        return frame, wire.size
+        return frame, upload_frame(up.slot, up.meta, data).size
 
     def ack(self) -> bytes:
         """The acknowledgement to send with the daemon's next write to the app, if one is
@@ -113,17 +108,15 @@ class Region:
         return encode(local_pb2.LocalReply(shared_done=self.copied))
 
     def close(self) -> None:
-        self.close_fd()
-        self.view.release()
-        try:
-            self._map.close()
-        except BufferError:  # a slice still referenced: unmapped when it is collected
-            pass
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 class Writer:
-    """The shim's side: the region the daemon sent, written by whichever app thread sends
-    (under the channel's write lock), acknowledged from its reader thread."""
+    """The shim's side: the region the daemon sent, written by whichever app thread sends,
+    acknowledged from its reader thread. Never unmapped while the process runs: a send after
+    the channel closed fails on the socket, not on the region."""
 
     def __init__(self, fd: int, size: int):
         try:
@@ -135,7 +128,6 @@ class Writer:
         self.size = size
         self.sent = 0  # the last seq written
         self.done = 0  # the last seq the daemon acknowledged
-        self.uploads = 0  # how many went through the region
         self._lock = threading.Lock()
 
     def acknowledged(self, seq: int) -> None:
@@ -155,9 +147,5 @@ class Writer:
             self.sent += 1
             seq = self.sent
         self._map[:n] = data
-        self.uploads += 1
         return encode(local_pb2.LocalRequest(shared_upload=local_pb2.SharedUpload(
             seq=seq, slot=slot, meta=meta, offset=0, length=n)))
-
-    def close(self) -> None:
-        self._map.close()

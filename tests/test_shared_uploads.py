@@ -49,7 +49,7 @@ def connected(tmp_path, region: Region) -> tuple[Writer, local_pb2.AppWelcome]:
             assert region.send_welcome(conn, encode(welcome)) == len(encode(welcome))
         reply, fds = app.recv_with_fds(local_pb2.LocalReply)
         app.close()
-    assert region.fd is None  # the daemon's own descriptor is closed: the mapping stays
+    assert region.fd is not None  # the daemon keeps its own, to read the region with
     assert len(fds) == 1 and reply.welcome.shared_bytes == SIZE
     return Writer(fds[0], reply.welcome.shared_bytes), reply.welcome
 
@@ -263,3 +263,16 @@ def test_rrto_shared_uploads_switches_the_request_off_and_a_bad_value_is_ignored
     monkeypatch.setenv("RRTO_SHARED_UPLOADS", "maybe")
     s = settings()
     assert s.shared_uploads and "RRTO_SHARED_UPLOADS='maybe'" in s.config_note
+
+
+def test_reading_a_range_the_app_never_wrote_allocates_nothing() -> None:
+    """An app naming the whole region without writing it must not make the daemon allocate
+    it: ``pread`` reads a hole as zeros (a read through a shared mapping would make each page,
+    charged to the daemon, up to the region's size per session)."""
+    region = Region(SIZE)
+    frame, _ = region.frame(local_pb2.SharedUpload(seq=1, meta=META, offset=0, length=SIZE))
+    assert frame.arg.tensor.upload.data == bytes(SIZE)
+    assert os.fstat(region.fd).st_blocks == 0
+    os.pwrite(region.fd, b"x" * 4096, 0)  # what the app writes is what is there
+    assert os.fstat(region.fd).st_blocks > 0
+    region.close()
