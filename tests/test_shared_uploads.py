@@ -34,9 +34,9 @@ def data(n: int = 3 * 128 * 128 * 4, seed: int = 0) -> memoryview:
     return memoryview(torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g).numpy())
 
 
-def connected(tmp_path, region: Region) -> tuple[Writer, local_pb2.AppWelcome]:
-    """The app's end of a real unix socket on which the daemon's end sent the welcome with
-    the region's descriptor, as ``AppRelay`` does."""
+def sent_welcome(tmp_path, region: Region) -> tuple[local_pb2.LocalReply, list[int]]:
+    """What the app's end of a real unix socket reads when the daemon's end sends the welcome
+    with the region's descriptor, as ``AppRelay`` does."""
     path = str(tmp_path / "s.sock")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
         server.bind(path)
@@ -44,14 +44,20 @@ def connected(tmp_path, region: Region) -> tuple[Writer, local_pb2.AppWelcome]:
         app = FramedSocket(path, timeout=5)
         conn, _ = server.accept()
         with conn:
-            welcome = local_pb2.LocalReply(welcome=local_pb2.AppWelcome(
-                session="s1", shared_bytes=region.size))
-            assert region.send_welcome(conn, encode(welcome)) == len(encode(welcome))
+            welcome = encode(local_pb2.LocalReply(welcome=local_pb2.AppWelcome(
+                session="s1", shared_bytes=region.size)))
+            assert region.send_welcome(conn, welcome) == len(welcome)
         reply, fds = app.recv_with_fds(local_pb2.LocalReply)
         app.close()
     assert region.fd is not None  # the daemon keeps its own, to read the region with
+    return reply, fds
+
+
+def connected(tmp_path, region: Region) -> Writer:
+    """The shim's writer of the region the welcome brought."""
+    reply, fds = sent_welcome(tmp_path, region)
     assert len(fds) == 1 and reply.welcome.shared_bytes == SIZE
-    return Writer(fds[0], reply.welcome.shared_bytes), reply.welcome
+    return Writer(fds[0], reply.welcome.shared_bytes)
 
 
 def request(framed: bytes) -> local_pb2.LocalRequest:
@@ -62,7 +68,7 @@ def request(framed: bytes) -> local_pb2.LocalRequest:
 
 def test_an_upload_through_the_region_is_the_frame_the_socket_would_carry(tmp_path) -> None:
     region = Region(SIZE)
-    writer, _ = connected(tmp_path, region)
+    writer = connected(tmp_path, region)
     raw = data()
     framed = writer.put(7, META, raw)
     assert framed is not None and len(framed) < 100  # the bytes are in the region, not here
@@ -76,7 +82,7 @@ def test_an_upload_through_the_region_is_the_frame_the_socket_would_carry(tmp_pa
 
 def test_the_region_is_written_again_only_once_the_daemon_acknowledged_it(tmp_path) -> None:
     region = Region(SIZE)
-    writer, _ = connected(tmp_path, region)
+    writer = connected(tmp_path, region)
     assert region.ack() == b""  # nothing copied out yet
     first = writer.put(0, META, data(seed=1))
     assert first is not None
@@ -98,7 +104,7 @@ def test_the_region_is_written_again_only_once_the_daemon_acknowledged_it(tmp_pa
 
 def test_small_and_oversized_uploads_stay_on_the_socket(tmp_path) -> None:
     region = Region(SIZE)
-    writer, _ = connected(tmp_path, region)
+    writer = connected(tmp_path, region)
     assert writer.put(0, META, data(SHARED_MIN - 1)) is None
     assert writer.put(0, META, data(SIZE + 1)) is None
     assert writer.put(0, META, data(SIZE)) is not None  # exactly the region
@@ -106,19 +112,10 @@ def test_small_and_oversized_uploads_stay_on_the_socket(tmp_path) -> None:
 
 
 def test_the_app_cannot_resize_the_region_under_the_daemon(tmp_path) -> None:
-    """Sealed before it is sent: a shrunk region would make the daemon's read of it fault."""
+    """Sealed before it is sent: its size stays what the welcome said, which the daemon
+    checks every range against."""
     region = Region(SIZE)
-    path = str(tmp_path / "s.sock")
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
-        server.bind(path)
-        server.listen(1)
-        app = FramedSocket(path, timeout=5)
-        conn, _ = server.accept()
-        with conn:
-            region.send_welcome(conn, encode(local_pb2.LocalReply(
-                welcome=local_pb2.AppWelcome(shared_bytes=SIZE))))
-        _, (fd,) = app.recv_with_fds(local_pb2.LocalReply)
-        app.close()
+    _, (fd,) = sent_welcome(tmp_path, region)
     try:
         for size in (0, SIZE // 2, SIZE * 2):
             with pytest.raises(PermissionError):
@@ -223,7 +220,7 @@ def test_the_shims_channel_puts_a_large_upload_in_the_region_in_order(tmp_path) 
     second one before the acknowledgement goes on the socket; once acknowledged (as the
     reader thread hears it), the region again."""
     region = Region(SIZE)
-    writer, _ = connected(tmp_path, region)
+    writer = connected(tmp_path, region)
     a, b = socket.socketpair()
     channel = SocketChannel.__new__(SocketChannel)  # the hello is tested above
     channel.sock, channel._wlock, channel.shared = FramedSocket.__new__(FramedSocket), \
