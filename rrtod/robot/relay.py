@@ -558,7 +558,7 @@ class AppRelay:
             frames = (message.batch.frames if message.WhichOneof("msg") == "batch"
                       else (message,))
             parts: list[bytes] = []
-            if self.shared is not None and (ack := self.shared.ack()):
+            if ack := self._acked():  # the shared region's, with the first write
                 parts.append(ack)
             for frame in frames:
                 what = frame.WhichOneof("msg")
