@@ -165,3 +165,19 @@ def test_frame_reader_takes_large_frames_from_the_budget_and_gives_them_back():
     with pytest.raises(FrameError, match="inside a frame"):
         asyncio.run(read(frame[: 300 << 10], budget))  # the peer leaves mid-frame
     assert budget.used == 0
+
+
+def test_connections_fit_the_descriptor_limit_with_a_region_each(monkeypatch):
+    """An app session with a shared upload region holds two descriptors (its socket and the
+    region's memfd): under a limit that cannot be raised, the daemon serves half as many
+    connections when regions are on, and says so, rather than failing to accept."""
+    import resource
+
+    from rrtod import local_server
+
+    monkeypatch.setattr(resource, "getrlimit", lambda _what: (1024, 1024))
+    monkeypatch.setattr(resource, "setrlimit", lambda *_a: None)
+    head = local_server.FD_HEADROOM
+    assert local_server.usable_connections(1024) == 1024 - head
+    assert local_server.usable_connections(1024, per_connection=2) == (1024 - head) // 2
+    assert local_server.usable_connections(256, per_connection=2) == 256  # fits as asked
