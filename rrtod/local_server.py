@@ -140,7 +140,7 @@ class LocalServer:
 
     async def start(self) -> None:
         self.max_connections = usable_connections(self.limits.max_connections,
-                                                  2 if self.limits.shared_upload else 1)
+                                                  2 if self.limits.shared_bytes else 1)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists() or self.path.is_symlink():
             if _in_use(self.path):

@@ -92,7 +92,7 @@ class Region:
             upload.meta.ParseFromString(up.meta)
         except Exception as exc:  # noqa: BLE001 - DecodeError, by any backend's name
             raise FrameError(f"malformed shared upload meta: {exc}") from None
-        data = os.pread(self.fd, up.length, up.offset) if up.length else b""
+        data = os.pread(self.fd, up.length, up.offset)
         if len(data) != up.length:  # cannot happen to a sealed region: said, not assumed
             raise FrameError(f"shared upload [{up.offset}, {end}) read {len(data)} bytes")
         upload.data = data  # the one copy out of the region
