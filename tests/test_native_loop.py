@@ -161,9 +161,9 @@ class InPlace(torch.nn.Module):
 @needs_loop
 def test_in_place_calls_run_natively_once_the_app_has_matched_them(tmp_path):
     """An in-place call in a run needs no snapshot once the app has matched it (its release
-    frames say so: ``Release.progress``), so the run goes natively; while the app is behind,
-    those calls run one by one, each after a snapshot an abort would restore. Outputs equal
-    the forward's either way."""
+    frames say so: ``Release.progress``); while the app is behind, the run copies what each
+    overwrites just before it (an abort would restore it). Both go natively, and outputs
+    equal the forward's either way."""
     torch.manual_seed(3)
     model = InPlace().eval()
     frames = [torch.randn(1, 3, 16, 16) for _ in range(4)]
@@ -179,8 +179,9 @@ def test_in_place_calls_run_natively_once_the_app_has_matched_them(tmp_path):
                 got, _ = harness.replay(x, ahead=ahead)
                 want = model(x.clone())
                 assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
-            if ahead:  # no copies, and the in-place calls ran inside native runs
+            if ahead:  # no copies
                 assert r.snapshots == copied
+            if ran_natively:  # after the calibrating replay, most calls ran in native runs
                 assert counters["native_calls"] - ran_natively >= len(d.calls) * len(frames) // 2
             copied, ran_natively = r.snapshots, counters["native_calls"]
         assert r.snapshots == 3 * 4 * len(frames)  # behind: every in-place call copied
@@ -309,10 +310,11 @@ def test_an_operator_that_raises_keeps_what_ran_before_it_and_nothing_of_itself(
 
 
 @needs_loop
-def test_an_output_that_follows_the_data_stops_the_run_where_it_differs(tmp_path):
+def test_an_output_that_follows_the_data_steps_the_run_on_from_where_it_differs(tmp_path):
     """``x[x > 0]`` is admitted at its bound (every element selected); when this inference
-    selects another count than the calibrating one, the run stops before it: the Python path
-    runs it and the rest, and the results are this inference's."""
+    selects another count than the calibrating one, the native run stops before it and the
+    batch steps through it and the rest, each call admitted for its own sizes, with this
+    inference's results; from then on the batch is stepped (its sizes follow the data)."""
     ex = make(tmp_path)
     calls = [metas(op_call("aten::gt.Scalar", ref(1), ops_pb2.Value(i=0), out=10), (8,)),
              metas(op_call("aten::index.Tensor", ref(1), ops_pb2.Value(list=ops_pb2.ValueList(
@@ -320,14 +322,15 @@ def test_an_output_that_follows_the_data_stops_the_run_where_it_differs(tmp_path
              metas(op_call("aten::neg.default", ref(11), out=12), (3,)),
              metas(op_call("aten::exp.default", ref(12), out=13), (3,))]
     b = batch_of(ex, calls, [[0], [0, -1], [-2], [-3]], 1)
-    for first, x, done in ((10, torch.tensor([1., -1, 2, -2, 3, -3, -4, -5]), 4),  # calibrates
-                           (20, torch.tensor([-1., 1, -2, 2, -3, 3, -4, -5]), 4),  # 3 again
-                           (30, torch.tensor([1., 1, 1, 1, -3, 3, -4, -5]), 1)):  # 5: stops
+    for first, x, varies in ((10, torch.tensor([1., -1, 2, -2, 3, -3, -4, -5]), False),
+                             (20, torch.tensor([-1., 1, -2, 2, -3, 3, -4, -5]), False),
+                             (30, torch.tensor([1., 1, 1, 1, -3, 3, -4, -5]), True),  # 5 now
+                             (40, torch.tensor([1., -1, 2, -2, 3, -3, -4, -5]), True)):
         ex.store.put(1, x)
-        assert ex.run_batch(b, [1], [first, first + 1, first + 2, first + 3]) == done
-        if done == 4:
-            assert torch.equal(ex.store.get(first + 3), torch.exp(-x[x > 0]))
-    assert 30 in ex.store and 31 not in ex.store and ex.store.pending == 0
+        assert ex.run_batch(b, [1], [first, first + 1, first + 2, first + 3]) == 4
+        assert torch.equal(ex.store.get(first + 3), torch.exp(-x[x > 0]))
+        assert b.varies is varies and ex.store.pending == 0
+    assert ex.counters["native_calibrations"] == 3  # the first, the one that met 5, the last
 
 
 def test_calls_the_loop_cannot_hold_stay_on_the_python_path(tmp_path):
@@ -350,3 +353,107 @@ def test_calls_the_loop_cannot_hold_stay_on_the_python_path(tmp_path):
     assert ex.batchable(ex.prepare(metas(op_call("aten::div.Scalar", ref(2), ops_pb2.Value(i=2),
                                                  out=10), (3,)))) is built
     assert os.environ.get("RRTO_NATIVE") is None
+
+
+def _masked_loop(ex):
+    """A detector's per-class NMS step in miniature, on externals x (8,), keep (8,) bool,
+    acc (8,) and one (a bool scalar): ``m = x > 0``, its indices (answered: the app needs
+    their count, and describes no layout for them), ``x[m]``, ``keep[m] = one`` and
+    ``acc += x`` (both in place)."""
+    mask = ops_pb2.Value(list=ops_pb2.ValueList(items=[ref(10)]))
+    calls = [metas(op_call("aten::gt.Scalar", ref(1), ops_pb2.Value(i=0), out=10), (8,)),
+             op_call("aten::nonzero.default", ref(10), out=11),  # answered: no layout
+             metas(op_call("aten::index.Tensor", ref(1), mask, out=12), (3,)),
+             metas(op_call("aten::index_put_.default", ref(2), mask, ref(4), out=2), (8,)),
+             metas(op_call("aten::add_.Tensor", ref(3), ref(1), out=3), (8,))]
+    return calls, batch_of(ex, calls, [[0], [-1], [0, -1], [1, -1, 3], [2, 0]], 4)
+
+
+@needs_loop
+def test_a_run_answers_its_answered_calls_and_copies_what_it_overwrites(tmp_path):
+    """Answered and in-place calls inside a run, native and stepped: the app gets each
+    answer as the call ran, the very reply the one-by-one path gives (``want_meta``); what
+    each in-place call overwrites is copied just before it (an abort restores it); outputs
+    equal eager ones. A count that changes within the run steps it from there on."""
+    ex = make(tmp_path)
+    calls, b = _masked_loop(ex)
+    for frame, x in enumerate((torch.tensor([1., -1, 2, -2, 3, -3, -4, -5]),  # calibrates
+                               torch.tensor([-1., 1, -2, 2, -3, 3, -4, -5]),  # native
+                               torch.tensor([1., 1, 1, 1, -3, 3, -4, -5]))):  # 5: steps on
+        keep, acc = torch.zeros(8, dtype=torch.bool), torch.arange(8.0)
+        for i, t in ((1, x), (2, keep), (3, acc), (4, torch.tensor(True))):
+            ex.store.put(i, t)
+        first = 100 * (frame + 1)
+        out_ids = [first + j for j in range(5)]
+        answers: list[tuple[int, ops_pb2.OpResult]] = []
+        snapshots: list = []
+        calibrations = ex.counters["native_calibrations"]
+        assert ex.run_batch(b, [1, 2, 3, 4], out_ids, writes=[3, 4], answered=[1],
+                            on_answer=lambda j, r, into=answers: into.append((j, r)),
+                            snapshots=snapshots) == 5
+        assert ex.counters["native_calibrations"] == calibrations + (frame != 1)
+        assert torch.equal(ex.store.get(first + 2), x[x > 0])
+        assert torch.equal(keep, x > 0) and torch.equal(acc, torch.arange(8.0) + x)
+        # the answer, as the one-by-one path replies it to the same call
+        other = make(tmp_path / f"one-{frame}")
+        other.store.put(10, x > 0)
+        (reply,) = other.run_prepared(other.prepare(calls[1]), [10], [first + 1],
+                                      want_meta=True)
+        assert answers == [(1, reply.result)]
+        assert [j for j, _ in snapshots] == [3, 4]
+        for _j, token in reversed(snapshots):  # an abort before the in-place calls
+            ex.restore(token)
+        assert not keep.any() and torch.equal(acc, torch.arange(8.0))
+        assert ex.store.pending == 0
+    assert b.varies
+
+
+@needs_loop
+def test_an_abort_inside_a_native_run_leaves_what_the_one_by_one_path_leaves(tmp_path,
+                                                                             monkeypatch):
+    """The host ran a whole inference ahead of an app that then differed between two in-place
+    calls of one native run: the first's write stays, the later ones are undone (their
+    copies, taken in the run), exactly as the one-by-one path (``RRTO_NATIVE=0``) leaves it,
+    and the value written in place is what forwarding would have left."""
+    torch.manual_seed(3)
+    model = InPlace().eval()
+    frames = [torch.randn(1, 3, 16, 16) for _ in range(2)]
+    with torch.inference_mode():
+        d, constants, _ = hostloop.definition(model, frames[0].clone())
+    in_place = [k for k, c in enumerate(d.calls)
+                if c.op in ("aten::relu_.default", "aten::add_.Tensor", "aten::hardswish_.default")]
+    position = in_place[1]  # the app matched the first relu_, not the add_
+    left = {}
+    for setting in ("1", "0"):
+        monkeypatch.setenv("RRTO_NATIVE", setting)
+        native.module.cache_clear()
+        harness = hostloop.Harness(d, constants, str(tmp_path / setting))
+        r, counters = harness.replayer, harness.executor.counters
+        base = hostloop.REPLAY_BASE + 2 * hostloop.SPAN
+        downs: list[ops_pb2.SessionDown] = []
+        with torch.inference_mode():
+            harness.replay(frames[0], ahead=False)  # calibrates the runs
+            ran, copied = counters["native_calls"], r.snapshots
+            for frame in (ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=1, base_id=base,
+                                                                     inference=base)),
+                          ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=ops_pb2.TensorRef(
+                              upload=hostloop.codec.tensor_data(frames[1]))))):
+                r.process(frame, downs.append)
+            assert r.active is None and r.snapshots - copied == len(in_place)
+            if setting == "1":  # the in-place calls ran in native runs, copied there
+                assert counters["native_calls"] - ran >= len(d.calls) // 2
+            r.process(ops_pb2.SessionUp(abort=ops_pb2.ReplayAbort(position=position)),
+                      downs.append)
+        assert not [f for f in downs if f.WhichOneof("msg") == "error"]
+        store = harness.executor.store
+        left[setting] = {i: store.get(i).clone() for i in range(base, base + hostloop.SPAN)
+                         if store.get(i) is not None}
+    monkeypatch.delenv("RRTO_NATIVE")
+    native.module.cache_clear()
+    assert left["1"].keys() == left["0"].keys() and left["1"]
+    assert all(torch.equal(left["1"][i], left["0"][i]) for i in left["1"])
+    with torch.inference_mode():  # z = conv2(y) as it was before its add_
+        y = model.bn(model.conv1(frames[1])).relu()
+        z = model.conv2(y)
+    written = base + list(d.local_ids).index(d.calls[position].out_ids[0])
+    assert torch.allclose(left["1"][written], z)

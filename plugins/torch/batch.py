@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .prepared import PreparedCall, _dense, _Hole
+from .prepared import PreparedCall, _dense, _Hole, written_args
 
 _PLACEHOLDER = torch.empty(0)  # a tensor argument's place in a template (the run fills it)
 
@@ -89,7 +89,8 @@ def batchable(p: Any, native: Any) -> bool:
     kept on the call). An operator whose output sizes follow the data (``x[mask]``,
     ``nonzero``) is one: what it may allocate is bounded by its input sizes (``sizing``), and
     where its outputs differ from the calibrated ones the run stops before it."""
-    if type(p) is not PreparedCall or not p.layouts or (p.written and not _returns_writes(p.op)):
+    if type(p) is not PreparedCall or not _outputs(p) \
+            or (p.written and not _returns_writes(p.op)):
         return False
     if p.native is None:
         p.native = False
@@ -122,7 +123,15 @@ def _add(loop: Any, p: PreparedCall, sources: list[int]) -> None:
     values, defaulted, holes = made
     loop.add(p.op._schema.name, p.op._schema.overload_name, values, defaulted,
              [(arg, item, s) for (arg, item), s in zip(holes, sources, strict=True)],
-             [(list(shape), list(stride), _dense(shape, stride)) for shape, stride in p.layouts])
+             [(list(shape), list(stride), _dense(shape, stride)) for shape, stride in p.layouts]
+             or [([], [], False)] * p.outs)
+
+
+def _outputs(p: PreparedCall) -> int:
+    """How many outputs ``p`` makes: its layouts, or where the app is answered their sizes
+    (it describes none: ``nonzero``, ``nms``), the ids it names; such outputs are kept as the
+    operator laid them out, as ``run_prepared`` keeps them."""
+    return len(p.layouts) or p.outs
 
 
 class Batch:
@@ -130,15 +139,35 @@ class Batch:
     ``sources``: per call, per tensor argument, ``e >= 0`` for external tensor ``e``, or
     ``-(v + 1)`` for the run's ``v``-th value (its calls' outputs in order)."""
 
-    __slots__ = ("loop", "calls", "sources", "total", "what")
+    __slots__ = ("loop", "calls", "sources", "total", "needs", "varies", "first", "written",
+                 "what")
 
     def __init__(self, native: Any, calls: list[PreparedCall], sources: list[list[int]],
                  externals: int):
         self.loop = native.Batch()
         self.loop.set_externals(externals)
+        written: list[list[int]] = []
         for p, src in zip(calls, sources, strict=True):
             _add(self.loop, p, src)
+            written.append(_written_holes(p))
         self.calls = calls
         self.sources = sources
         self.total = 0  # bytes the calibrated run allocates, admitted before each run
+        self.needs = [0] * len(calls)  # ... per call, as last stepped
+        # its sizes follow the data within the run (a calibrated run stopped at a call whose
+        # outputs differed, and which then ran): it is stepped, not run natively
+        self.varies = False
+        self.first = [0]  # per call, the index of its first value among the run's
+        for p in calls:
+            self.first.append(self.first[-1] + _outputs(p))
+        self.written = written  # per call, the holes it writes in place
         self.what = f"{calls[0].what} and {len(calls) - 1} more (replayed natively)"
+
+
+def _written_holes(p: PreparedCall) -> list[int]:
+    """The holes of the tensors ``p`` writes in place (``Tensor(a!)`` arguments)."""
+    made = _template(p)
+    if made is None:
+        return []
+    positions = {i for i, _name in written_args(p.op)}
+    return [h for h, (arg, _item) in enumerate(made[2]) if arg in positions]

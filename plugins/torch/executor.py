@@ -143,6 +143,104 @@ def _new_bytes(p: PreparedCall, tensors: list[torch.Tensor], args: list[Any],
     return need
 
 
+def _returned(op: Any, outs: list[torch.Tensor]) -> Any:
+    """What ``op`` returned, from its tensors in order: one tensor, a list (``Tensor[]``) or
+    a tuple of tensors. Only for those (``answerable``)."""
+    returns = op._schema.returns
+    if len(returns) == 1:
+        return list(outs) if str(returns[0].type) == "List[Tensor]" else outs[0]
+    return tuple(outs)
+
+
+def answerable(op: Any) -> bool:
+    """Whether an answer to ``op``'s call can be built from its output tensors alone
+    (``_returned``): one return, or only ``Tensor`` returns."""
+    returns = op._schema.returns
+    return len(returns) == 1 or all(str(r.type) == "Tensor" for r in returns)
+
+
+def _answer(op: Any, outs: list[torch.Tensor], ids: list[int]) -> ops_pb2.OpResult:
+    """The reply ``run_prepared`` with ``want_meta`` gives for a call that made ``outs``
+    under ``ids``: their metadata and the returned value."""
+    reply = ops_pb2.OpResult(seq=0)
+    for t in outs:
+        reply.outs.append(codec.meta_of(t))
+    id_of = {id(t): i for i, t in zip(ids, outs, strict=True)}
+    codec.encode_value(_returned(op, outs), reply.value,
+                       lambda t: ops_pb2.TensorRef(id=id_of[id(t)]))
+    return reply
+
+
+class _Hooks:
+    """What ``run_batch`` does around a run's calls for the replayer: copies of what the
+    ``writes`` calls overwrite, taken just before each runs (``snapshots``: (call, token)),
+    and the answers of the ``answered`` calls, given to ``on_answer`` as each ran."""
+
+    __slots__ = ("batch", "out_ids", "writes", "answered", "on_answer", "snapshots", "copies",
+                 "taken")
+
+    def __init__(self, b: batch_.Batch, out_ids: list[int], writes: Sequence[int],
+                 answered: Sequence[int],
+                 on_answer: Callable[[int, ops_pb2.OpResult], None] | None,
+                 snapshots: list[tuple[int, Any]] | None):
+        if answered and on_answer is None or writes and snapshots is None:
+            raise ValueError("answered calls need on_answer, written ones snapshots")
+        self.batch, self.out_ids = b, out_ids
+        self.writes = frozenset(writes)
+        self.answered = frozenset(answered)
+        self.on_answer = on_answer
+        self.snapshots = snapshots
+        # for the native loop: (call, hole) of each tensor to copy before its call
+        self.copies = [(j, h) for j in sorted(self.writes) for h in b.written[j]]
+        self.taken = 0  # snapshots appended by this run
+
+    def keep(self, copied: list[tuple[int, torch.Tensor, torch.Tensor]]) -> None:
+        """The native loop's copies, as (call, tensor, copy)."""
+        token: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for n, (j, t, copy) in enumerate(copied):
+            token.append((t, copy))
+            if n + 1 == len(copied) or copied[n + 1][0] != j:
+                self._add(j, token)
+                token = []
+
+    def copy(self, j: int, tensors: list[torch.Tensor]) -> bool:
+        """Before stepped call ``j``: copy what it writes, if it is one of ``writes``."""
+        if j not in self.writes:
+            return False
+        with torch.inference_mode():  # as the operators ran (their tensors are inference ones)
+            self._add(j, [(t, t.clone()) for h in self.batch.written[j]
+                          if (t := tensors[h]) is not None])
+        return True
+
+    def drop_copy(self) -> None:
+        """The call just copied for did not run."""
+        assert self.snapshots is not None
+        self.snapshots.pop()
+        self.taken -= 1
+
+    def _add(self, j: int, token: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        assert self.snapshots is not None
+        self.snapshots.append((j, token))
+        self.taken += 1
+
+    def ran(self, j: int, made: list[torch.Tensor]) -> None:
+        """Call ``j`` ran and made ``made``: the app waits for its answer?"""
+        if j in self.answered:
+            b = self.batch
+            self.on_answer(j, _answer(b.calls[j].op, made,  # type: ignore[misc]
+                                      self.out_ids[b.first[j]:b.first[j + 1]]))
+
+    def undo(self) -> None:
+        """Nothing of the run is kept: what its calls wrote in place is written back."""
+        assert self.snapshots is not None or not self.taken
+        with torch.inference_mode():
+            for _ in range(self.taken):
+                _j, token = self.snapshots.pop()  # type: ignore[union-attr]
+                for t, copy in token:
+                    t.copy_(copy)
+        self.taken = 0
+
+
 class TorchExecutor:
     """Executes one session's frames. Not thread-safe by design: one worker thread drives it."""
 
@@ -411,10 +509,12 @@ class TorchExecutor:
 
         return self._execute(decode, what, p.layouts, out_ids, 0, False, want_meta, p.counts)
 
-    def batchable(self, prepared: Any) -> bool:
-        """Whether a prepared call can be part of a native run (``batch.batchable``)."""
+    def batchable(self, prepared: Any, answered: bool = False) -> bool:
+        """Whether a prepared call can be part of a native run (``batch.batchable``); one the
+        app waits for the answer of only where the answer can be built from its outputs."""
         mod = native.module()
-        return mod is not None and batch_.batchable(prepared, mod)
+        return mod is not None and batch_.batchable(prepared, mod) \
+            and (not answered or answerable(prepared.op))
 
     def batch(self, prepared: list[Any], sources: list[list[int]], externals: int) -> Any:
         """A run of prepared calls built into the native loop (``batch.Batch``), or None where
@@ -430,34 +530,54 @@ class TorchExecutor:
             return None
 
     def run_batch(self, b: batch_.Batch, externals: list[int], out_ids: list[int],
-                  drops: Sequence[tuple[int, int]] = ()) -> int:
+                  drops: Sequence[tuple[int, int]] = (), writes: Sequence[int] = (),
+                  answered: Sequence[int] = (),
+                  on_answer: Callable[[int, ops_pb2.OpResult], None] | None = None,
+                  snapshots: list[tuple[int, Any]] | None = None) -> int:
         """Run a batch with these live external tensors, its values stored under ``out_ids``:
         how many of its calls ran (in order; the caller runs the rest one by one). Calibrated,
-        one native call after admitting what the calibrating run allocated; else calibrating,
-        each call admitted and run on its own (``batch``). ``drops``: (call, value) pairs,
-        in call order, of values let go of once that call ran (never stored)."""
+        one native call after admitting what the calibrating run allocated; else, and from
+        where a calibrated run met other sizes than its own, *stepped*: each call admitted
+        what it allocates for its sizes (``sizing``) and run on its own (``batch``).
+        ``drops``: (call, value) pairs, in call order, of values let go of once that call ran
+        (never stored). ``writes``: calls, in order, whose in-place writes an abort may have
+        to undo: what they write is copied just before they run, appended to ``snapshots`` as
+        (call, ``snapshot`` token). ``answered``: calls, in order, whose result the app waits
+        for: ``on_answer(call, result)`` right after each ran, as ``run_prepared`` with
+        ``want_meta`` would reply."""
         get = self.store.get
         tensors = [get(i) for i in externals]
         if any(t is None for t in tensors):
             return 0  # released or poisoned: the Python path says so
-        admitted, outs = 0, []
-        if b.loop.calibrated():
+        hooks = _Hooks(b, out_ids, writes, answered, on_answer, snapshots)
+        admitted, done, outs = 0, 0, []
+        if b.loop.calibrated() and not b.varies:
             try:
                 self.store.admit(b.total, b.what)
             except QuotaExceeded:
                 return 0
             admitted = b.total
-            done, outs = b.loop.run(tensors, drops)
-        if not outs:  # calibrate: sizes the run has not seen (or its first call failed)
-            if admitted:
+            done, outs, copied = b.loop.run(tensors, drops, hooks.copies, list(answered),
+                                            hooks.ran if answered else None)
+            hooks.keep(copied)
+            if not outs:  # sizes the run has not seen (or its first call failed)
                 self.store.cancel(admitted)
-            admitted, done, outs = self._calibrate(b, tensors, drops)
+                admitted = 0
+        if done < len(b.calls):
+            stopped = done > 0  # a calibrated run met other sizes (or a failing call) within
+            stepped, done, outs = self._step(b, tensors, drops, done, outs, hooks)
+            admitted += stepped
+            if done == len(b.calls):
+                b.varies = b.varies or stopped
+                b.loop.calibrate(tensors)
+                b.total = sum(b.needs)
             self.counters["native_calibrations"] += 1
         if done:
             try:
                 self.store.put_many([(i, t) for i, t in zip(out_ids, outs, strict=False)
                                      if t is not None], b.what, admitted=admitted)
             except QuotaExceeded:  # nothing stored: the calls run again, one by one
+                hooks.undo()
                 return 0
             self.counters["ops"] += done
             self.counters["native_calls"] += done
@@ -466,17 +586,19 @@ class TorchExecutor:
             self.store.cancel(admitted)
         return done
 
-    def _calibrate(self, b: batch_.Batch, externals: list[torch.Tensor],
-                   drops: Sequence[tuple[int, int]]) -> tuple[int, int, list[torch.Tensor | None]]:
-        """The batch's calls one at a time, each admitted what it allocates for these sizes
-        before it runs: the bytes admitted, the calls run and the values they made. A run to
-        its end calibrates the batch (``Batch.total``)."""
-        outs: list[torch.Tensor | None] = []
-        admitted = done = 0
-        dropping = iter(drops)
+    def _step(self, b: batch_.Batch, externals: list[torch.Tensor],
+              drops: Sequence[tuple[int, int]], start: int, outs: list[torch.Tensor | None],
+              hooks: _Hooks) -> tuple[int, int, list[torch.Tensor | None]]:
+        """The batch's calls from ``start`` on, one at a time, each admitted what it allocates
+        for these sizes before it runs (``Batch.needs``): the bytes admitted, the calls run
+        (from the first) and the values they made."""
+        admitted = 0
+        done = start
+        dropping = iter([d for d in drops if d[0] >= start])
         drop = next(dropping, None)
-        for j, (p, sources) in enumerate(zip(b.calls, b.sources, strict=True)):
-            tensors = [externals[s] if s >= 0 else outs[-s - 1] for s in sources]
+        for j in range(start, len(b.calls)):
+            p = b.calls[j]
+            tensors = [externals[s] if s >= 0 else outs[-s - 1] for s in b.sources[j]]
             if any(t is None for t in tensors):
                 break  # a value dropped too early: the one-by-one path reports it
             try:
@@ -485,20 +607,22 @@ class TorchExecutor:
                 self.store.admit(need, p.what)
             except (sizing.Unsizable, sizing.MetaFailed, QuotaExceeded):
                 break
+            copied = hooks.copy(j, tensors)
             made = b.loop.step(j, tensors)
             if made is None:
                 self.store.cancel(need)
+                if copied:
+                    hooks.drop_copy()
                 break
+            b.needs[j] = need
             admitted += need
             outs.extend(made)
             done += 1
+            hooks.ran(j, made)
             while drop is not None and drop[0] <= j:
                 if drop[1] < len(outs):
                     outs[drop[1]] = None
                 drop = next(dropping, None)
-        if done == len(b.calls):
-            b.loop.calibrate(externals)
-            b.total = admitted
         return admitted, done, outs
 
     def _run_plain(self, p: PreparedCall, refs: list[int | ops_pb2.TensorRef],

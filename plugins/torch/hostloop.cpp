@@ -2,13 +2,15 @@
 //
 // The Python replay loop spends 10-25 us around each operator (binding ids, the store, the
 // checks, the call through OpOverload); a replayed inference of a detector is over a thousand
-// calls. A run of calls that return only tensors and write nothing is replayed here instead: the operators are called through the dispatcher with their recorded arguments and
-// this inference's tensors, without the GIL, with the same per-output checks as the Python path
-// (the output stays inside its storage; it is laid out as the app's proxy describes it). The
-// run stops before the first call that raises or fails a check, or whose output differs from
-// the calibrated layout: the caller replays that call and the rest one by one, and the Python
-// path reports what went wrong. Nothing here decides what may run: every call was prepared by
-// the executor from the allowlist, and the bytes it allocates were admitted by the caller.
+// calls. A run of calls that return only tensors (and write in place only what they return) is
+// replayed here instead: the operators are called through the dispatcher with their recorded
+// arguments and this inference's tensors, without the GIL, with the same per-output checks as
+// the Python path (the output stays inside its storage; it is laid out as the app's proxy
+// describes it). The run stops before the first call that raises or fails a check, or whose
+// output differs from the calibrated layout: the caller steps through that call and the rest
+// (``step``: one call at a time, each admitted for its own sizes), and the Python path reports
+// what went wrong. Nothing here decides what may run: every call was prepared by the executor
+// from the allowlist, and the bytes it allocates were admitted by the caller.
 
 #include <torch/extension.h>
 
@@ -188,35 +190,60 @@ class Batch {
     return outs;
   }
 
-  // The whole run with these external tensors: (calls run, the values they made, in order).
-  // It stops before a call that raised or failed a check, and runs nothing when an external
-  // tensor is not as calibrated. ``drops``: (call, value) pairs in call order: the value is let
-  // go of once that call ran (the app released it, and nothing after that call reads it), so
-  // that later calls reuse its memory, as the one-by-one path frees it; it comes back undefined.
-  std::pair<int, std::vector<at::Tensor>> run(const std::vector<at::Tensor>& externals,
-                                              const std::vector<std::pair<int, int>>& drops) {
+  // The whole run with these external tensors: (calls run, the values they made, in order,
+  // the copies taken). It stops before a call that raised or failed a check, and runs nothing
+  // when an external tensor is not as calibrated. ``drops``: (call, value) pairs in call
+  // order: the value is let go of once that call ran (the app released it, and nothing after
+  // that call reads it), so that later calls reuse its memory, as the one-by-one path frees
+  // it; it comes back undefined. ``copies``: (call, hole) pairs in call order: that tensor is
+  // copied just before the call writes it in place (an abort before the call restores it), as
+  // (call, tensor, copy). ``notify``: calls, in order, after which ``on_call(call, outputs)``
+  // is called with the GIL (the app waits for their answer: it goes out before the run ends).
+  std::tuple<int, std::vector<at::Tensor>, std::vector<std::tuple<int, at::Tensor, at::Tensor>>>
+  run(const std::vector<at::Tensor>& externals, const std::vector<std::pair<int, int>>& drops,
+      const std::vector<std::pair<int, int>>& copies, const std::vector<int>& notify,
+      const py::object& on_call) {
     std::vector<at::Tensor> outs;
+    std::vector<std::tuple<int, at::Tensor, at::Tensor>> copied;
     if (!calibrated_ || static_cast<int>(externals.size()) != externals_)
-      return {0, std::move(outs)};
+      return {0, std::move(outs), std::move(copied)};
     for (size_t e = 0; e < externals.size(); ++e)
-      if (!expected_[e].matches(externals[e])) return {0, std::move(outs)};
+      if (!expected_[e].matches(externals[e])) return {0, std::move(outs), std::move(copied)};
     outs.reserve(values_);
     py::gil_scoped_release no_gil;
     c10::InferenceMode guard(true);
     int done = 0;
-    size_t next_drop = 0;
+    size_t next_drop = 0, next_copy = 0, next_notify = 0;
     for (const Call& c : calls_) {
       const size_t before = outs.size();
-      bool ok = invoke(c, [&](size_t h) -> const at::Tensor& {
+      auto tensor = [&](size_t h) -> const at::Tensor& {
         const int s = c.holes[h].source;
         return s >= 0 ? externals[s] : outs[-(s + 1)];
-      }, outs);
+      };
+      const size_t copies_before = copied.size();
+      for (; next_copy < copies.size() && copies[next_copy].first <= done; ++next_copy) {
+        const int h = copies[next_copy].second;
+        if (copies[next_copy].first < done || h < 0 || static_cast<size_t>(h) >= c.holes.size())
+          continue;
+        const at::Tensor& t = tensor(h);
+        if (t.defined()) copied.emplace_back(done, t, t.clone());
+      }
+      bool ok = invoke(c, tensor, outs);
       for (size_t o = 0; ok && o < c.seen.size(); ++o)
         ok = outs[before + o].sizes().equals(c.seen[o].first) &&
              outs[before + o].strides().equals(c.seen[o].second);
-      if (!ok) {
+      if (!ok) {  // nothing of it is kept: what it may have written is written back
         outs.resize(before);
+        for (size_t i = copies_before; i < copied.size(); ++i)
+          std::get<1>(copied[i]).copy_(std::get<2>(copied[i]));
+        copied.resize(copies_before);
         break;
+      }
+      for (; next_notify < notify.size() && notify[next_notify] <= done; ++next_notify) {
+        if (notify[next_notify] < done) continue;
+        py::gil_scoped_acquire gil;
+        std::vector<at::Tensor> made(outs.begin() + before, outs.end());
+        on_call(done, made);  // never raises (the caller's callback catches)
       }
       for (; next_drop < drops.size() && drops[next_drop].first <= done; ++next_drop) {
         const int v = drops[next_drop].second;
@@ -224,7 +251,7 @@ class Batch {
       }
       ++done;
     }
-    return {done, std::move(outs)};
+    return {done, std::move(outs), std::move(copied)};
   }
 
  private:

@@ -81,8 +81,8 @@ class PreparedCall:
     tensor argument, numbered in ``iter_tensor_refs`` order (positional, then keyword
     arguments by name)."""
 
-    __slots__ = ("op", "what", "args", "kwargs", "top", "layouts", "counts", "sizes", "written",
-                 "plain", "tensors", "native")
+    __slots__ = ("op", "what", "args", "kwargs", "top", "layouts", "outs", "counts", "sizes",
+                 "written", "plain", "tensors", "native")
 
     def __init__(self, op: Any, call: ops_pb2.OpCall, device: Any):
         holes = itertools.count()
@@ -96,6 +96,8 @@ class PreparedCall:
         self.kwargs = {k: codec.decode_value(call.kwargs[k], hole, device)
                        for k in sorted(call.kwargs)}
         self.layouts = [_layout(m) for m in call.out_meta]
+        # how many outputs it names: one the app is answered the sizes of has no layouts
+        self.outs = len(call.out_ids)
         # Bytes the call allocates, per metadata of its tensor arguments (``size_key``): a
         # replay finds its inputs' metadata here and pays no meta execution.
         self.sizes: dict[Any, int] = {}

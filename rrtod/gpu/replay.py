@@ -80,11 +80,13 @@ class Runner(Protocol):
 class Run:
     """Calls ``[start, end)`` of a compiled sequence that the executor replays with one native
     call (``ReplayExtension.batch``): none of them waits for anything of the inference, pushes
-    (but the last), is answered or takes a symbolic integer, and each makes only values of this
-    inference. Those that write in place (``writes``) write only such values, and the run goes
-    natively only once the app has matched them (no snapshot is taken in a run). Its external
-    tensors are what it reads of the session that its own calls did not make; how each is
-    found in an inference is ``_externals``."""
+    (but the last) or takes a symbolic integer, and each makes only values of this inference.
+    Those the app waits for the answer of (``answered``) are answered from inside the run as
+    each ran (a detector's per-class NMS loop is answered calls between a few others). Those
+    that write in place (``writes``) write only such values; the executor copies what they
+    overwrite just before each runs, unless the app has matched them already (no abort comes
+    before them). Its external tensors are what it reads of the session that its own calls did
+    not make; how each is found in an inference is ``_externals``."""
 
     end: int
     batch: Any
@@ -95,6 +97,7 @@ class Run:
     outs: list[int]  # the local indices of its calls' outputs, in order
     made_by: list[int]  # per output, the call that makes it
     writes: list[int]  # its calls that write in place (a value made before them)
+    answered: list[int]  # its calls whose result the app is answered, from its start
     # ``_externals``' work that holds until a weight or constant is bound again: the count of
     # binds it was done at, and the ids of the externals that are not this inference's values
     # (None at theirs), or None where one of them has no live id
@@ -881,7 +884,9 @@ class HostReplayer:
             return {}
         n = len(seq.definition.calls)
         native = self.replay.batchable  # type: ignore[union-attr]
-        ok = [self._batchable(seq, k) and native(seq.prepared[k]) for k in range(n)]
+        ok = [self._batchable(seq, k) and (native(seq.prepared[k], answered=True)
+                                           if k in seq.answered else native(seq.prepared[k]))
+              for k in range(n)]
         found: dict[int, Run] = {}
         k = 0
         while k < n:
@@ -905,8 +910,8 @@ class HostReplayer:
         its tensors, and it makes only values of this inference (writing one in place, if
         at all, and returning it)."""
         outs = seq.out_local[k]
-        return (seq.prepared[k] is not None and k not in seq.robot and k not in seq.answered
-                and k not in seq.symbols and k not in seq.merges
+        return (seq.prepared[k] is not None and k not in seq.robot and k not in seq.symbols
+                and k not in seq.merges
                 and not seq.mutates[k]
                 and bool(outs) and None not in outs
                 and all(kind != "upload" for _s, _r, kind, _b, _p in seq.binding[k]))
@@ -943,7 +948,8 @@ class HostReplayer:
         constants = frozenset(s for k in range(start, end) for s in seq.constants_at[k])
         return Run(end, batch, externals, frozenset(slots), constants, outs,
                    [k for k in range(start, end) for _ in seq.out_local[k]],
-                   [k for k in range(start, end) if seq.writes[k]])
+                   [k for k in range(start, end) if seq.writes[k]],
+                   [k - start for k in range(start, end) if k in seq.answered])
 
     def _externals(self, act: Active, run: Run) -> list[int] | None:
         """The ids of a run's external tensors in this inference, as ``_bind`` finds them;
@@ -987,9 +993,8 @@ class HostReplayer:
         and that no later call reads is let go of inside the run, after its last use."""
         seq = act.seq
         if run.end > stop or act.joined or (act.args and not run.slots.isdisjoint(act.args)) \
-                or (seq.gone and not run.constants.isdisjoint(seq.gone)) \
-                or (run.writes and max(map(act.app_position, run.writes)) >= act.matched):
-            return False  # (an in-place call the app may still abort before: one by one)
+                or (seq.gone and not run.constants.isdisjoint(seq.gone)):
+            return False
         ids = self._externals(act, run)
         if ids is None:
             return False
@@ -1003,13 +1008,24 @@ class HostReplayer:
             drops = sorted((last[i] - k, v) for v, i in enumerate(run.outs)
                            if i in act.dropped and last.get(i, run.end) < run.end - 1
                            and not (varying and run.made_by[v] in varying))
-        done = self.replay.run_batch(run.batch, ids,  # type: ignore[union-attr]
-                                     [base + i for i in run.outs], drops)
+        copy = [j - k for j in run.writes if act.app_position(j) >= act.matched]
+        snapshots: list[tuple[int, Any]] = []
+
+        def answer(j: int, result: ops_pb2.OpResult) -> None:
+            emit(ops_pb2.SessionDown(answer=ops_pb2.ReplayAnswer(
+                base_id=base, position=act.app_position(k + j), result=result)))
+
+        done = self.replay.run_batch(  # type: ignore[union-attr]
+            run.batch, ids, [base + i for i in run.outs], drops, writes=copy,
+            answered=run.answered, on_answer=answer, snapshots=snapshots)
         if not done:
             return False
         act.position = k + done
+        for j, token in snapshots:
+            act.snapshots.append((k + j, token))
         if run.writes:
-            self.snapshots_skipped += sum(1 for j in run.writes if j < k + done)
+            self.snapshots += len(snapshots)
+            self.snapshots_skipped += sum(1 for j in run.writes if j < k + done) - len(snapshots)
         if seq.varying:  # for an abort's account, as the one-by-one path keeps them
             for j in range(k, k + done):
                 if j in seq.varying:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import itertools
 import os
 import threading
@@ -219,8 +220,9 @@ class _PacedReplay:
         return self._run(self._run_prepared, prepared, refs, out_ids, ints, want_meta)
 
     def run_batch(self, batch: Any, externals: list[int], out_ids: list[int],
-                  drops: list[tuple[int, int]]) -> int:
-        return self._run(self._run_batch, batch, externals, out_ids, drops)
+                  drops: list[tuple[int, int]], **hooks: Any) -> int:
+        return self._run(functools.partial(self._run_batch, **hooks), batch, externals,
+                         out_ids, drops)
 
     def run_rows(self, prepared: Any, refs: list[Any], out_ids: list[int], how: Any,
                  starts: list[int | None], lo: int, hi: int) -> Any:

@@ -417,14 +417,18 @@ def _native_base() -> tuple[bytes, dict[int, torch.Tensor], tuple[int, ...]]:
     for out, op, *args in ((2, aten.relu.default, (1,)),
                            (3, aten.conv2d.default, (2,), (w,), (b,), [1, 1], [1, 1], [1, 1], 1),
                            (4, aten.max_pool2d.default, (3,), [2, 2], [2, 2]),
-                           (4, aten.relu_.default, (4,)),  # in place: native once matched
+                           (4, aten.relu_.default, (4,)),  # in place: copied, or matched
                            (5, aten.sigmoid.default, (4,)),
+                           (9, aten.gt.Scalar, (5,), 0.5),
+                           (10, aten.nonzero.default, (9,)),  # answered: its count follows x
                            (6, aten.view.default, (5,), [1, -1]),
                            (7, aten.linear.default, (6,), (w2,), (b2,)),
+                           (7, aten.add_.Tensor, (7,), (7,)),  # in place, after the answer
                            (8, aten.softmax.int, (7,), 1)):
         if out not in d.local_ids:
             d.local_ids.append(out)
         add(out, op, *args)
+        d.calls[-1].want_meta = op is aten.nonzero.default
     _NATIVE_BASE.append((d.SerializeToString(), consts, tuple(x.shape)))
     return _NATIVE_BASE[0]
 
@@ -441,10 +445,11 @@ def _int_values(v: ops_pb2.Value, found: list[ops_pb2.Value]) -> None:
 def native_runs(data: bytes) -> None:
     """A definition the host replays in native runs, with fuzzed integers in its calls'
     arguments (strides, paddings, dims, sizes), fuzzed output layouts and inputs of fuzzed
-    sizes, fuzzed claims of how far the app matched (``Release.progress``: its in-place call
-    runs natively or after a snapshot) and aborts: whatever the loop is given from the wire
-    (through ``toIValue`` into the operators), errors come back as replies (none
-    ``INTERNAL``) and the process stays up."""
+    sizes, fuzzed claims of how far the app matched (``Release.progress``: its in-place calls
+    run with or without a copy taken in the run) and aborts, and an answered call whose count
+    follows the input's values (the run answers it from inside, and steps where it differs):
+    whatever the loop is given from the wire (through ``toIValue`` into the operators), errors
+    come back as replies (none ``INTERNAL``) and the process stays up."""
     fdp = atheris.FuzzedDataProvider(data)
     raw, constants, shape = _native_base()
     d = ops_pb2.SequenceDef.FromString(raw)
