@@ -144,19 +144,19 @@ class ReplayExtension(Protocol):
     # without one (a replay frees each value after its last use: a frame each cost as much as
     # a small operator). Without it the replayer sends the executor ``Release`` frames.
     # Optional, together: ``batchable(prepared, answered=False)``, ``batch(prepared_calls,
-    # sources, externals)`` and ``run_batch(batch, external_ids, out_ids, drops, *, writes,
+    # sources, externals)`` and ``run_batch(batch, externals, out_ids, drops, *, writes,
     # answered, on_answer, snapshots) -> int``: a run of prepared calls replayed by one native
     # call (``rrtod.gpu.replay.Run``). ``batchable`` is asked with ``answered=True`` of a call
     # whose result the app waits for. ``batch`` gets, per call, per tensor argument, ``e >= 0``
-    # (external tensor ``e``, live when the run starts) or ``-(v + 1)`` (the run's ``v``-th
-    # value, its calls' outputs in order), and may return None; ``run_batch`` returns how many
-    # calls ran, in order, with the checks of ``run_prepared`` (a call that fails is left to
-    # the caller, which runs it one by one and reports it), never stores a value of ``drops``
-    # ((call, value) pairs: let go of once that call ran), appends to ``snapshots`` a
-    # (call, ``snapshot``-like token) per call of ``writes`` (what it overwrites, copied just
-    # before it ran) and calls ``on_answer(call, OpResult)`` as each call of ``answered`` ran
-    # (the reply ``run_prepared`` with ``want_meta`` gives). Calls are counted from the run's
-    # first.
+    # (external tensor ``e``: a live id, or a ref to resolve as ``run_prepared`` does, when
+    # the run starts) or ``-(v + 1)`` (the run's ``v``-th value, its calls' outputs in order),
+    # and may return None; ``run_batch`` returns how many calls ran, in order, with the checks
+    # of ``run_prepared`` (a call that fails is left to the caller, which runs it one by one
+    # and reports it), never stores a value of ``drops`` ((call, value) pairs: let go of once
+    # that call ran), appends to ``snapshots`` a (call, ``snapshot``-like token) per call of
+    # ``writes`` (what it overwrites, copied just before it ran) and calls
+    # ``on_answer(call, OpResult)`` as each call of ``answered`` ran (the reply
+    # ``run_prepared`` with ``want_meta`` gives). Calls are counted from the run's first.
     # Optional, together: ``rows`` (a recorded call as a local operator, ``rrtod.lop.RuleOf``)
     # and ``run_rows(prepared, refs, out_ids, rule, starts, lo, hi)``, which runs rows
     # ``[lo, hi)`` of a prepared call's outputs from tensors holding their rows from

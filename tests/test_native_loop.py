@@ -335,8 +335,8 @@ def test_an_output_that_follows_the_data_steps_the_run_on_from_where_it_differs(
 
 def test_calls_the_loop_cannot_hold_stay_on_the_python_path(tmp_path):
     """A write in place of an argument the operator does not return (a batch norm's running
-    statistics: the loop checks only what calls return) and a number where the schema says
-    Tensor. An in-place call that returns what it writes (``relu_``) can run in the loop."""
+    statistics: the loop checks only what calls return). An in-place call that returns what it
+    writes (``relu_``) can run in the loop, as can a number where the schema says Tensor."""
     ex = make(tmp_path)
     ex.allow = AllowAll()
     for i, t in enumerate((torch.ones(1, 3, 4), torch.ones(3), torch.zeros(3), torch.zeros(3),
@@ -345,9 +345,9 @@ def test_calls_the_loop_cannot_hold_stay_on_the_python_path(tmp_path):
     stats = metas(op_call("aten::_native_batch_norm_legit.default", *(ref(i) for i in range(1, 6)),
                           ops_pb2.Value(b=True), ops_pb2.Value(f=0.1), ops_pb2.Value(f=1e-5),
                           out=[10, 11, 12]), (1, 3, 4), (3,), (3,))
-    for call in (stats,
-                 metas(op_call("aten::div.Tensor", ref(2), ops_pb2.Value(i=2), out=10), (3,))):
-        assert not ex.batchable(ex.prepare(call))
+    assert not ex.batchable(ex.prepare(stats))
+    assert ex.batchable(ex.prepare(metas(op_call("aten::div.Tensor", ref(2), ops_pb2.Value(i=2),
+                                                 out=10), (3,)))) is built
     relu_ = metas(op_call("aten::relu_.default", ref(2), out=2), (3,))
     assert ex.batchable(ex.prepare(relu_)) is built
     assert ex.batchable(ex.prepare(metas(op_call("aten::div.Scalar", ref(2), ops_pb2.Value(i=2),
@@ -457,3 +457,74 @@ def test_an_abort_inside_a_native_run_leaves_what_the_one_by_one_path_leaves(tmp
         z = model.conv2(y)
     written = base + list(d.local_ids).index(d.calls[position].out_ids[0])
     assert torch.allclose(left["1"][written], z)
+
+
+@needs_loop
+def test_a_number_where_the_schema_says_tensor_promotes_as_a_python_scalar(tmp_path):
+    """``x * 0.5`` records ``mul.Tensor(x, 0.5)``: the loop makes the number the tensor
+    Python's argument parser makes (a wrapped number), so dtypes promote as on the one-by-one
+    path: a 0-dim float32 times 0.5 stays float32 (a plain float64 tensor would make it
+    float64), int64 / 2 is float32, float16 + 1 stays float16, times True stays float32."""
+    ex = make(tmp_path)
+    x0, ints, halves = torch.tensor(3.0), torch.arange(3), torch.ones(3, dtype=torch.float16)
+    for i, t in ((1, x0), (2, ints), (3, halves)):
+        ex.store.put(i, t)
+    calls = [metas(op_call("aten::mul.Tensor", ref(1), ops_pb2.Value(f=0.5), out=10), ()),
+             metas(op_call("aten::div.Tensor", ref(2), ops_pb2.Value(i=2), out=11), (3,)),
+             metas(op_call("aten::add.Tensor", ref(3), ops_pb2.Value(i=1), out=12), (3,)),
+             metas(op_call("aten::mul.Tensor", ref(10), ops_pb2.Value(b=True), out=13), ())]
+    b = batch_of(ex, calls, [[0], [1], [2], [-1]], 3)
+    want = [x0 * 0.5, ints / 2, halves + 1, x0 * 0.5 * True]
+    for first in (20, 30):  # calibrating, then native
+        assert ex.run_batch(b, [1, 2, 3], [first + j for j in range(4)]) == 4
+        for j, w in enumerate(want):
+            got = ex.store.get(first + j)
+            assert got.dtype == w.dtype and torch.equal(got, w)
+    assert ex.counters["native_calibrations"] == 1
+
+
+@needs_loop
+def test_bytes_the_definition_holds_are_decoded_for_a_native_run(tmp_path):
+    """A tensor the app makes anew each inference with the same bytes (``x * torch.tensor(
+    0.5)``; ``SeqSource.fixed``: its upload is in the definition) is an external of the run,
+    decoded each inference as the one-by-one path decodes it, so the calls reading it run
+    natively; the app's own input still waits for its upload. Outputs equal eager ones."""
+    ex = make(tmp_path)
+    r = hostloop.HostReplayer(ex)
+    half, offsets = torch.tensor(0.5), torch.tensor([1.0, 2.0, 3.0])
+    d = ops_pb2.SequenceDef(id=1, local_ids=[1, 2, 3, 4, 5, 6, 7], outputs=[7])
+
+    def upload(t: torch.Tensor, fixed: bool, bind: int = 0) -> ops_pb2.Value:
+        d.sources.add(kind=ops_pb2.SeqSource.INPUT, fixed=fixed)
+        return ops_pb2.Value(tensor=ops_pb2.TensorRef(upload=hostloop.codec.tensor_data(t),
+                                                      bind_id=bind))
+
+    def produced(i: int) -> ops_pb2.Value:
+        d.sources.add(kind=ops_pb2.SeqSource.PRODUCED, id=i)
+        return ref(i)
+
+    x0 = torch.randn(3)
+    d.calls.extend([
+        metas(op_call("aten::relu.default", upload(x0, False, bind=1), out=2), (3,)),
+        metas(op_call("aten::mul.Tensor", produced(2), upload(half, True), out=3), (3,)),
+        metas(op_call("aten::add.Tensor", produced(3), upload(offsets, True, bind=4), out=5),
+              (3,)),
+        metas(op_call("aten::sub.Tensor", produced(5), produced(4), out=6), (3,)),
+        metas(op_call("aten::exp.default", produced(6), out=7), (3,))])
+    downs: list[ops_pb2.SessionDown] = []
+    r.process(ops_pb2.SessionUp(define=d), downs.append)
+    assert downs.pop().defined.accepted
+    for n in range(1, 4):
+        x = torch.randn(3)
+        base = hostloop.REPLAY_BASE + n * hostloop.SPAN
+        before = ex.counters["native_calls"]
+        for frame in (ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=1, base_id=base,
+                                                                 inference=base)),
+                      ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=ops_pb2.TensorRef(
+                          upload=hostloop.codec.tensor_data(x))))):
+            r.process(frame, downs.append)
+        assert not [f for f in downs if f.WhichOneof("msg") == "error"]
+        pushed = {f.fetched.id: f.fetched.tensor for f in downs if f.WhichOneof("msg") == "fetched"}
+        want = torch.exp(x.relu() * half + offsets - offsets)
+        assert torch.equal(hostloop.codec.from_tensor_data(pushed[base + 6]), want)
+        assert ex.counters["native_calls"] - before == 4  # all but the call reading the input

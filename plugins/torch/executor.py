@@ -529,13 +529,16 @@ class TorchExecutor:
         except (ValueError, RuntimeError, TypeError):  # an argument the loop cannot hold
             return None
 
-    def run_batch(self, b: batch_.Batch, externals: list[int], out_ids: list[int],
+    def run_batch(self, b: batch_.Batch, externals: Sequence[int | ops_pb2.TensorRef],
+                  out_ids: list[int],
                   drops: Sequence[tuple[int, int]] = (), writes: Sequence[int] = (),
                   answered: Sequence[int] = (),
                   on_answer: Callable[[int, ops_pb2.OpResult], None] | None = None,
                   snapshots: list[tuple[int, Any]] | None = None) -> int:
-        """Run a batch with these live external tensors, its values stored under ``out_ids``:
-        how many of its calls ran (in order; the caller runs the rest one by one). Calibrated,
+        """Run a batch with these external tensors (live ids, or refs to resolve as
+        ``run_prepared`` resolves them: an upload is decoded, and bound if it names an id),
+        its values stored under ``out_ids``: how many of its calls ran (in order; the caller
+        runs the rest one by one). Calibrated,
         one native call after admitting what the calibrating run allocated; else, and from
         where a calibrated run met other sizes than its own, *stepped*: each call admitted
         what it allocates for its sizes (``sizing``) and run on its own (``batch``).
@@ -546,7 +549,11 @@ class TorchExecutor:
         for: ``on_answer(call, result)`` right after each ran, as ``run_prepared`` with
         ``want_meta`` would reply."""
         get = self.store.get
-        tensors = [get(i) for i in externals]
+        try:
+            tensors = [get(i) if type(i) is int else self._tensor_from_ref(i, b.what)
+                       for i in externals]
+        except (CallFailed, QuotaExceeded):  # the one-by-one path says what went wrong
+            return 0
         if any(t is None for t in tensors):
             return 0  # released or poisoned: the Python path says so
         hooks = _Hooks(b, out_ids, writes, answered, on_answer, snapshots)

@@ -103,6 +103,23 @@ at::Tensor conform(const at::Tensor& t, const Layout& l) {
   return at::empty_strided(l.shape, l.stride, t.options()).copy_(t);
 }
 
+// A recorded argument as the operator takes it. A Python number where the schema says Tensor
+// (``x * 0.5``, ``x / 2``) becomes the tensor Python's argument parser makes of it: a 0-dim
+// *wrapped number*, which type promotion treats as a Python scalar (an int64 tensor times 0.5
+// is float32, not float64), so the loop computes what the one-by-one path does.
+c10::IValue argument(const py::handle& value, const c10::TypePtr& type) {
+  if (type->kind() == c10::TypeKind::TensorType &&
+      (PyBool_Check(value.ptr()) || PyLong_Check(value.ptr()) || PyFloat_Check(value.ptr()))) {
+    at::Scalar number = PyBool_Check(value.ptr())   ? at::Scalar(value.cast<bool>())
+                        : PyLong_Check(value.ptr()) ? at::Scalar(value.cast<int64_t>())
+                                                    : at::Scalar(value.cast<double>());
+    at::Tensor t = at::scalar_to_tensor(number);
+    t.unsafeGetTensorImpl()->set_wrapped_number(true);
+    return t;
+  }
+  return torch::jit::toIValue(value, type);
+}
+
 class Batch {
  public:
   // One call: the operator's schema name and overload, its arguments in schema order (Python
@@ -132,7 +149,7 @@ class Batch {
                     arguments[i].name(), " has no default");
         c.args.push_back(*arguments[i].default_value());
       } else {
-        c.args.push_back(torch::jit::toIValue(values[i], arguments[i].type()));
+        c.args.push_back(argument(values[i], arguments[i].type()));
       }
     }
     for (const auto& [arg, item, source] : holes) {

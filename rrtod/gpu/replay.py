@@ -98,6 +98,10 @@ class Run:
     made_by: list[int]  # per output, the call that makes it
     writes: list[int]  # its calls that write in place (a value made before them)
     answered: list[int]  # its calls whose result the app is answered, from its start
+    # externals that are bytes the definition holds (a tensor the app makes the same each
+    # inference, ``torch.tensor(True)``): external index -> (recorded upload, local index of
+    # its bind id or None), decoded each inference as the one-by-one path decodes them
+    uploads: dict[int, tuple[ops_pb2.TensorRef, int | None]] = field(default_factory=dict)
     # ``_externals``' work that holds until a weight or constant is bound again: the count of
     # binds it was done at, and the ids of the externals that are not this inference's values
     # (None at theirs), or None where one of them has no live id
@@ -914,7 +918,8 @@ class HostReplayer:
                 and k not in seq.merges
                 and not seq.mutates[k]
                 and bool(outs) and None not in outs
-                and all(kind != "upload" for _s, _r, kind, _b, _p in seq.binding[k]))
+                and all(kind != "upload" or slot not in seq.inputs[k]  # the app's input: waits
+                        for slot, _r, kind, _b, _p in seq.binding[k]))
 
     def _run_of(self, seq: Compiled, start: int, end: int, make: Any) -> Run | None:
         made: dict[int, int] = {}  # local index -> its latest place among the run's values
@@ -923,9 +928,10 @@ class HostReplayer:
         produced_at: dict[int, int] = {}  # local index -> its external index
         sources: list[list[int]] = []
         slots: set[int] = set()
+        uploads: dict[int, tuple[ops_pb2.TensorRef, int | None]] = {}
         for k in range(start, end):
             src = []
-            for slot, rec, kind, _bind, produced in seq.binding[k]:
+            for slot, rec, kind, bind, produced in seq.binding[k]:
                 slots.add(slot)
                 if produced is not None and produced in made:
                     src.append(-(made[produced] + 1))
@@ -934,6 +940,10 @@ class HostReplayer:
                         produced_at[produced] = len(externals)
                         externals.append((produced, slot, 0))
                     src.append(produced_at[produced])
+                elif kind == "upload":  # bytes of the definition (``_batchable``)
+                    uploads[len(externals)] = (rec, bind)
+                    src.append(len(externals))
+                    externals.append((-1, slot, 0))
                 else:  # a weight waits to be bound (``inputs``): no recorded id stands in
                     src.append(len(externals))
                     waits = slot in seq.inputs[k]
@@ -949,13 +959,14 @@ class HostReplayer:
         return Run(end, batch, externals, frozenset(slots), constants, outs,
                    [k for k in range(start, end) for _ in seq.out_local[k]],
                    [k for k in range(start, end) if seq.writes[k]],
-                   [k - start for k in range(start, end) if k in seq.answered])
+                   [k - start for k in range(start, end) if k in seq.answered], uploads)
 
-    def _externals(self, act: Active, run: Run) -> list[int] | None:
-        """The ids of a run's external tensors in this inference, as ``_bind`` finds them;
-        None where one is not a live id (a weight not bound yet, a ref to resolve). What does
-        not depend on the inference is worked out once per binding (``Run.found``): yolov8n's
-        17 runs looked up 320 weights an inference."""
+    def _externals(self, act: Active, run: Run) -> list[int | ops_pb2.TensorRef] | None:
+        """A run's external tensors in this inference, as ``_bind`` finds them: live ids, and
+        the definition's uploads to decode (each bound to its id, as the one-by-one path binds
+        it); None where one is not there (a weight not bound yet, a persistent tensor). What
+        does not depend on the inference is worked out once per binding (``Run.found``):
+        yolov8n's 17 runs looked up 320 weights an inference."""
         found = run.found
         if found is None or found[0] != self.binds:
             found = run.found = (self.binds, self._fixed_externals(act.seq, run))
@@ -963,16 +974,22 @@ class HostReplayer:
         if fixed is None:
             return None
         base = act.base
-        return [base + i if f is None else f
-                for (i, _slot, _rec), f in zip(run.externals, fixed, strict=True)]
+        ids: list[int | ops_pb2.TensorRef] = [
+            base + i if f is None else f
+            for (i, _slot, _rec), f in zip(run.externals, fixed, strict=True)]
+        for e, (rec, bind) in run.uploads.items():
+            ids[e] = rec if bind is None else _with_bind(rec, base + bind)
+        return ids
 
     @staticmethod
     def _fixed_externals(seq: Compiled, run: Run) -> list[int | None] | None:
         """Per external of ``run``, its id if it is a weight or constant (bound, or the
         recorded one), None if it is a value of the inference; None if one has no live id."""
         ids: list[int | None] = []
-        for i, slot, recorded in run.externals:
-            if i >= 0:
+        for e, (i, slot, recorded) in enumerate(run.externals):
+            if i >= 0 or e in run.uploads:  # a value of the inference, or its upload
+                if e in run.uploads and seq.bound(slot) is not None:
+                    return None  # bound since (``_bind`` prefers that): one by one
                 ids.append(None)
                 continue
             sticky = seq.bound(slot)

@@ -219,7 +219,7 @@ class _PacedReplay:
                      want_meta: bool = False) -> Any:
         return self._run(self._run_prepared, prepared, refs, out_ids, ints, want_meta)
 
-    def run_batch(self, batch: Any, externals: list[int], out_ids: list[int],
+    def run_batch(self, batch: Any, externals: list[Any], out_ids: list[int],
                   drops: list[tuple[int, int]], **hooks: Any) -> int:
         return self._run(functools.partial(self._run_batch, **hooks), batch, externals,
                          out_ids, drops)

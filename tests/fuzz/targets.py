@@ -424,7 +424,8 @@ def _native_base() -> tuple[bytes, dict[int, torch.Tensor], tuple[int, ...]]:
                            (6, aten.view.default, (5,), [1, -1]),
                            (7, aten.linear.default, (6,), (w2,), (b2,)),
                            (7, aten.add_.Tensor, (7,), (7,)),  # in place, after the answer
-                           (8, aten.softmax.int, (7,), 1)):
+                           (11, aten.mul.Tensor, (7,), 2),  # a number as a Tensor argument
+                           (8, aten.softmax.int, (11,), 1)):
         if out not in d.local_ids:
             d.local_ids.append(out)
         add(out, op, *args)
