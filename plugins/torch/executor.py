@@ -183,7 +183,7 @@ class _Hooks:
                  answered: Sequence[int],
                  on_answer: Callable[[int, ops_pb2.OpResult], None] | None,
                  snapshots: list[tuple[int, Any]] | None):
-        if answered and on_answer is None or writes and snapshots is None:
+        if (answered and on_answer is None) or (writes and snapshots is None):
             raise ValueError("answered calls need on_answer, written ones snapshots")
         self.batch, self.out_ids = b, out_ids
         self.writes = frozenset(writes)
@@ -213,10 +213,12 @@ class _Hooks:
         return True
 
     def drop_copy(self) -> None:
-        """The call just copied for did not run."""
+        """The call just copied for failed: what it may have written is written back, and
+        nothing of it is kept (as where a native run stops)."""
         assert self.snapshots is not None
-        self.snapshots.pop()
+        _j, token = self.snapshots.pop()
         self.taken -= 1
+        _restore(token)
 
     def _add(self, j: int, token: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         assert self.snapshots is not None
@@ -233,12 +235,17 @@ class _Hooks:
     def undo(self) -> None:
         """Nothing of the run is kept: what its calls wrote in place is written back."""
         assert self.snapshots is not None or not self.taken
-        with torch.inference_mode():
-            for _ in range(self.taken):
-                _j, token = self.snapshots.pop()  # type: ignore[union-attr]
-                for t, copy in token:
-                    t.copy_(copy)
+        for _ in range(self.taken):
+            _j, token = self.snapshots.pop()  # type: ignore[union-attr]
+            _restore(token)
         self.taken = 0
+
+
+def _restore(token: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Write copies back in place, so views of those tensors see the old values too."""
+    with torch.inference_mode():
+        for t, copy in token:
+            t.copy_(copy)
 
 
 class TorchExecutor:
@@ -400,9 +407,7 @@ class TorchExecutor:
 
     def restore(self, token: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Write the copies back in place, so views of those tensors see the old values too."""
-        with torch.inference_mode():
-            for t, copy in token:
-                t.copy_(copy)
+        _restore(token)
 
     def close(self) -> None:
         if self._closed:
@@ -538,10 +543,10 @@ class TorchExecutor:
         """Run a batch with these external tensors (live ids, or refs to resolve as
         ``run_prepared`` resolves them: an upload is decoded, and bound if it names an id),
         its values stored under ``out_ids``: how many of its calls ran (in order; the caller
-        runs the rest one by one). Calibrated,
-        one native call after admitting what the calibrating run allocated; else, and from
-        where a calibrated run met other sizes than its own, *stepped*: each call admitted
-        what it allocates for its sizes (``sizing``) and run on its own (``batch``).
+        runs the rest one by one). Calibrated, one native call after admitting what the
+        calibrating run allocated; else, and from where a calibrated run met other sizes than
+        its own, *stepped*: each call admitted what it allocates for its sizes (``sizing``)
+        and run on its own (``batch``).
         ``drops``: (call, value) pairs, in call order, of values let go of once that call ran
         (never stored). ``writes``: calls, in order, whose in-place writes an abort may have
         to undo: what they write is copied just before they run, appended to ``snapshots`` as
