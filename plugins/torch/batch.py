@@ -1,24 +1,26 @@
 """A run of prepared calls that the GPU host replays with one native call (``hostloop.cpp``).
 
 The replayer (``rrtod.gpu.replay``) cuts each sequence into runs of consecutive calls that need
-nothing of it between them (no input to wait for, no push, no answer, no symbolic integer) and
-gives the executor each run with its dataflow: per call, per tensor argument, an *external*
-tensor (live in the store when the run starts: a weight, a constant, a value made before the
-run) or a value an earlier call of the run made. A run is eligible here when every call returns
-only tensors and writes in place only what it returns (``relu_``: ``batchable``), and the
-native loop is built (``native.module``). A run with in-place calls runs natively only once the
-app has matched them (the replayer's choice: no abort can undo them, so no copy is kept).
+nothing of it between them (no input of the app's to wait for, no push, no symbolic integer)
+and gives the executor each run with its dataflow: per call, per tensor argument, an *external*
+tensor (a weight, a constant, a value made before the run, or bytes the definition holds) or a
+value an earlier call of the run made. A run is eligible here when every call returns only
+tensors and writes in place only what it returns (``relu_``: ``batchable``), and the native
+loop is built (``native.module``). The loop answers the calls the app waits for as each ran,
+and copies what an in-place call overwrites just before it runs where the replayer asks (the
+app has not matched it: an abort may have to undo it).
 
 Memory safety is the Python path's, not relaxed: the bytes each call allocates are the sizing
 module's (meta execution per input sizes; for an operator whose output sizes follow the data,
-its bound from the input sizes), learnt in a *calibrating* run - the calls one at a
-time with their tensors, each admitted before it runs - and admitted as a whole before each
-native run, which the loop only starts when every external tensor has the sizes, strides,
-dtype and device it was calibrated with, and stops before any call whose output differs from
-its calibrated layout. Every output is checked to stay inside its storage and conformed to the
-layout the app's proxy describes, as ``_run_plain`` does. Where a run stops, nothing of the
-stopping call is kept, and the replayer runs it and the rest through the Python path, which
-reports what went wrong.
+its bound from the input sizes), learnt in a *calibrating* run - the calls one at a time with
+their tensors, each admitted before it runs - and admitted as a whole before each native run,
+which the loop only starts when every external tensor has the sizes, strides, dtype and device
+it was calibrated with, and stops before any call whose output differs from its calibrated
+layout; from there the run is *stepped* (each call admitted for its own sizes, then run alone).
+Every output is checked to stay inside its storage and conformed to the layout the app's proxy
+describes, as ``_run_plain`` does. Where a call fails, nothing of it is kept (what it wrote in
+place is written back from its copy), and the replayer runs it and the rest through the Python
+path, which reports what went wrong.
 """
 
 from __future__ import annotations
@@ -85,10 +87,10 @@ def batchable(p: Any, native: Any) -> bool:
     """Whether the native loop can replay prepared call ``p``: an operator that returns only
     tensors (new ones, or views: checked like any output), writes in place only arguments it
     returns (so the written tensor's sizes and strides are checked as its output's), and whose
-    arguments the loop can hold (a number where the schema says Tensor cannot be: tried once,
-    kept on the call). An operator whose output sizes follow the data (``x[mask]``,
-    ``nonzero``) is one: what it may allocate is bounded by its input sizes (``sizing``), and
-    where its outputs differ from the calibrated ones the run stops before it."""
+    arguments the loop can hold (tried once, kept on the call). An operator whose output sizes
+    follow the data (``x[mask]``, ``nonzero``) is one: what it may allocate is bounded by its
+    input sizes (``sizing``), and where its outputs differ from the calibrated ones the run is
+    stepped from it."""
     if type(p) is not PreparedCall or not _outputs(p) \
             or (p.written and not _returns_writes(p.op)):
         return False
