@@ -528,3 +528,48 @@ def test_bytes_the_definition_holds_are_decoded_for_a_native_run(tmp_path):
         want = torch.exp(x.relu() * half + offsets - offsets)
         assert torch.equal(hostloop.codec.from_tensor_data(pushed[base + 6]), want)
         assert ex.counters["native_calls"] - before == 4  # all but the call reading the input
+
+
+@needs_loop
+def test_a_fixed_upload_whose_bytes_do_not_fit_its_meta_is_refused_as_on_the_python_path(
+        tmp_path):
+    """The definition's bytes come from the network: a fixed upload whose meta names more
+    elements than its data holds is not decoded into a run (the run runs nothing); the
+    one-by-one path then refuses it with ``BAD_FRAME`` at that call, every inference, and the
+    session goes on (nothing charged, no exception)."""
+    ex = make(tmp_path)
+    r = hostloop.HostReplayer(ex)
+    d = ops_pb2.SequenceDef(id=1, local_ids=[1, 2, 3, 4, 5, 6], outputs=[6])
+
+    def produced(i: int) -> ops_pb2.Value:
+        d.sources.add(kind=ops_pb2.SeqSource.PRODUCED, id=i)
+        return ref(i)
+
+    d.sources.add(kind=ops_pb2.SeqSource.INPUT)
+    x_ref = ops_pb2.Value(tensor=ops_pb2.TensorRef(
+        upload=hostloop.codec.tensor_data(torch.randn(3)), bind_id=1))
+    bad = hostloop.codec.tensor_data(torch.ones(3))
+    bad.meta.shape[:] = [4]  # four floats named, three sent
+    bad.meta.stride[:] = [1]
+    d.calls.append(metas(op_call("aten::relu.default", x_ref, out=2), (3,)))
+    relu = produced(2)  # the sources in argument order
+    d.sources.add(kind=ops_pb2.SeqSource.INPUT, fixed=True)
+    d.calls.append(metas(op_call("aten::add.Tensor", relu,
+                                 ops_pb2.Value(tensor=ops_pb2.TensorRef(upload=bad)), out=3), (3,)))
+    d.calls.extend([metas(op_call("aten::neg.default", produced(3), out=4), (3,)),
+                    metas(op_call("aten::exp.default", produced(4), out=5), (3,)),
+                    metas(op_call("aten::neg.default", produced(5), out=6), (3,))])
+    downs: list[ops_pb2.SessionDown] = []
+    r.process(ops_pb2.SessionUp(define=d), downs.append)
+    assert downs.pop().defined.accepted
+    for n in (1, 2):
+        base = hostloop.REPLAY_BASE + n * hostloop.SPAN
+        for frame in (ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=1, base_id=base,
+                                                                 inference=base)),
+                      ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=ops_pb2.TensorRef(
+                          upload=hostloop.codec.tensor_data(torch.randn(3)))))):
+            r.process(frame, downs.append)
+        errors = [f.error for f in downs if f.WhichOneof("msg") == "error"]
+        assert [e.code for e in errors] == ["BAD_FRAME"] and errors[0].position == 1
+        downs.clear()
+    assert ex.counters["native_calls"] == 0 and ex.store.pending == 0

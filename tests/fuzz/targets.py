@@ -367,6 +367,7 @@ def replay_defs(data: bytes) -> None:
 
 # -- the host's native runs ---------------------------------------------------------------------
 _NATIVE_BASE: list[tuple[bytes, dict[int, torch.Tensor], tuple[int, ...]]] = []
+FIXED = 3 << 20  # the native base's fixed upload, as a tensor argument
 
 
 def _native_base() -> tuple[bytes, dict[int, torch.Tensor], tuple[int, ...]]:
@@ -385,9 +386,14 @@ def _native_base() -> tuple[bytes, dict[int, torch.Tensor], tuple[int, ...]]:
     d = ops_pb2.SequenceDef(id=1, outputs=[8])
     values: dict[int, torch.Tensor] = {1: x}
 
+    fixed = torch.randn(8, generator=gen)  # made anew by the app with the same bytes
+
     def ref(tid: int) -> ops_pb2.Value:
         v = ops_pb2.Value()
-        if tid == 1:  # the input: uploaded with each start, bound as value 1
+        if tid == FIXED:  # its upload is in the definition (``SeqSource.fixed``)
+            d.sources.add(kind=ops_pb2.SeqSource.INPUT, fixed=True)
+            v.tensor.upload.CopyFrom(codec.tensor_data(fixed))
+        elif tid == 1:  # the input: uploaded with each start, bound as value 1
             d.sources.add(kind=ops_pb2.SeqSource.INPUT)
             v.tensor.upload.CopyFrom(codec.tensor_data(x))
             v.tensor.bind_id = 1
@@ -406,7 +412,7 @@ def _native_base() -> tuple[bytes, dict[int, torch.Tensor], tuple[int, ...]]:
         for a in args:
             if isinstance(a, tuple):  # a tensor, by id
                 call.args.append(ref(a[0]))
-                real.append({**values, **consts}[a[0]])
+                real.append({**values, **consts, FIXED: fixed}[a[0]])
             else:
                 codec.encode_value(a, call.args.add(), lambda t: ops_pb2.TensorRef())
                 real.append(a)
@@ -425,7 +431,8 @@ def _native_base() -> tuple[bytes, dict[int, torch.Tensor], tuple[int, ...]]:
                            (7, aten.linear.default, (6,), (w2,), (b2,)),
                            (7, aten.add_.Tensor, (7,), (7,)),  # in place, after the answer
                            (11, aten.mul.Tensor, (7,), 2),  # a number as a Tensor argument
-                           (8, aten.softmax.int, (11,), 1)):
+                           (12, aten.add.Tensor, (11,), (FIXED,)),  # bytes of the definition
+                           (8, aten.softmax.int, (12,), 1)):
         if out not in d.local_ids:
             d.local_ids.append(out)
         add(out, op, *args)
@@ -447,8 +454,9 @@ def native_runs(data: bytes) -> None:
     """A definition the host replays in native runs, with fuzzed integers in its calls'
     arguments (strides, paddings, dims, sizes), fuzzed output layouts and inputs of fuzzed
     sizes, fuzzed claims of how far the app matched (``Release.progress``: its in-place calls
-    run with or without a copy taken in the run) and aborts, and an answered call whose count
-    follows the input's values (the run answers it from inside, and steps where it differs):
+    run with or without a copy taken in the run) and aborts, an answered call whose count
+    follows the input's values (the run answers it from inside, and steps where it differs) and
+    a fixed upload whose meta may no longer fit its bytes (decoded as a run's external):
     whatever the loop is given from the wire (through ``toIValue`` into the operators), errors
     come back as replies (none ``INTERNAL``) and the process stays up."""
     fdp = atheris.FuzzedDataProvider(data)
@@ -459,6 +467,8 @@ def native_runs(data: bytes) -> None:
         for v in (*call.args, *call.kwargs.values()):
             _int_values(v, ints)
     metas = [m for call in d.calls for m in call.out_meta]
+    metas += [v.tensor.upload.meta for call in d.calls for v in call.args  # a fixed upload's
+              if v.tensor.HasField("upload") and not v.tensor.bind_id]   # meta and its bytes
     for _ in range(fdp.ConsumeIntInRange(0, 6)):
         if fdp.ConsumeBool() and ints:
             ints[fdp.ConsumeIntInRange(0, len(ints) - 1)].i = fdp.ConsumeIntInRange(-(1 << 33),
