@@ -426,3 +426,53 @@ def test_an_input_is_named_not_sent_only_when_every_byte_is_the_same():
     last_changed[-1] = 7.0
     assert [arg_frame(x) for x in (first, first.clone(), last_changed, last_changed.clone(),
                                    first)] == ["upload", "same", "upload", "same", "upload"]
+
+
+def test_only_other_bytes_of_a_fixed_input_make_a_sequence_stale():
+    """A sequence's first step reads a fixed input (a constant the app makes anew each
+    inference, recorded with its bytes). The same operator met elsewhere (on a tensor of the
+    session, or another shape) is just not this sequence's start; only the app's own tensor
+    of the recorded kind with other bytes says the sequence was recorded on a dummy input
+    (``stale``: given up at its next mismatch). Mask R-CNN's ``clone`` calls after a
+    mismatch once marked its sequences stale, dropping them every few frames."""
+    session = Session()
+    session.diverged = set()
+    client = ReplayClient(session)  # type: ignore[arg-type]
+    fixed = torch.arange(4.0)
+    d = definition(1)
+    upload = d.calls[0].args[0].tensor.upload
+    upload.data = fixed.numpy().tobytes()
+    upload.meta.ClearField("stride")  # (C-contiguous, as the shim sends it)
+    d.sources[0].fixed = True
+    client.define(d)
+    relu = torch.ops.aten.relu.default
+    (seq,) = client.sequences[0]
+    proxy = new_proxy(Handle(session, 5), (4,), (1,), 0, torch.float32, "cpu")  # type: ignore[arg-type]
+    for other in (proxy, torch.arange(5.0), torch.arange(4, dtype=torch.float64)):
+        assert client.dispatch(relu, (other,), {}, OpInfo(relu), 0, 0) is MISS
+        assert not seq.stale
+    assert client.dispatch(relu, (fixed.clone(),), {}, OpInfo(relu), 0, 0) is not MISS
+    client._tls.active = None  # (that one replays; the next inference begins)
+    assert client.dispatch(relu, (fixed + 1,), {}, OpInfo(relu), 0, 0) is MISS
+    assert seq.stale
+
+
+def test_a_tensor_of_the_session_of_other_sizes_is_no_input_of_the_sequence():
+    """An input slot may be given a tensor the host already holds (named, not uploaded), but
+    only one of the recorded dtype and sizes: the steps after it were planned for those, and
+    the app would get proxies of the recorded sizes for values the host made of others
+    (``paste_masks --branch``: a ``mul`` of the masks matched a sequence's first call, the
+    ``mul`` of its input row, and the app's masks came back as that row's size)."""
+    session = Session()
+    client = ReplayClient(session)  # type: ignore[arg-type]
+    client.define(definition(1))
+    relu = torch.ops.aten.relu.default
+    for shape, dtype in (((5,), torch.float32), ((4,), torch.float64), ((2, 2), torch.float32)):
+        other = new_proxy(Handle(session, 5), shape, (1,) * len(shape), 0, dtype, "cpu")  # type: ignore[arg-type]
+        assert client.dispatch(relu, (other,), {}, OpInfo(relu), 0, 0) is MISS
+        assert not session.sent
+    same = new_proxy(Handle(session, 6), (4,), (1,), 0, torch.float32, "cpu")  # type: ignore[arg-type]
+    assert client.dispatch(relu, (same,), {}, OpInfo(relu), 0, 0) is not MISS
+    args = [f.arg for f in session.sent if isinstance(f, ops_pb2.SessionUp)
+            and f.WhichOneof("msg") == "arg"]
+    assert [a.tensor.id for a in args] == [6]  # named, not uploaded

@@ -223,6 +223,7 @@ class Sequence:
     # inference goes on with ``unrolled[count]``, which shares this one's per-slot state.
     folded: ops_pb2.SequenceDef | None = None
     counted: tuple[int, int] | None = None
+    checked: bool = False  # ``folded`` passed ``loops.check`` (not one unrolled from it)
     # (a loop with variants: ``unrolled[(count, choices)]``; ``guards[count]``, the local
     # indices of each iteration's guards, whose values the host pushes: ``_guard_indices``)
     unrolled: dict[Any, Sequence] = field(default_factory=dict)
@@ -301,7 +302,7 @@ def compile_sequence(d: ops_pb2.SequenceDef, check: bool = True) -> Sequence:
     if check:
         loops.check(d)
     seq = _compile(loops.head(d))
-    seq.folded, seq.counted = d, loops.counted_by(d)
+    seq.folded, seq.counted, seq.checked = d, loops.counted_by(d), check
     seq.later = _read_later(d)
     seq.sized = seq.sized | {seq.counted[0]}  # type: ignore[index]
     return seq
@@ -342,7 +343,8 @@ def _unrolled(seq: Sequence, count: int, choices: list[int] | None = None) -> Se
         return got
     assert seq.folded is not None
     origins: list[int] = []
-    u = compile_sequence(loops.unroll(seq.folded, count, origins, choices=choices), check=False)
+    u = compile_sequence(loops.unroll(seq.folded, count, origins, choices=choices,
+                                      checked=seq.checked), check=False)
     u.bindings, u.sent, u.recent = seq.bindings, seq.sent, seq.recent
     u.canon = [seq.canon[o] if o < len(seq.canon) else o for o in origins] \
         if seq.canon is not None else origins
@@ -1444,8 +1446,9 @@ class ReplayClient:
                 # The recorded bytes, which the host already uses: only exactly those match.
                 data, strides = step.fixed[slot]
                 if (h is not None or _input_key(t) != step.input_keys.get(slot)
-                        or tuple(codec.wire_layout(t) or ()) != strides
-                        or codec.raw_bytes(t if t.device.type == "cpu" else t.cpu()) != data):
+                        or tuple(codec.wire_layout(t) or ()) != strides):
+                    return None  # another call (the first step's operator met elsewhere)
+                if codec.raw_bytes(t if t.device.type == "cpu" else t.cpu()) != data:
                     # Recorded while it happened not to change (a warm-up on one dummy input):
                     # this sequence cannot serve the app's real inputs; record again at once.
                     (act.seq.root or act.seq).stale = True
@@ -1473,18 +1476,20 @@ class ReplayClient:
                 # A value the robot made (``_on_robot``): its data is here, and goes up.
                 t, h = downloads.shape_like(h.local, t), None
             if kind == _INPUT:
+                key = _input_key(t)
+                want = step.input_keys.get(slot)
+                if key != want and not (
+                        slot in step.any_shape and want is not None
+                        and key[0] == want[0] and len(key[1]) == len(want[1])):
+                    # (a tensor of the session too: the steps after this one were planned
+                    # for the input's recorded sizes, and the host would run them on these)
+                    return None
                 if h is not None:
                     ref = ops_pb2.TensorRef(id=h.id)
                     if h.session is not self.session or not h.bound:
                         return None
                     frame: Any = ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=slot, tensor=ref))
                 else:
-                    key = _input_key(t)
-                    want = step.input_keys.get(slot)
-                    if key != want and not (
-                            slot in step.any_shape and want is not None
-                            and key[0] == want[0] and len(key[1]) == len(want[1])):
-                        return None
                     if slot in step.bands:  # the host's band of an app input (``lop``)
                         lo, hi = step.bands[slot]
                         t = t.narrow(rows.ROW, lo, hi - lo).contiguous()

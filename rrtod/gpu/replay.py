@@ -147,6 +147,10 @@ class Compiled:
     folded: ops_pb2.SequenceDef | None = None
     counted: tuple[int, int] | None = None
     unrolled: dict[Any, Compiled] = field(default_factory=dict)
+    # Checked when defined (``HostReplayer._compile``): ``folded`` passed ``loops.check`` (not
+    # one unrolled from it), and ``pinned_by`` over every call its loops may run
+    checked: bool = False
+    pinned: str | None = None
     # A loop with variants: this is its head and the bodies of ``bodies_of`` iterations
     # (``loops.bodies``); at its end the guards are read and the replay goes on with the
     # variants they chose. Unrolled so, ``app_pos`` gives per call its position in the app's
@@ -609,7 +613,7 @@ class HostReplayer:
         compiled.prepared = [None if k in compiled.robot else self._prepare(call)
                              for k, call in enumerate(compiled.definition.calls)]
         self.sequences[d.id] = compiled
-        pinned = pinned_by(compiled) if not d.loops else self._pinned_by(d)
+        pinned = pinned_by(compiled) if not d.loops else compiled.pinned
         emit(ops_pb2.SessionDown(defined=ops_pb2.SequenceAck(
             id=d.id, accepted=True, pinned=pinned or "")))
 
@@ -651,33 +655,25 @@ class HostReplayer:
         """``compile_sequence`` with this executor's aliasing; a definition with loops compiles
         to its head. ``check``: it is also compiled unrolled (``loops.samples``: no iteration,
         one, two, each variant), so that a definition that cannot run fails here and not when
-        an inference reaches its loop; a later loop is checked so within the one-iteration
-        sample only (checking it in every sample of the first loop compiled Mask R-CNN's
-        per-box loop 102 times). An unrolling at replay time is of a definition checked so
-        when it was defined: not checked again (it was 34 compiles of the whole inference per
-        frame)."""
+        an inference reaches its loop (``pinned_by`` over those is the head's ``pinned``: each
+        compiled once, where a second pass compiled them all again); a later loop is checked
+        so within the one-iteration sample only (checking it in every sample of the first
+        loop compiled Mask R-CNN's per-box loop 102 times). An unrolling at replay time is of
+        a definition checked so when it was defined: not checked again (it was 34 compiles of
+        the whole inference per frame)."""
         replay = self.replay
         written = replay.written_ids if replay is not None else None
         viewed = replay.viewed_ids if replay is not None else None
         if not d.loops:
             return compile_sequence(d, written, viewed)
-        if check:
+        why = None
+        if check:  # (each sample compiled once: its ``pinned_by`` is read off it too)
             for n, u in enumerate(loops.samples(d)):
-                self._compile(u, check=n == 1)
+                sample = self._compile(u, check=n == 1)
+                why = why or (sample.pinned if n == 1 and u.loops else pinned_by(sample))
         seq = compile_sequence(loops.head(d), written, viewed)
-        seq.folded, seq.counted = d, loops.counted_by(d)
+        seq.folded, seq.counted, seq.checked, seq.pinned = d, loops.counted_by(d), check, why
         return seq
-
-    def _pinned_by(self, d: ops_pb2.SequenceDef) -> str | None:
-        """``pinned_by`` over every call the definition may run: its loops unrolled as
-        ``_compile`` checks them."""
-        if not d.loops:
-            return pinned_by(self._compile(d))
-        for n, u in enumerate(loops.samples(d)):
-            why = self._pinned_by(u) if n == 1 else pinned_by(self._compile(u, check=False))
-            if why:
-                return why
-        return None
 
     def _prepare(self, call: ops_pb2.OpCall) -> Any:
         """The executor's decoded form of ``call`` (its replay extension's ``prepare``): a
@@ -1089,7 +1085,8 @@ class HostReplayer:
             if u is None:
                 origins: list[int] = []
                 u = self._compile(loops.unroll(folded, n, origins, choices=choices,
-                                               bodies_first=variants), check=False)
+                                               bodies_first=variants, checked=seq.checked),
+                                  check=False)
                 u.prepared = [self._prepare(call) for call in u.definition.calls]
                 u.sticky, u.latest, u.gone = seq.sticky, seq.latest, seq.gone
                 root = seq.canon if seq.bodies_of is None else seq.folded_canon
@@ -1098,6 +1095,7 @@ class HostReplayer:
                 if variants and choices is None:  # the bodies: the guards come next
                     u.folded, u.counted, u.unrolled, u.bodies_of = folded, seq.counted, \
                         seq.unrolled, n
+                    u.checked = seq.checked
                     u.folded_canon = seq.canon
                 elif choices is not None:
                     u.app_pos = loops.app_positions(folded, n, choices)

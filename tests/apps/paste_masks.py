@@ -12,6 +12,9 @@ go on in one of several ways (its *variants*), as the four values the app read d
 other), a variant no frame before had: its iteration goes on with calls the sequence does not
 have.
 
+``--branch K``: from frame K on, every other frame scales the masks once more before the
+loop (a call the other frames do not make): two sequences, each with the loop.
+
 ``--odd K``: in frame K the app pastes its last box one row lower than the box says: a call or
 an integer no variant has, in the middle of the loop, after the host ran every iteration's body
 (before the app's position) and every variant."""
@@ -26,6 +29,7 @@ from torch import nn
 SIZE = 12  # the image's height and width
 NEW = int(sys.argv[sys.argv.index("--new-variant") + 1]) if "--new-variant" in sys.argv else -1
 ODD = int(sys.argv[sys.argv.index("--odd") + 1]) if "--odd" in sys.argv else -1
+BRANCH = int(sys.argv[sys.argv.index("--branch") + 1]) if "--branch" in sys.argv else -1
 
 
 class PasteMasks(nn.Module):
@@ -44,6 +48,8 @@ class PasteMasks(nn.Module):
                             dim=1).round().to(torch.int64)
         masks = torch.sigmoid(self.masks(self.backbone(x)))[:, :, :4, :4].expand(
             len(keep), 1, 4, 4)
+        if 0 <= BRANCH <= self.frame and (self.frame - BRANCH) % 2 == 0:
+            masks = masks * self.scale
         pasted = []
         for n, (mask, box) in enumerate(zip(masks, boxes, strict=True)):
             w = max(int(box[2] - box[0] + 1), 1)
