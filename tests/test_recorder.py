@@ -120,6 +120,27 @@ def test_an_inference_mark_starts_a_search_only_if_nothing_was_downloaded(tmp_pa
     assert not rec.inference_ended() and rec.quiet_period is None
 
 
+def test_values_read_inside_a_forward_are_searched_at_the_inferences_end(tmp_path):
+    """A value the model reads inside its forward (``Fetch.in_forward``: Mask R-CNN reads each
+    box's corners) ends no inference: no search there, but one at the inference's mark,
+    where the log holds the whole inference; a download outside any forward (the app reads
+    a result) is searched as always."""
+    rec = recorder(tmp_path)
+    app = Relay(rec)
+    inside = ops_pb2.Fetch(seq=1, id=1, in_forward=True)
+    for _ in range(3):
+        (x,) = app.call("aten::conv2d", "img", W1)
+        assert not rec.observe(ops_pb2.SessionUp(fetch=inside))
+        (y,) = app.call("aten::relu", x)
+        assert not rec.observe(ops_pb2.SessionUp(fetch=inside))
+        (z,) = app.call("aten::linear", y, W2)
+        assert rec.inference_ended()  # the reads inside it left their search to here
+        assert rec.quiet_period is None  # (it downloaded: no period of a quiet inference)
+    app.fetch(z)
+    assert app.searches  # a result read: searched there
+    assert not rec.inference_ended()  # and the mark after it has nothing left to search
+
+
 def test_a_cleared_log_starts_the_budget_afresh(tmp_path):
     rec = recorder(tmp_path, eager_work=100, growth=4.0)
     app = Relay(rec)

@@ -41,7 +41,8 @@ def read_value(session: Session, proxy: RemoteTensor) -> torch.Tensor:
                 return shape_like(codec.from_tensor_data(data), proxy)
             if session.lost is not None or session.is_late():
                 return _after_loss(session, proxy)
-        fetch = ops_pb2.Fetch(id=h.id)
+        # (read inside a forward: the robot's searches wait for the inference's end)
+        fetch = ops_pb2.Fetch(id=h.id, in_forward=session.in_forward())
         reply = session.submit(ops_pb2.SessionUp(fetch=fetch), numbered=True, wait=True)
     except HostLost:
         if session.fallback != "local":

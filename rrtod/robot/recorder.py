@@ -229,6 +229,16 @@ def _signature(keys: list[int], d: ops_pb2.SequenceDef) -> tuple[Any, ...]:
             loops_)
 
 
+def _same_calls(old: tuple[Any, ...] | None, new: tuple[Any, ...]) -> bool:
+    """Whether two sequences' signatures (``_signature``) have the same calls, or the calls of
+    one begin the other's (one ends at the app's last read of an output, the other after the
+    calls the app made on its outputs then)."""
+    if old is None:
+        return False
+    a, b = old[0], new[0]
+    return a[: len(b)] == b or b[: len(a)] == a
+
+
 def _symbol_now(sym: ops_pb2.SymbolicInt, i: int | None, shapes: dict[int, list[int]],
                 values: dict[int, int | float]) -> int | None:
     """A symbolic integer's value in this inference, from the shapes and values of its
@@ -516,6 +526,9 @@ class Recorder:
         self.failed = self.failed_work = self.next_search = 0
         self.hinted_s = 0.0  # time the app waited for searches, as its shim says (``app_waited``)
         self._quiet = True  # no download since the app's last inference mark
+        # A download the app made inside a forward came since the last mark, its search left
+        # to the next mark (``observe``).
+        self._deferred = False
         # Frames recorded at the last mark; the calls of the inference that mark ended, if it
         # downloaded nothing (frames between marks, no fetch among them): a sequence that
         # returns no value must have this period (``verify``).
@@ -581,8 +594,13 @@ class Recorder:
             self.log.record(frame)
             if kind == "fetch":
                 self._quiet = False
-            if kind == "fetch" and self.searching:
-                return self.search_due()
+                if self.searching:
+                    if not frame.fetch.in_forward:
+                        return self.search_due()
+                    # A value the model reads (Mask R-CNN reads each box's corners, dozens a
+                    # frame): no inference ends here, and a search at each held the robot's
+                    # CPU for seconds a frame and spent the search budget within a few frames.
+                    self._deferred = True
         elif kind == "start":
             summary = self.sequences.get(frame.start.sequence)
             if summary is not None:
@@ -635,15 +653,17 @@ class Recorder:
         found nothing, whose app only looks at the count it was answered (``want_meta``),
         reads no value. Such an app would never be searched. The calls between the last two
         marks are what a sequence returning no value must be (``quiet_period``): a shorter
-        block is a part of an inference."""
+        block is a part of an inference. Also due when the app read values inside its forward
+        since the last mark (``Fetch.in_forward``), whose searches wait for this."""
         self.search_due()  # a cleared log starts afresh (the marks' positions too)
         self.log.mark(thread)
         quiet, self._quiet = self._quiet, True
+        deferred, self._deferred = self._deferred, False
         span, self._mark_at = self.log.recorded - self._mark_at, self.log.recorded
         self.quiet_period = span if quiet and span > 0 else None
         if thread in self.variant_threads and self._merge_base(thread) is not None:
             return self.search_due()  # a variant ended: searched with the log kept
-        if not quiet or not self.searching:
+        if not (quiet or deferred) or not self.searching:
             return False
         return self.search_due()
 
@@ -915,7 +935,10 @@ class Recorder:
             if any(lp.variants for lp in d.loops):  # the log it was found in
                 end = found.searched or len(entries)
                 self._found_from[seq_id] = (entries[:end], [x for x in starts if x <= end])
-            if merged is not None:
+            if merged is not None and _same_calls(self._keys.get(merged), keys):
+                # The same calls with more of its loop's variants: it replaces the one it came
+                # from. Other calls (the inference went another way before or after the loop
+                # too) make it a variant next to that one, which is kept.
                 summary["replaces"] = merged
                 self._superseded.append(merged)
             if thread in self.variant_threads:  # found next to the one it branched off

@@ -142,12 +142,14 @@ class OpResult(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., outs: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., value: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
 
 class Fetch(_message.Message):
-    __slots__ = ("seq", "id")
+    __slots__ = ("seq", "id", "in_forward")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
+    IN_FORWARD_FIELD_NUMBER: _ClassVar[int]
     seq: int
     id: int
-    def __init__(self, seq: _Optional[int] = ..., id: _Optional[int] = ...) -> None: ...
+    in_forward: bool
+    def __init__(self, seq: _Optional[int] = ..., id: _Optional[int] = ..., in_forward: _Optional[bool] = ...) -> None: ...
 
 class Fetched(_message.Message):
     __slots__ = ("seq", "tensor", "id")
