@@ -577,3 +577,33 @@ def test_a_branched_loop_the_app_leaves_is_a_mismatch_never_a_wrong_output(flag,
     else:  # the frames that began before the new sequence was defined miss too
         (seq,) = sequences
         assert seq["loop_variants"] == 5 and seq["replaces"], seq
+
+
+def test_a_frame_that_branches_before_a_branched_loop_is_never_answered_wrongly(fresh, tmp_path):
+    """``paste_masks --branch 5 --new-variant 5``: from frame 5 on every other frame scales
+    the masks once more right before the loop (a ``mul`` by the same weight as the
+    sequence's first call), and every frame's last box takes a variant no frame before had.
+    The ``mul`` is a mismatch at the loop; it once also started the sequence anew with the
+    masks as its first input (a tensor of the session, of other sizes), and the app got
+    masks of that input's size (``zip()`` of masks and boxes failed). Outputs equal to local
+    on every frame, however much of them replays."""
+    stats = same_as_local("paste_masks", fresh, "--runs", "12", "--new-variant", "5",
+                          "--branch", "5", tmp=tmp_path)
+    by = stats["by_inference"]
+    assert by["replays"][2:5] == [1] * 3 and by["mismatches"][5] == 1, stats
+    assert stats["failed"] == 0, stats
+
+
+def test_inferences_that_never_go_the_same_way_twice_in_a_row_still_replay(fresh, tmp_path):
+    """``level_assign``: boxes written into one buffer level by level, a view more where a
+    level got one box, so an inference goes one of eight ways, never the same twice in a
+    row (Mask R-CNN's ``MultiScaleRoIAlign``). The log's end never repeats; the search pairs
+    the last inference with earlier ones that went its way (``search.paired``), so replay
+    starts, and the frames that go a way the robot knows replay whole with one reply
+    (before, none ever did). Outputs equal to local on every frame."""
+    stats = same_as_local("level_assign", fresh, tmp=tmp_path)
+    by = stats["by_inference"]
+    assert 1 in by["replays"][:8] and stats["failed"] == 0, stats
+    whole = [i for i, (r, m) in enumerate(zip(by["replays"], by["mismatches"], strict=True))
+             if r and not m]
+    assert len(whole) >= 3 and all(by["round_trips"][i] <= 1 for i in whole), stats

@@ -13,9 +13,9 @@ from rrto_plugins.search.dds import DataDependencySearch
 from rrto_plugins.search.period import PeriodSearch, tail_periods, z_function
 from rrtod.gpu.replay import compile_sequence
 from rrtod.loops import unroll
-from rrtod.robot.oplog import OpLog
+from rrtod.robot.oplog import OpLog, with_loose_keys
 from rrtod.robot.recorder import build_definition
-from rrtod.robot.search import Candidate, best, search_log, verify
+from rrtod.robot.search import Candidate, best, paired, search_log, verify
 from rrtod.robot.shapes import VALUE
 from testkit.frames import W1, W2, W3, App, cnn
 
@@ -739,3 +739,59 @@ def test_two_loops_of_one_inference_are_each_folded_and_unrolled_in_turn():
         "aten::stack.default", "aten::cat.default"]
     assert not u.loops
     compile_sequence(u)
+
+
+def _way(app: App, way: str, state: int | None = None) -> int:
+    """One inference that goes way ``a``, ``b`` or ``c`` after its first calls (as the data
+    decides: a size that is 1 or not), then marks its end; ``state``: it also reads this
+    value (made by an earlier inference). Returns its output."""
+    (x,) = app.call("aten::conv2d", "img", W1)
+    (x,) = app.call({"a": "aten::relu", "b": "aten::sigmoid", "c": "aten::tanh"}[way], x)
+    if state is not None:
+        (x,) = app.call("aten::add", x, state)
+    (y,) = app.call("aten::linear", x, W2)
+    app.fetch(y)
+    app.log.mark(0)
+    return y
+
+
+def test_inferences_that_never_repeat_in_a_row_pair_with_an_earlier_one():
+    """Three ways in an order where no two inferences in a row are alike: the log's end
+    never repeats, and the last inference is searched with the earlier ones that made the
+    same calls, wherever they are (``search.paired``: blocks that are not neighbours)."""
+    app = App()
+    for way in "abc":
+        _way(app, way)
+    log = app.log.entries()
+    found = search_log(log, DataDependencySearch(), starts=app.log.inference_starts()).found
+    assert found is None or found.period != 3  # (a segment of the calls they begin with)
+    _way(app, "a")  # like the first
+    found = search_log(app.log.entries(), DataDependencySearch(),
+                       starts=app.log.inference_starts()).found
+    assert found is not None and found.period == 3 and found.repeats == 2
+    assert found.start == 0 and app.log.entries()[1].op == "aten::relu"
+    assert found.inputs == [(0, 0)] and found.outputs == [(2, 0)]
+    for way in "cb":  # then b, paired with the second inference
+        _way(app, way)
+    found = search_log(app.log.entries(), DataDependencySearch(),
+                       starts=app.log.inference_starts()).found
+    assert found is not None and found.repeats == 2 and found.start == 3
+    assert app.log.entries()[found.start + 1].op == "aten::sigmoid"
+
+
+def test_a_value_carried_from_an_inference_between_the_pair_is_refused():
+    """Blocks that are not neighbours: what the last one reads of an inference between them
+    (state it carried) is no constant, since the earlier block cannot have read it."""
+    app = App()
+    _way(app, "a")
+    y = _way(app, "b")
+    _way(app, "c")
+    _way(app, "a", state=y)  # reads b's output
+    _way(app, "b")
+    y = _way(app, "c")
+    _way(app, "a", state=y)  # reads the c just before it
+    log, starts = app.log.entries(), app.log.inference_starts()
+    pairs = paired(log, with_loose_keys(log), starts)
+    assert [blocks for _, blocks, _, _ in pairs] == [[9, 19]]  # proposed, then refused:
+    found = search_log(log, DataDependencySearch(), starts=starts).found
+    assert found is None or found.period != 4

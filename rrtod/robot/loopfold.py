@@ -118,6 +118,9 @@ class Folded:
     loops: dict[int, tuple[Region, Body]]  # folded position of a loop's first call -> it
     # folded position -> its gathered lists: (path, folded position of their loop)
     gathers: dict[int, list[tuple[Path, int]]] = field(default_factory=dict)
+    # per position of the log folded, the folded position of its call (a later iteration's
+    # call: the first iteration's)
+    at: np.ndarray | None = None
 
 
 def regions(keys: np.ndarray, max_body: int = MAX_BODY) -> list[Region]:
@@ -222,7 +225,7 @@ def fold(log: list[LoggedCall]) -> Folded | None:
             reads.append((int(remap[p]) if p >= 0 else p, o, int(remap[b]) if b >= 0 else b))
         e2.reads = tuple(reads)
         out.append(e2)
-    return Folded(out, {int(new[r.start]): (r, body) for r, body in kept}, gathers)
+    return Folded(out, {int(new[r.start]): (r, body) for r, body in kept}, gathers, remap)
 
 
 def _folded(origin: tuple[Any, ...], r: Region, new: np.ndarray,
@@ -756,12 +759,14 @@ class FoundLoop:
     scatters: list[int] = field(default_factory=list)  # calls before it, one output per iteration
 
 
-def loops_of(folded: Folded, start: int, period: int, repeats: int) -> list[FoundLoop] | None:
+def loops_of(folded: Folded, start: int, period: int, repeats: int,
+             blocks: list[int] | None = None) -> list[FoundLoop] | None:
     """The loops of the block ``[start, start + period)`` of ``folded.entries``, the same in
-    each of its ``repeats`` blocks, each counted by a size of a tensor made before it in its
-    block (in every block); None if one is not."""
+    each of its ``repeats`` blocks (``period`` apart, or those ``blocks`` say), each counted
+    by a size of a tensor made before it in its block (in every block); None if one is not."""
     log = folded.entries
-    blocks = [start + r * period for r in range(repeats)]
+    if blocks is None:
+        blocks = [start + r * period for r in range(repeats)]
     out: list[FoundLoop] = []
     for pos in sorted(p for p in folded.loops if start <= p < start + period):
         region, shared = folded.loops[pos]

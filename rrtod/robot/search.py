@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -42,7 +43,7 @@ import numpy as np
 
 from rrto.v1 import ops_pb2
 from rrtod.hookspecs import Candidate, SequenceSearch
-from rrtod.robot.loopfold import FoundLoop, fold, loops_of
+from rrtod.robot.loopfold import Folded, FoundLoop, fold, loops_of
 from rrtod.robot.oplog import LoggedCall, copied, resolve_reads, with_loose_keys
 from rrtod.robot.shapes import Shapes, Unexplained, explain, explain_call
 from rrtod.wire import iter_tensor_refs
@@ -87,20 +88,25 @@ class Outcome(NamedTuple):
 
 
 def verify(log: list[LoggedCall], cand: Candidate, min_repeats: int = 2,
-           quiet_period: int | None = None) -> Found | None:
+           quiet_period: int | None = None, blocks: list[int] | None = None) -> Found | None:
     """The sequence ``cand`` proposes, if every block is the same calls with the same dataflow
     and every difference is explained; else None. ``quiet_period``: the app downloaded nothing
     in its last inference, of this many calls (``Recorder``, from its inference marks), so a
-    block of that length may return nothing but the shapes it was answered."""
+    block of that length may return nothing but the shapes it was answered. The blocks are
+    ``cand.period`` apart from ``cand.start`` to the log's end, or those ``blocks`` say (their
+    starts, the first ``cand.start``; ``paired``): a value a block reads that was made after
+    the first block began and not in the block itself is carried, so refused, wherever the
+    blocks are."""
     s, period = cand.start, cand.period
     if period <= 0 or s < 0:
         return None
-    repeats = (len(log) - s) // period
+    repeats = (len(log) - s) // period if blocks is None else len(blocks)
     if repeats < min_repeats:
         return None
     if len(log[s].reads) != len(log[s].refs):
         resolve_reads(log)
-    blocks = [s + r * period for r in range(repeats)]
+    if blocks is None:
+        blocks = [s + r * period for r in range(repeats)]
     sources: dict[tuple[int, int], Source] = {}
     for i in range(period):
         here = _sources_at(log, blocks, s, i)
@@ -354,6 +360,47 @@ def _without(log: list[LoggedCall], a0: int, b0: int, b1: int,
     return out, a0 + len(extra), b1 - b0
 
 
+# Earlier inferences a search pairs with the last one (``paired``), newest first.
+MAX_PAIRED = 8
+
+
+def paired(log: list[LoggedCall], loose: list[LoggedCall], starts: list[int]) -> Iterator[
+        tuple[list[LoggedCall], list[int], int, Folded | None]]:
+    """An app whose inferences go one of several ways as the data decides (a size that is 1
+    or not, a class present or not) may never make the same calls twice in a row, and a
+    search of the log's end finds nothing. The last complete inference ``B`` (``starts``,
+    from the shim's marks) and the earlier ones with the same calls (the last
+    ``MAX_PAIRED``; exact keys, else loose ones, else loose with loops folded) are blocks of
+    one sequence, in the log as it is: ``verify`` with those ``blocks``. Each block is its
+    inference shifted by the calls logged after ``B`` (an app's calls on ``B``'s outputs
+    after its mark, which the sequence ends with, as it ends with a download). Yields
+    (log, blocks, period, the folded log or None) to verify: all such blocks, then each
+    earlier one with ``B`` alone, newest first (not the one just before ``B``: the log's
+    end was searched as it is); the log is folded only when those of the others failed."""
+    ends = sorted({0, *(x for x in starts if 0 < x <= len(log))})
+    if len(ends) < 4 or len(log) - ends[-1] >= ends[-1] - ends[-2]:
+        return  # (or more calls after ``B`` than it has: not its outputs' reads)
+    tried: set[tuple[int, ...]] = set()
+    for stage in ("exact", "loose", "folded"):
+        folded = fold(loose) if stage == "folded" else None
+        if stage == "folded" and (folded is None or folded.at is None):
+            return
+        keyed = log if stage == "exact" else loose if folded is None else folded.entries
+        at = ends if folded is None else [
+            int(folded.at[x]) if x < len(log) else len(keyed) for x in ends]  # type: ignore[index]
+        shift = len(keyed) - at[-1]
+        keys = np.fromiter((e.key for e in keyed), dtype=np.int64, count=len(keyed))
+        period = at[-1] - at[-2]
+        last = keys[at[-2] + shift:]
+        same = [a + shift for a, b in itertools.pairwise(at[max(0, len(at) - 2 - MAX_PAIRED):-2])
+                if b - a == period and np.array_equal(keys[a + shift: b + shift], last)]
+        b0 = at[-2] + shift
+        for blocks in ([*same, b0], *([a, b0] for a in reversed(same) if a + period < b0)):
+            if len(blocks) >= 2 and (stage, *blocks) not in tried:
+                tried.add((stage, *blocks))
+                yield keyed, blocks, period, folded
+
+
 def _found_without_first_extras(log: list[LoggedCall], starts: list[int], min_repeats: int,
                                 quiet_period: int | None) -> Found | None:
     for entries, start, period in without_first_extras(log, starts):
@@ -371,7 +418,7 @@ def search_log(log: list[LoggedCall], search: SequenceSearch, min_repeats: int =
     many seconds have passed and no candidate verified; the budget is checked between
     candidates, so a plugin that yields them lazily is cut short too. ``quiet_period``: see
     ``verify``. ``starts``: where the log's inferences begin (``OpLog.inference_starts``),
-    for ``without_first_extras``."""
+    for ``without_first_extras`` and ``paired``."""
     deadline = None if budget_s is None else time.perf_counter() + budget_s
     rejected = 0
     loose: list[LoggedCall] | None = None
@@ -421,6 +468,22 @@ def search_log(log: list[LoggedCall], search: SequenceSearch, min_repeats: int =
         found = _found_without_first_extras(keyed, starts or [], min_repeats, quiet_period)
         if found is not None:
             return Outcome(found, rejected, False)
+    # Inferences alike that are not neighbours (an app whose inferences go several ways).
+    for keyed, blocks, period, folded in paired(log, loose, starts or []):
+        if deadline is not None and time.perf_counter() > deadline:
+            return Outcome(None, rejected, True)
+        found = verify(keyed, Candidate(blocks[0], period), min_repeats, quiet_period, blocks)
+        loops = None if found is None or folded is None else loops_of(
+            folded, blocks[0], period, len(blocks), blocks)
+        if found is not None and folded is None:
+            return Outcome(found, rejected, False)
+        if found is not None and loops:
+            found.loops, found.entries = loops, folded.entries  # type: ignore[union-attr]
+            for lp in loops:
+                if lp.shared.varies_from is not None:
+                    found.shapes.note_varies(lp.start + lp.shared.varies_from)
+            return Outcome(found, rejected, False)
+        rejected += 1
     # Inferences of different lengths: the calls they all begin with, as a segment.
     segment = common_prefix(loose)
     return Outcome(segment, rejected, False)
