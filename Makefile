@@ -54,7 +54,7 @@ bench-chaos: install
 # Real detection and pose models (bench/detectors.py): torchvision and Ultralytics need the
 # compatibility venv (torch 2.14.1). Local, hand-written offloading and rrto, loopback and
 # wifi6-edge; results in bench/results/detection/.
-DETECTION ?= tv-fasterrcnn,tv-retinanet,tv-fcos,tv-ssdlite,tv-keypointrcnn,tv-keypointrcnn-top3,yolov8n,yolov8n-pose
+DETECTION ?= tv-fasterrcnn,tv-retinanet,tv-fcos,tv-ssdlite,tv-keypointrcnn,tv-keypointrcnn-top3,tv-maskrcnn,yolov8n,yolov8n-pose
 bench-detection: compat-venv
 	$(CVENV)/bin/python -m bench --models $(DETECTION) --links loopback,wifi6-edge \
 		--systems local,nto,rrto --iters 10 --warmup 5 --out bench/results/detection \

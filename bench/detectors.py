@@ -1,6 +1,6 @@
 """Real detection and pose models for the benchmark, where their libraries are installed.
 
-torchvision's detectors (Faster R-CNN, RetinaNet, FCOS, SSDlite, Keypoint R-CNN) and Ultralytics'
+torchvision's detectors (Faster R-CNN, RetinaNet, FCOS, SSDlite, Keypoint R-CNN, Mask R-CNN) and Ultralytics'
 YOLOv8n detect and pose models, built from their own code with seeded random weights (no
 download), at 128x128 as in the compatibility corpus. Each is wrapped so that one call takes the
 benchmark's input tensor and returns a tuple of tensors, *including the model's post-processing*:
@@ -32,6 +32,8 @@ TORCHVISION = {
     "tv-fcos": ("fcos_resnet50_fpn", {"score_thresh": 0.001}),
     "tv-ssdlite": ("ssdlite320_mobilenet_v3_large", {"score_thresh": 0.001, "size": None}),
     "tv-keypointrcnn": ("keypointrcnn_resnet50_fpn", {"box_score_thresh": 0.001}),
+    # every detection's mask pasted into the image by a per-box Python loop (variants)
+    "tv-maskrcnn": ("maskrcnn_resnet50_fpn", {"box_score_thresh": 0.001}),
     # at most 3 people: with random weights the count differs every frame otherwise
     "tv-keypointrcnn-top3": ("keypointrcnn_resnet50_fpn", {"box_score_thresh": 0.001,
                                                            "box_detections_per_img": 3}),
