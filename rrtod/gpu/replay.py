@@ -1087,7 +1087,13 @@ class HostReplayer:
                 u = self._compile(loops.unroll(folded, n, origins, choices=choices,
                                                bodies_first=variants, checked=seq.checked),
                                   check=False)
-                u.prepared = [self._prepare(call) for call in u.definition.calls]
+                # The calls it begins with are those ``seq`` ran (the head, or the head and
+                # the bodies): their prepared form is kept, each compared first (a scattered
+                # call's outputs differ with the count).
+                done, ready = seq.definition.calls, seq.prepared
+                u.prepared = [ready[k] if k < len(done) and k < len(ready) and call == done[k]
+                              else self._prepare(call)
+                              for k, call in enumerate(u.definition.calls)]
                 u.sticky, u.latest, u.gone = seq.sticky, seq.latest, seq.gone
                 root = seq.canon if seq.bodies_of is None else seq.folded_canon
                 u.canon = [root[o] if o < len(root) else o for o in origins] \
