@@ -208,6 +208,25 @@ def guards(d: ops_pb2.SequenceDef, count: int) -> list[list[int]]:
     return [[name(g, i) for g in loop.guards] for i in range(count)]
 
 
+def guard_locals(d: ops_pb2.SequenceDef, count: int) -> list[list[int]]:
+    """Per iteration of ``d``'s first loop unrolled ``count`` times, the local indices of its
+    guards in ``bodies(d, count)`` (and so in every unrolling with the bodies first), worked
+    out as ``unroll`` lays its local ids out (the head's, then each iteration's own), without
+    unrolling: the shim asks for them every frame whose count is new to its sequence. -1: a
+    guard that is no local value of an iteration."""
+    loop = d.loops[0]
+    prefix, body = list(d.calls[: loop.start]), list(d.calls[loop.start: loop.start + loop.body])
+    scattered = [d.calls[c].out_ids[0] for c in loop.scatters]
+    before = set(_made(prefix)) - set(scattered)
+    local = set(d.local_ids)
+    own = [r for r in (*scattered, *(r for r in _made(body) if r not in before
+                                      and r not in scattered)) if r in local]
+    head = sum(1 for r in d.local_ids if r in before)
+    where = {r: j for j, r in enumerate(own)}
+    return [[head + i * len(own) + where[g] if g in where else -1 for g in loop.guards]
+            for i in range(count)]
+
+
 def _namer(d: ops_pb2.SequenceDef) -> Callable[[int, int], int]:
     """Iteration ``i``'s id of a value the first loop's body makes (``unroll``'s naming)."""
     loop = d.loops[0]

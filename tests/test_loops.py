@@ -15,6 +15,7 @@ from rrtod.loops import (
     check,
     choose,
     counted_by,
+    guard_locals,
     guards,
     head,
     samples,
@@ -285,6 +286,20 @@ def test_the_host_runs_every_body_first_and_names_the_same_ids_at_the_same_indic
     # head (1), body (2), variant 1 (slots 5, 6: after d's 4 and variant 0's 1), body, v0 (4)
     v = VARIANT_SLOTS + (1 << 24)  # variant 0's one slot, then variant 1's two
     assert origins == [0, 1, 2, v + 1, v + 2, 1, 2, v, 3]
+
+
+def test_the_guards_local_indices_are_worked_out_without_unrolling():
+    """``guard_locals``: where each iteration's guards sit among the local ids of the bodies
+    (and of every unrolling with the bodies first), for any count, as ``bodies`` lays them
+    out."""
+    d = branched()
+    for count in range(6):
+        local = {rid: i for i, rid in enumerate(bodies(d, count).local_ids)}
+        want = [[local.get(g, -1) for g in gs] for gs in guards(d, count)]
+        assert guard_locals(d, count) == want
+        assert all(i >= 0 for gs in want for i in gs)
+    d.loops[0].guards.append(d.calls[0].out_ids[0])  # a value of the head: no iteration's
+    assert all(gs[-1] == -1 for gs in guard_locals(d, 3))
 
 
 @pytest.mark.parametrize("breaks", ["no choices", "a value no variant has", "guard not made",

@@ -361,8 +361,7 @@ def _guard_indices(seq: Sequence, count: int) -> list[list[int]]:
     got = seq.guards.get(count)
     if got is None:
         assert seq.folded is not None
-        local = {rid: i for i, rid in enumerate(loops.bodies(seq.folded, count).local_ids)}
-        got = [[local.get(g, -1) for g in gs] for gs in loops.guards(seq.folded, count)]
+        got = loops.guard_locals(seq.folded, count)
         if any(i < 0 for gs in got for i in gs):
             raise ValueError("a guard is not a local value")
         if len(seq.guards) >= MAX_UNROLLED:
