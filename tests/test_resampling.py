@@ -31,6 +31,9 @@ DESCRIBED = [
     (aten.upsample_bicubic2d.default, [mask(1, 2, 5, 5), [10, 10], False]),
     (aten.upsample_linear1d.default, [mask(2, 3, 7), [11], False]),
     (aten.upsample_nearest3d.default, [mask(1, 1, 2, 3, 4), [4, 6, 8]]),
+    # ``.vec`` with a size (no scale factors): what ``F.interpolate`` reaches on a proxy
+    (aten.upsample_bilinear2d.vec, [mask(1, 1, 30, 30), [137, 61], False, None]),
+    (aten.upsample_nearest2d.vec, [mask(1, 16, 4, 4), [8, 8], None]),
 ]
 
 

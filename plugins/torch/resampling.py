@@ -31,8 +31,12 @@ _UPSAMPLE = frozenset({
 def resized(op: Any, args: Any, kwargs: dict[str, Any]
             ) -> tuple[tuple[int, ...], tuple[int, ...], torch.dtype] | None:
     """(shape, strides, dtype) of the output of a resampling call to an explicit size; None
-    when this is not one (or its input is not laid out contiguously): meta execution decides."""
-    if getattr(op, "_overloadname", None) != "default" or op._schema.name not in _UPSAMPLE:
+    when this is not one (or its input is not laid out contiguously): meta execution decides.
+    Both overloads: ``.default`` and ``.vec`` (``output_size`` optional, beside
+    ``scale_factors``), which ``F.interpolate`` reaches on a tensor subclass; a ``.vec`` call
+    given only scale factors is left to meta execution."""
+    if getattr(op, "_overloadname", None) not in ("default", "vec") \
+            or op._schema.name not in _UPSAMPLE:
         return None
     if len(args) < 2 or "output_size" in kwargs:
         return None
