@@ -396,8 +396,9 @@ def paired(log: list[LoggedCall], loose: list[LoggedCall], starts: list[int]) ->
                 if b - a == period and np.array_equal(keys[a + shift: b + shift], last)]
         b0 = at[-2] + shift
         for blocks in ([*same, b0], *([a, b0] for a in reversed(same) if a + period < b0)):
-            if len(blocks) >= 2 and (stage, *blocks) not in tried:
-                tried.add((stage, *blocks))
+            key = (folded is not None, *blocks)  # (the loose keys' are the log's positions)
+            if len(blocks) >= 2 and key not in tried:
+                tried.add(key)
                 yield keyed, blocks, period, folded
 
 
