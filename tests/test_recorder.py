@@ -13,7 +13,13 @@ import pytest
 from rrto.v1 import ops_pb2
 from rrto_plugins.search.dds import DataDependencySearch
 from rrtod.robot.oplog import REBUILT_SEQS
-from rrtod.robot.recorder import HINT_BUDGET_S, SEARCH_WAIT_S, Recorder, SearchBudget
+from rrtod.robot.recorder import (
+    HINT_BUDGET_S,
+    SEARCH_WAIT_S,
+    UNMARKED_FRAMES,
+    Recorder,
+    SearchBudget,
+)
 from rrtod.wire import REPLAY_BASE
 from testkit.frames import W1, W2, App, cnn
 
@@ -139,6 +145,15 @@ def test_values_read_inside_a_forward_are_searched_at_the_inferences_end(tmp_pat
     app.fetch(z)
     assert app.searches  # a result read: searched there
     assert not rec.inference_ended()  # and the mark after it has nothing left to search
+    # An app whose forward never returns marks nothing: past UNMARKED_FRAMES frames since
+    # the last mark, its reads are searched at as any download.
+    rec = recorder(tmp_path / "unmarked")
+    app = Relay(rec)
+    app.call("aten::relu", "img")
+    assert not rec.observe(ops_pb2.SessionUp(fetch=inside))
+    for _ in range(UNMARKED_FRAMES):
+        app.call("aten::relu", "img")
+    assert rec.observe(ops_pb2.SessionUp(fetch=inside))
 
 
 def test_a_cleared_log_starts_the_budget_afresh(tmp_path):

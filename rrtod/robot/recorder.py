@@ -507,6 +507,12 @@ class SearchBudget:
     hint_budget: float = HINT_BUDGET_S  # ...while the hinted searches took less in all
 
 
+# Frames since the app's last inference mark past which a value read inside a forward is
+# searched at as any download: an app whose forward never returns (its loop inside a module)
+# marks nothing. Mask R-CNN with 100 detections logs ~5 000 calls a frame.
+UNMARKED_FRAMES = 20_000
+
+
 class Recorder:
     """One per app session: it logs the frames the relay forwards (``observe``), decides when a
     search is due and runs it off the event loop (``request_search``), tracks the definitions
@@ -595,7 +601,8 @@ class Recorder:
             if kind == "fetch":
                 self._quiet = False
                 if self.searching:
-                    if not frame.fetch.in_forward:
+                    if not frame.fetch.in_forward \
+                            or self.log.recorded - self._mark_at > UNMARKED_FRAMES:
                         return self.search_due()
                     # A value the model reads (Mask R-CNN reads each box's corners, dozens a
                     # frame): no inference ends here, and a search at each held the robot's
