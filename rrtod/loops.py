@@ -214,28 +214,32 @@ def guard_locals(d: ops_pb2.SequenceDef, count: int) -> list[list[int]]:
     out as ``unroll`` lays its local ids out (the head's, then each iteration's own), without
     unrolling: the shim asks for them every frame whose count is new to its sequence. -1: a
     guard that is no local value of an iteration."""
-    loop = d.loops[0]
-    prefix, body = list(d.calls[: loop.start]), list(d.calls[loop.start: loop.start + loop.body])
-    scattered = [d.calls[c].out_ids[0] for c in loop.scatters]
-    before = set(_made(prefix)) - set(scattered)
+    before, every = _iteration_ids(d)
     local = set(d.local_ids)
-    own = [r for r in (*scattered, *(r for r in _made(body) if r not in before
-                                      and r not in scattered)) if r in local]
+    own = [r for r in every if r in local]
     head = sum(1 for r in d.local_ids if r in before)
     where = {r: j for j, r in enumerate(own)}
-    return [[head + i * len(own) + where[g] if g in where else -1 for g in loop.guards]
+    return [[head + i * len(own) + where[g] if g in where else -1 for g in d.loops[0].guards]
             for i in range(count)]
+
+
+def _iteration_ids(d: ops_pb2.SequenceDef) -> tuple[set[int], list[int]]:
+    """What the calls before ``d``'s first loop make (but its scattered calls' outputs), and
+    what an iteration makes as its own, in ``unroll``'s order: the output of each scattered
+    call it reads, then what its body makes."""
+    loop = d.loops[0]
+    prefix = list(d.calls[: loop.start])
+    body = list(d.calls[loop.start: loop.start + loop.body])
+    scattered = [d.calls[c].out_ids[0] for c in loop.scatters]
+    before = set(_made(prefix)) - set(scattered)
+    return before, [*scattered, *(r for r in _made(body)
+                                  if r not in before and r not in scattered)]
 
 
 def _namer(d: ops_pb2.SequenceDef) -> Callable[[int, int], int]:
     """Iteration ``i``'s id of a value the first loop's body makes (``unroll``'s naming)."""
-    loop = d.loops[0]
-    s, b = loop.start, loop.body
-    prefix, body = list(d.calls[:s]), list(d.calls[s: s + b])
-    scattered = [d.calls[c].out_ids[0] for c in loop.scatters]
-    before = set(_made(prefix)) - set(scattered)
-    own = [*scattered, *(r for r in _made(body) if r not in before and r not in scattered)]
-    rank = {r: j for j, r in enumerate(own)}
+    s = d.loops[0].start
+    rank = {r: j for j, r in enumerate(_iteration_ids(d)[1])}
 
     def name(rid: int, i: int) -> int:
         j = rank.get(rid)
@@ -345,10 +349,7 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
     only_bodies = bodies_first and choices is None
     s, b = loop.start, loop.body
     prefix, body, suffix = list(d.calls[:s]), list(d.calls[s: s + b]), list(d.calls[s + b:])
-    scattered = [d.calls[c].out_ids[0] for c in loop.scatters]
-    before = set(_made(prefix)) - set(scattered)
-    # what an iteration makes, and the output of each scattered call it reads
-    own = [*scattered, *(r for r in _made(body) if r not in before and r not in scattered)]
+    before, own = _iteration_ids(d)
     rank = {r: j for j, r in enumerate(own)}
     # a variant's ids, always renamed (ranks after the body's): no two iterations share one
     vrank = [{r: len(own) + j for j, r in enumerate(v.local_ids)} for v in variants]

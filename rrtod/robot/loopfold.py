@@ -120,7 +120,7 @@ class Folded:
     gathers: dict[int, list[tuple[Path, int]]] = field(default_factory=dict)
     # per position of the log folded, the folded position of its call (a later iteration's
     # call: the first iteration's)
-    at: np.ndarray | None = None
+    at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 def regions(keys: np.ndarray, max_body: int = MAX_BODY) -> list[Region]:

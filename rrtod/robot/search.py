@@ -383,11 +383,11 @@ def paired(log: list[LoggedCall], loose: list[LoggedCall], starts: list[int]) ->
     tried: set[tuple[int, ...]] = set()
     for stage in ("exact", "loose", "folded"):
         folded = fold(loose) if stage == "folded" else None
-        if stage == "folded" and (folded is None or folded.at is None):
+        if stage == "folded" and folded is None:
             return
         keyed = log if stage == "exact" else loose if folded is None else folded.entries
         at = ends if folded is None else [
-            int(folded.at[x]) if x < len(log) else len(keyed) for x in ends]  # type: ignore[index]
+            int(folded.at[x]) if x < len(log) else len(keyed) for x in ends]
         shift = len(keyed) - at[-1]
         keys = np.fromiter((e.key for e in keyed), dtype=np.int64, count=len(keyed))
         period = at[-1] - at[-2]
@@ -410,6 +410,16 @@ def _found_without_first_extras(log: list[LoggedCall], starts: list[int], min_re
             found.entries, found.warmup = entries, False
             return found
     return None
+
+
+def _looped(found: Found, loops: list[FoundLoop], folded: Folded, searched: int | None) -> Found:
+    """``found`` in a folded log: its loops, the log its positions refer to, and where the
+    calls whose sizes follow the data begin inside each loop."""
+    found.loops, found.entries, found.searched = loops, folded.entries, searched
+    for lp in loops:
+        if lp.shared.varies_from is not None:
+            found.shapes.note_varies(lp.start + lp.shared.varies_from)
+    return found
 
 
 def search_log(log: list[LoggedCall], search: SequenceSearch, min_repeats: int = 2,
@@ -458,11 +468,7 @@ def search_log(log: list[LoggedCall], search: SequenceSearch, min_repeats: int =
             loops = None if found is None else loops_of(folded, found.start, found.period,
                                                         found.repeats)
             if found is not None and loops:
-                found.loops, found.entries, found.searched = loops, folded.entries, end
-                for lp in loops:
-                    if lp.shared.varies_from is not None:
-                        found.shapes.note_varies(lp.start + lp.shared.varies_from)
-                return Outcome(found, rejected, False)
+                return Outcome(_looped(found, loops, folded, end), rejected, False)
             rejected += 1
     # A first inference with extra calls: found after the second inference.
     for keyed in (log, loose):
@@ -478,12 +484,8 @@ def search_log(log: list[LoggedCall], search: SequenceSearch, min_repeats: int =
             folded, blocks[0], period, len(blocks), blocks)
         if found is not None and folded is None:
             return Outcome(found, rejected, False)
-        if found is not None and loops:
-            found.loops, found.entries = loops, folded.entries  # type: ignore[union-attr]
-            for lp in loops:
-                if lp.shared.varies_from is not None:
-                    found.shapes.note_varies(lp.start + lp.shared.varies_from)
-            return Outcome(found, rejected, False)
+        if found is not None and folded is not None and loops:
+            return Outcome(_looped(found, loops, folded, None), rejected, False)
         rejected += 1
     # Inferences of different lengths: the calls they all begin with, as a segment.
     segment = common_prefix(loose)
