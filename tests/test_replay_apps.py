@@ -594,14 +594,27 @@ def test_a_frame_that_branches_before_a_branched_loop_is_never_answered_wrongly(
     assert stats["failed"] == 0, stats
 
 
-def test_inferences_that_never_go_the_same_way_twice_in_a_row_still_replay(fresh, tmp_path):
-    """``level_assign``: boxes written into one buffer level by level, a view more where a
-    level got one box, so an inference goes one of eight ways, never the same twice in a
-    row (Mask R-CNN's ``MultiScaleRoIAlign``). The log's end never repeats; the search pairs
-    the last inference with earlier ones that went its way (``search.paired``), so replay
-    starts, and the frames that go a way the robot knows replay whole with one reply
-    (before, none ever did). Outputs equal to local on every frame."""
+def test_an_assignment_of_one_row_makes_the_same_calls_as_of_many(fresh, tmp_path):
+    """``level_assign``: boxes written into one buffer level by level (Mask R-CNN's
+    ``MultiScaleRoIAlign``); PyTorch views a level's value without its leading 1 where the
+    level got one box. The shim does not send that view (``assignment.py``), so every frame
+    makes the same calls: replay from the 3rd frame, each whole with one reply (before, the
+    frames went eight ways and most left their sequence). Outputs equal to local."""
     stats = same_as_local("level_assign", fresh, tmp=tmp_path)
+    by = stats["by_inference"]
+    assert by["replays"][2:] == [1] * (len(by["replays"]) - 2), stats
+    assert not any(by["mismatches"]) and set(by["round_trips"][2:]) == {1}, stats
+    assert stats["failed"] == 0, stats
+
+
+def test_inferences_that_never_go_the_same_way_twice_in_a_row_still_replay(fresh, tmp_path):
+    """``level_assign --squeeze``: the app squeezes a level's value where the level got one
+    box, so an inference goes one of eight ways, never the same twice in a row. The log's end
+    never repeats; the search pairs the last inference with earlier ones that went its way
+    (``search.paired``), so replay starts, and the frames that go a way the robot knows
+    replay whole with one reply (before, none ever did). Outputs equal to local on every
+    frame."""
+    stats = same_as_local("level_assign", fresh, "--squeeze", tmp=tmp_path)
     by = stats["by_inference"]
     assert 1 in by["replays"][:8] and stats["failed"] == 0, stats
     whole = [i for i, (r, m) in enumerate(zip(by["replays"], by["mismatches"], strict=True))

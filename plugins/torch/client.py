@@ -34,6 +34,7 @@ from rrtod.shim.channel import Channel
 from rrtod.wire import BIND_OP, HOST_ID_BASE, content_hash, release_of
 
 from . import codec, downloads
+from .assignment import Assignment
 from .errors import DeadlineMissed, HostLost, OffloadError, RemoteOpError
 from .fallback import run_local, run_lost, writes_local
 from .journal import Journal, Unrecoverable
@@ -172,6 +173,8 @@ class RemoteSession:
         self.local_warned: set[str] = set()  # what warn_once warned about (operators, patterns)
         self._warn_lock = threading.Lock()
         self._tls = threading.local()
+        # ``__setitem__`` calls under way whose value has leading ones (assignment.py), by thread
+        self._assigning: dict[int, Assignment] = {}
         # Persistent tensors written on the host since the last fork (_note_writes), by id.
         self._written: weakref.WeakValueDictionary[int, Handle] = weakref.WeakValueDictionary()
         self._threads = itertools.count(0)
@@ -581,6 +584,13 @@ class RemoteSession:
         return info
 
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        if self._assigning:
+            assigning = self._assigning.get(threading.get_ident())
+            if assigning is not None and not assigning.done:
+                view = assigning.defer(func, args)
+                if view is not None:
+                    return view
+                args = assigning.taken(self, func, args)
         info = self._ops.get(id(func)) or self._info(func)
         if info.alias_only:
             src = args[0]
@@ -608,6 +618,21 @@ class RemoteSession:
             return self._run_here(func, args, kwargs, info)
         self.journal.add(func, args, kwargs, result)
         return result
+
+    def assign(self, func: Any, args: tuple, kwargs: dict) -> None:
+        """``target[index] = value`` (``Tensor.__setitem__``) with a proxy ``value`` that has
+        leading ones: its view without them waits for the call that takes it
+        (``assignment.py``), so the calls do not depend on whether a count was 1."""
+        thread = threading.get_ident()
+        if self.lost is not None or thread in self._assigning:
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **kwargs)
+        self._assigning[thread] = Assignment(args[2])
+        try:
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **kwargs)
+        finally:
+            del self._assigning[thread]
 
     def _run_here(self, func: Any, args: tuple, kwargs: dict, info: OpInfo) -> Any:
         """The call on local values (the host is lost, or the inference passed its

@@ -100,6 +100,9 @@ class RemoteTensor(torch.Tensor):
         reader = _READS.get(func)
         if reader is not None:
             return reader(args, kwargs)
+        if func is _SETITEM and len(args) == 3 and isinstance(args[2], RemoteTensor) and (
+                args[2].dim() and args[2].shape[0] == 1):
+            return args[2]._rrto_handle.session.assign(func, args, kwargs)
         if type(func) is _METHOD_WRAPPER and getattr(func, "__self__", None) is _DATA:
             if func.__name__ == "__set__":
                 return _set_data(args[0], args[1])
@@ -201,6 +204,7 @@ def _cpu(args: tuple, kwargs: dict) -> torch.Tensor:
 
 
 _TO = torch.Tensor.to
+_SETITEM = torch.Tensor.__setitem__  # a value with leading ones: ``assignment.py``
 _READS: dict[Any, Any] = {
     getattr(torch.Tensor, n): _via_download(n)
     for n in ("numpy", "tolist", "__array__", "__format__", "__reduce_ex__", "__dlpack__",

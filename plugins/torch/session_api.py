@@ -99,6 +99,9 @@ class Session(Protocol):
     def persist(self, tensors: list[torch.Tensor]) -> list[Any]:
         """Proxies for new persistent tensors (offered by hash, uploaded if missing)."""
 
+    def assign(self, func: Any, args: tuple, kwargs: dict) -> None:
+        """``Tensor.__setitem__`` whose value is a proxy with leading ones (``assignment``)."""
+
     def download(self, proxy: torch.Tensor) -> torch.Tensor:
         """The value of ``proxy``, a ``RemoteTensor`` (an app's data read)."""
 

@@ -1,16 +1,23 @@
 """Boxes assigned to feature levels by their size, each level's boxes run through its own head
 and written into one buffer (``result[idx] = head(x[idx])``), as torchvision's
 ``MultiScaleRoIAlign`` does. Where a level got exactly one box, PyTorch's indexed assignment
-views the value without its leading 1 first (an ``aten::view`` the other frames lack), so the
-calls an inference makes depend on which levels got one box. The frames come in an order
-where no two in a row go the same way, and how many boxes each level got changes too: the
-robot must pair inferences that are not neighbours to find any sequence at all."""
+views the value without its leading 1 first (an ``aten::view`` the other frames lack); the shim
+defers that view (``plugins/torch/assignment.py``), so every frame makes the same calls.
+
+``--squeeze``: the app drops a lone box's leading 1 itself (``v.squeeze(0)`` when a level got
+one box), a call the shim must send: the calls an inference makes then depend on which levels
+got one box. The frames come in an order where no two in a row go the same way, and how many
+boxes each level got changes too: the robot must pair inferences that are not neighbours to
+find any sequence at all."""
+
+import sys
 
 import torch
 from appkit import main
 from torch import nn
 
 LEVELS = 3
+SQUEEZE = "--squeeze" in sys.argv
 # boxes per level, frame by frame (6 in all): the levels with one box decide the way; never
 # the same way twice in a row, and no period
 COUNTS = [(2, 1, 3), (1, 3, 2), (3, 2, 1), (1, 4, 1), (2, 2, 2), (1, 2, 3), (4, 1, 1),
@@ -34,7 +41,10 @@ class LevelAssign(nn.Module):
         result = torch.zeros(x.shape[0], 8)
         for level, head in enumerate(self.heads):
             idx = torch.where(levels == level)[0]
-            result[idx] = head(x[idx])
+            pooled = head(x[idx])
+            if SQUEEZE and pooled.shape[0] == 1:
+                pooled = pooled.squeeze(0)
+            result[idx] = pooled
         return result
 
 
