@@ -40,15 +40,20 @@ SETTLE = """
     left = kept_ref() is not None
     gcfreeze._last -= gcfreeze.MIN_INTERVAL_S  # a minute later
     later = gcfreeze.settle(again=True)
+    once = gcfreeze.settle(again=True, once="first definition")  # within the interval: once
+    twice = gcfreeze.settle(again=True, once="first definition")
     gc.unfreeze()
-    print(first, frozen > 1000, dropped_ref() is None, soon, left, later, kept_ref() is None)
+    print(first, frozen > 1000, dropped_ref() is None, soon, left, later, kept_ref() is None,
+          once, twice)
 """
 
 
 def test_settle_collects_then_freezes_and_a_later_one_frees_frozen_cycles_dropped_since():
     # the dropped cycle was collected before the freeze; the kept one was frozen (no
-    # collection frees it once dropped), and freed by the settle a minute later
-    assert child(SETTLE).split() == ["True", "True", "True", "False", "True", "True", "True"]
+    # collection frees it once dropped), and freed by the settle a minute later; a reason
+    # given ``once`` settles the first time it is given, whatever the interval
+    assert child(SETTLE).split() == ["True", "True", "True", "False", "True", "True", "True",
+                                     "True", "False"]
 
 
 def test_the_switch_leaves_the_collector_as_python_sets_it():

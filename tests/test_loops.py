@@ -4,6 +4,9 @@ unrolled definition's first calls exactly; what a loop may read is checked."""
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import pytest
 
 from rrto.v1 import ops_pb2
@@ -18,6 +21,7 @@ from rrtod.loops import (
     guard_locals,
     guards,
     head,
+    layout,
     samples,
     unroll,
 )
@@ -347,3 +351,70 @@ def test_each_call_of_the_hosts_order_knows_its_place_in_the_apps():
     assert all(host.calls[k] == app.calls[a] for k, a in enumerate(where))
     for u in samples(d):
         compile_sequence(u)
+
+
+def _same_compiled(a: Any, b: Any) -> list[str]:
+    """The fields in which two compiled sequences differ (how much they shared aside)."""
+    return [f.name for f in dataclasses.fields(a)
+            if f.name != "shared" and getattr(a, f.name) != getattr(b, f.name)]
+
+
+@pytest.mark.parametrize("make", [looped, scattered, branched])
+def test_an_unrolling_compiled_on_its_head_is_the_one_compiled_whole(make):
+    """``compile_sequence(prefix=)``: an unrolling begins with the calls its head (or its
+    bodies) ran; taking what those calls alone decide from the head's compile gives what
+    compiling it all again gives, and stops sharing where a call differs (a scattered
+    call's outputs follow the count)."""
+    d = make()
+    first = head(d)
+    for n in (0, 1, 3):
+        variants = bool(d.loops[0].variants)
+        steps = [(first, dict(bodies_first=variants))]
+        if variants:
+            steps.append((bodies(d, n), dict(choices=[k % 2 for k in range(n)],
+                                             bodies_first=True)))
+        for before, how in steps:
+            u = unroll(d, n, shape=layout(d), **how)
+            assert u == unroll(d, n, **how)  # the layout is what ``unroll`` works out
+            prefix = compile_sequence(before)
+            whole, shared = compile_sequence(u), compile_sequence(u, prefix=prefix)
+            assert not _same_compiled(whole, shared), _same_compiled(whole, shared)
+            same = 0
+            while same < min(len(u.calls), len(before.calls)) and \
+                    u.calls[same] == before.calls[same]:
+                same += 1
+            assert shared.shared == same and whole.shared == 0
+
+
+def test_a_prefix_that_differs_is_not_shared():
+    d = looped()
+    u = unroll(d, 2)
+    other = head(d)
+    other.calls[1].args[0].i = 4  # zeros(4): not the unrolling's first calls any more
+    assert compile_sequence(u, prefix=compile_sequence(other)).shared == 1
+    other.local_ids[0] = 99
+    assert compile_sequence(u, prefix=compile_sequence(other)).shared == 0
+
+
+@pytest.mark.parametrize("make", [looped, scattered, branched])
+def test_the_shims_unrolling_shares_its_heads_steps_and_matches_the_same(make):
+    """The shim's unrolling (``_unrolled``) takes the head's steps as they are (with the
+    plans their replays worked out) and compiles the rest: what it matches equals a
+    compile of the whole unrolling."""
+    from rrto_plugins.torch.replay import Step, _unrolled
+    from rrto_plugins.torch.replay import compile_sequence as shim_compile
+
+    d = make()
+    head_seq = shim_compile(d)
+    for n in (0, 1, 3):
+        choices = [k % 2 for k in range(n)] if d.loops[0].variants else None
+        got = _unrolled(head_seq, n, choices)
+        whole = shim_compile(unroll(d, n, choices=choices), check=False)
+        assert len(got.steps) == len(whole.steps)
+        for a, b in zip(got.steps, whole.steps, strict=True):
+            assert [f.name for f in dataclasses.fields(Step) if f.name != "built"
+                    and repr(getattr(a, f.name)) != repr(getattr(b, f.name))] == []
+        for f in ("local", "last_writer", "outputs", "chain", "sized", "valued"):
+            assert getattr(got, f) == getattr(whole, f), f
+        shared = sum(1 for a, b in zip(got.steps, head_seq.steps) if a is b)
+        assert shared == len(head(d).calls)

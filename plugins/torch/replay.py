@@ -30,7 +30,7 @@ import itertools
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from time import perf_counter_ns, thread_time_ns
 from typing import Any
 
@@ -44,7 +44,7 @@ from rrtod.wire import (
     READ_VALUE,
     REPLAY_BASE,
     SPAN,
-    final_writes,
+    final_writes_of,
     int_of,
     iter_tensor_refs,
     scalar_of,
@@ -223,6 +223,7 @@ class Sequence:
     # inference goes on with ``unrolled[count]``, which shares this one's per-slot state.
     folded: ops_pb2.SequenceDef | None = None
     counted: tuple[int, int] | None = None
+    layout: loops.Layout | None = None  # ``folded``'s, for each unrolling
     checked: bool = False  # ``folded`` passed ``loops.check`` (not one unrolled from it)
     # (a loop with variants: ``unrolled[(count, choices)]``; ``guards[count]``, the local
     # indices of each iteration's guards, whose values the host pushes: ``_guard_indices``)
@@ -244,6 +245,10 @@ class Sequence:
     profile_ns: list[int] = field(default_factory=list)
     profiled: int = 0
     here: bool = False  # a plan with every call on the robot: its inferences may run unseen
+    # per call: the ids it writes in place and its outputs view (``final_writes``), kept for
+    # an unrolling that begins with its calls (``_shared``)
+    written_of: list[list[int]] = field(default_factory=list)
+    viewed_of: list[list[int]] = field(default_factory=list)
 
     @property
     def host_failed(self) -> bool:
@@ -288,12 +293,14 @@ def _viewed_ids(call: ops_pb2.OpCall) -> list[int]:
     return aliasing.viewed_ids(op, call) if op is not None else [0] * len(call.out_ids)
 
 
-def compile_sequence(d: ops_pb2.SequenceDef, check: bool = True) -> Sequence:
+def compile_sequence(d: ops_pb2.SequenceDef, check: bool = True,
+                     prefix: Sequence | None = None) -> Sequence:
     """The shim's form of a definition; one with loops compiles to its head, with what it needs
     to unroll at the head's end (``ReplayClient._unroll``). Its loops are checked
-    (``loops.check``) unless ``check`` is False: an unrolling of a definition checked so."""
+    (``loops.check``) unless ``check`` is False: an unrolling of a definition checked so.
+    ``prefix``: the head an unrolling begins with, whose steps it shares (``_shared``)."""
     if not d.loops:
-        seq = _compile(d)
+        seq = _compile(d, prefix=prefix)
         seq.base = partition.without_plans(d)
         add_plans(seq, d)
         return seq
@@ -301,8 +308,9 @@ def compile_sequence(d: ops_pb2.SequenceDef, check: bool = True) -> Sequence:
         raise ValueError(f"sequence {d.id} has loops and plans")
     if check:
         loops.check(d)
-    seq = _compile(loops.head(d))
+    seq = _compile(loops.head(d), prefix=prefix)
     seq.folded, seq.counted, seq.checked = d, loops.counted_by(d), check
+    seq.layout = loops.layout(d)
     seq.later = _read_later(d)
     seq.sized = seq.sized | {seq.counted[0]}  # type: ignore[index]
     return seq
@@ -344,7 +352,8 @@ def _unrolled(seq: Sequence, count: int, choices: list[int] | None = None) -> Se
     assert seq.folded is not None
     origins: list[int] = []
     u = compile_sequence(loops.unroll(seq.folded, count, origins, choices=choices,
-                                      checked=seq.checked), check=False)
+                                      checked=seq.checked, shape=seq.layout),
+                         check=False, prefix=seq)
     u.bindings, u.sent, u.recent = seq.bindings, seq.sent, seq.recent
     u.canon = [seq.canon[o] if o < len(seq.canon) else o for o in origins] \
         if seq.canon is not None else origins
@@ -370,18 +379,52 @@ def _guard_indices(seq: Sequence, count: int) -> list[list[int]]:
     return got
 
 
+def _shared(d: ops_pb2.SequenceDef, prefix: Sequence) -> int:
+    """How many first calls of ``d`` are ``prefix``'s own steps: the same calls, sources,
+    local ids and symbolic integers. An unrolled loop begins with its head; compiling the
+    head's steps again for every count and choice of variants was half of what a Mask R-CNN
+    frame cost the shim (and their plans were worked out again at their next replay)."""
+    p = prefix.definition
+    if p.loops or prefix.plans or prefix.root is not None or any(st.robot for st in prefix.steps):
+        return 0
+    ids = len(p.local_ids)
+    if list(d.local_ids[:ids]) != list(p.local_ids):
+        return 0
+    new_ids = set(d.local_ids[ids:])
+    shared, slot, limit = 0, 0, min(len(d.calls), len(p.calls))
+    while shared < limit:
+        call, n = d.calls[shared], len(prefix.steps[shared].slots)
+        if call != p.calls[shared] or d.sources[slot:slot + n] != p.sources[slot:slot + n]:
+            break
+        if new_ids and any(i is None and r in new_ids for r, i in zip(
+                call.out_ids, prefix.steps[shared].out_local, strict=True)):
+            break
+        slot += n
+        shared += 1
+    if [s for s in d.symbols if s.call < shared] != [s for s in p.symbols if s.call < shared]:
+        return 0
+    return shared
+
+
 def _compile(d: ops_pb2.SequenceDef, robot: frozenset[int] = frozenset(),
-             bands: lop.Bands | None = None, whole: ops_pb2.SequenceDef | None = None
-             ) -> Sequence:
+             bands: lop.Bands | None = None, whole: ops_pb2.SequenceDef | None = None,
+             prefix: Sequence | None = None) -> Sequence:
     """``d`` (a plan's rewrite of ``whole`` when placed) as the shim matches it. ``robot``:
     the calls it runs here; ``bands``: a Hybrid-Parallel split's, whose region's calls it runs
-    here too, each on its band of rows (``Step.band``, ``Step.bands``)."""
+    here too, each on its band of rows (``Step.band``, ``Step.bands``). ``prefix``: a
+    sequence ``d`` may begin with, whose steps it takes as they are (``_shared``)."""
     local = {rid: i for i, rid in enumerate(d.local_ids)}
     region = frozenset(bands.region.calls) if bands is not None else frozenset()
     robot = robot | region
     made_by: dict[int, int] = {}
+    shared = _shared(d, prefix) if prefix is not None and not robot else 0
     steps, slot = [], 0
-    for call in d.calls:
+    for k in range(shared):  # (``variable`` follows ``d``'s own ``varies_from``)
+        st = prefix.steps[k]  # type: ignore[union-attr]
+        variable = d.HasField("varies_from") and k >= d.varies_from
+        steps.append(st if st.variable == variable else replace(st, variable=variable, built=None))
+        slot += len(st.slots)
+    for call in d.calls[shared:]:
         def keep(ref: ops_pb2.TensorRef) -> _Placeholder:
             return _Placeholder(ref)
         args = [codec.decode_value(v, keep, torch.device) for v in call.args]
@@ -423,6 +466,8 @@ def _compile(d: ops_pb2.SequenceDef, robot: frozenset[int] = frozenset(),
     for sym in d.symbols:
         if sym.call >= len(steps) or sym.tensor not in local:
             raise ValueError(f"sequence {d.id}: a symbolic integer names no call or tensor")
+        if sym.call < shared:
+            continue  # the prefix's step has it
         step = steps[sym.call]
         step.syms.append(((sym.kwarg or sym.arg, *sym.items), local[sym.tensor],
                           READ_VALUE if sym.value else sym.dim,
@@ -430,9 +475,14 @@ def _compile(d: ops_pb2.SequenceDef, robot: frozenset[int] = frozenset(),
         step.flat = None  # matched against this inference's sizes: the general path
     outputs = {local[o] for o in d.outputs}
     # as the host pushes them: once nothing writes their storage any more
-    last_writer = final_writes(d, _written_ids, _viewed_ids)
-    chain, h = [], 0
-    for st in steps:
+    written_of = [prefix.written_of[k] if k < shared else _written_ids(call)  # type: ignore
+                  for k, call in enumerate(d.calls)]
+    viewed_of = [prefix.viewed_of[k] if k < shared else _viewed_ids(call)  # type: ignore
+                 for k, call in enumerate(d.calls)]
+    last_writer = final_writes_of(d, written_of, viewed_of)
+    chain = list(prefix.chain[:shared]) if shared else []  # type: ignore[union-attr]
+    h = chain[-1] if chain else 0
+    for st in steps[shared:]:
         st.sig = st.signature()
         h = hash((h, st.sig))
         chain.append(h)
@@ -446,7 +496,8 @@ def _compile(d: ops_pb2.SequenceDef, robot: frozenset[int] = frozenset(),
                     sized=frozenset(i for st in steps for _p, i, d, _n in st.syms
                                     if d != READ_VALUE),
                     valued=frozenset(i for st in steps for _p, i, d, _n in st.syms
-                                     if d == READ_VALUE), chain=chain)
+                                     if d == READ_VALUE), chain=chain,
+                    written_of=written_of, viewed_of=viewed_of)
 
 
 def _add_bands(steps: list[Step], bands: lop.Bands, whole: ops_pb2.SequenceDef,

@@ -38,13 +38,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rrto.v1 import ops_pb2
-from rrtod import loops, lop, partition
+from rrtod import gcfreeze, loops, lop, partition
 from rrtod.executor import ReplayExtension
 from rrtod.wire import (
     READ_VALUE,
     RETIRED_KEPT,
     SPAN,
-    final_writes,
+    final_writes_of,
     int_arg,
     iter_tensor_refs,
     release_of,
@@ -114,7 +114,7 @@ class Compiled:
     local: dict[int, int]  # recorded local id -> index
     inputs: list[list[int]]  # per call: slots it waits for (inputs; weights until first bound)
     outputs: set[int]  # local indices the app downloads
-    pushes: list[list[int]]  # per call: outputs whose final value it writes (pushed after it)
+    pushes: list[tuple[int, ...]]  # per call: outputs whose final value it writes (pushed after)
     writes: list[list[int]]  # per call: positions of outputs that overwrite existing values
     mutates: list[bool]  # per call: writes arguments in place without returning them
     # per call, per tensor argument: (slot, recorded ref, its kind, local index of the upload's
@@ -124,14 +124,14 @@ class Compiled:
     # (an argument written in place and returned) - precomputed for ``_bind``
     out_local: list[list[int | None]]
     last_use: dict[int, int]  # local index -> the last call that reads or writes it
-    free_after: list[list[int]]  # per call: local indices it is the last to read or write
+    free_after: list[tuple[int, ...]]  # per call: local indices it is the last to read or write
     written: Callable[[ops_pb2.OpCall], list[int]] | None = None
     sticky: dict[int, ops_pb2.TensorRef] = field(default_factory=dict)  # bound weights, constants
     prepared: list[Any] = field(default_factory=list)  # per call: the executor's, or None
     latest: dict[int, ops_pb2.TensorRef] = field(default_factory=dict)  # INPUT slot -> last upload
     # CONSTANT slots: recorded id -> its slots, and per call the slots it reads
     constants: dict[int, list[int]] = field(default_factory=dict)
-    constants_at: list[list[int]] = field(default_factory=list)
+    constants_at: list[tuple[int, ...]] = field(default_factory=list)
     # CONSTANT slots whose recorded tensor the app released (and nothing was bound since): a
     # call reading one waits, for the app can no longer match it (its abort follows)
     gone: set[int] = field(default_factory=set)
@@ -146,6 +146,7 @@ class Compiled:
     # (local index, dimension) of the size that counts the loop.
     folded: ops_pb2.SequenceDef | None = None
     counted: tuple[int, int] | None = None
+    layout: loops.Layout | None = None  # ``folded``'s, for each unrolling
     unrolled: dict[Any, Compiled] = field(default_factory=dict)
     # Checked when defined (``HostReplayer._compile``): ``folded`` passed ``loops.check`` (not
     # one unrolled from it), and ``pinned_by`` over every call its loops may run
@@ -177,9 +178,17 @@ class Compiled:
     profile_ns: list[int] = field(default_factory=list)
     profiled: int = 0
     base: bytes = b""  # the definition without its plans: what a redefinition must match
+    # per call: its tensor arguments, and the ids it writes in place and its outputs view
+    # (``compile_sequence``'s ``written``/``viewed``), kept for a definition sharing its calls
+    refs: list[list[ops_pb2.TensorRef]] = field(default_factory=list)
+    shared: int = 0  # its first calls compiled as its ``prefix``'s were (``_shared``)
+    written_of: list[list[int]] = field(default_factory=list)
+    viewed_of: list[list[int]] = field(default_factory=list)
     # Runs of calls the executor replays with one native call each (``Run``), by first call;
-    # None until the first replay that may use them plans them (``HostReplayer._runs``).
+    # None until the first replay that may use them plans them (``HostReplayer._runs``), from
+    # the call it is at (``runs_from``: an unrolling is entered where its head ended)
     runs: dict[int, Run] | None = None
+    runs_from: int = 0
 
     def bound(self, slot: int) -> ops_pb2.TensorRef | None:
         """The weight or constant bound for ``slot`` (``sticky``), if any."""
@@ -190,18 +199,23 @@ def compile_sequence(d: ops_pb2.SequenceDef,
                      written: Callable[[ops_pb2.OpCall], list[int]] | None = None,
                      viewed: Callable[[ops_pb2.OpCall], list[int]] | None = None,
                      robot: frozenset[int] = frozenset(),
-                     merges: dict[int, list[tuple[int, int]]] | None = None) -> Compiled:
+                     merges: dict[int, list[tuple[int, int]]] | None = None,
+                     prefix: Compiled | None = None) -> Compiled:
     """Index a definition for replay; ValueError if it is inconsistent (never trusted blindly:
     a bad definition must fail here, not halfway through an inference). ``written``: the ids
     of arguments a call writes in place without returning them (from the executor).
     ``robot``: the calls the robot runs (a plan's, ``d`` then its ``partition.rewrite``).
     ``merges``: per call, (tensor argument, local index) of values of a split region it reads
-    whole, put together from the robot's band (its INPUT there) and this host's (``lop``)."""
+    whole, put together from the robot's band (its INPUT there) and this host's (``lop``).
+    ``prefix``: a compiled sequence whose first calls ``d`` may begin with (the head an
+    unrolling continues): what those calls alone decide is taken from it (``_shared``)."""
     if len(d.local_ids) > SPAN:  # inference k's ids are base + index: they would reach k+1's
         raise ValueError(f"sequence {d.id}: {len(d.local_ids)} local ids, more than an "
                          f"inference's id range holds ({SPAN}, rrtod.wire.SPAN)")
     local = {rid: i for i, rid in enumerate(d.local_ids)}
-    counts = [sum(1 for _ in iter_tensor_refs(call)) for call in d.calls]
+    shared = _shared(d, prefix) if prefix is not None and not robot and not merges else 0
+    counts = [len(prefix.refs[k]) if k < shared else len(iter_tensor_refs(call))  # type: ignore
+              for k, call in enumerate(d.calls)]
     if sum(counts) != len(d.sources):
         raise ValueError(f"sequence {d.id}: {len(d.sources)} sources for {sum(counts)} "
                          "tensor arguments")
@@ -215,11 +229,26 @@ def compile_sequence(d: ops_pb2.SequenceDef,
     if robot and max(robot) >= len(d.calls):
         raise ValueError(f"sequence {d.id}: a robot call is not one of its calls")
     inputs, writes, mutates, binding, n = [], [], [], [], 0
+    refs_of: list[list[ops_pb2.TensorRef]] = []
+    written_of: list[list[int]] = []
     produced: set[int] = set()
     robot_made: set[int] = set()  # ids only the robot has
     for k, (call, count) in enumerate(zip(d.calls, counts, strict=True)):
         own = list(range(n, n + count))
         n += count
+        if k < shared:  # the same call, sources and ids as the prefix's
+            p: Compiled = prefix  # type: ignore[assignment]
+            refs_of.append(p.refs[k])
+            written_of.append(p.written_of[k])
+            binding.append(p.binding[k])
+            inputs.append(p.inputs[k])
+            writes.append(p.writes[k])
+            mutates.append(p.mutates[k])
+            produced.update(call.out_ids)
+            continue
+        refs = iter_tensor_refs(call)
+        refs_of.append(refs)
+        written_of.append(written(call) if written is not None else [])
         if k in robot:  # the robot runs it: nothing to wait for, run, snapshot or check
             binding.append([])
             inputs.append([])
@@ -229,7 +258,7 @@ def compile_sequence(d: ops_pb2.SequenceDef,
             produced.update(call.out_ids)
             continue
         plan = []
-        for s, ref in zip(own, iter_tensor_refs(call), strict=True):
+        for s, ref in zip(own, refs, strict=True):
             kind = ref.WhichOneof("ref")
             src = d.sources[s]
             if src.kind == SRC.PRODUCED and src.id in robot_made:
@@ -244,16 +273,17 @@ def compile_sequence(d: ops_pb2.SequenceDef,
                        or (d.sources[s].kind == SRC.INPUT and not d.sources[s].fixed)])
         writes.append([j for j, r in enumerate(call.out_ids) if r in produced or r not in local])
         # (an argument written and returned, as ``relu_``'s, is one of ``writes`` already)
-        mutates.append(bool(written and set(written(call)) - set(call.out_ids)))
+        mutates.append(bool(set(written_of[k]) - set(call.out_ids)))
         produced.update(call.out_ids)
     if any(o in robot_made for o in d.outputs):
         raise ValueError(f"sequence {d.id}: an output is made by the robot")
     outputs = {local[o] for o in d.outputs if o in local}
     # an output is pushed once nothing writes its storage any more (a view of it included)
-    last_writer = final_writes(d, written, viewed)
-    pushes: list[list[int]] = [[] for _ in d.calls]
-    for i in sorted(outputs):
-        pushes[last_writer[i]].append(i)
+    viewed_of = [prefix.viewed_of[k] if k < shared else  # type: ignore[union-attr]
+                 viewed(call) if viewed is not None else [] for k, call in enumerate(d.calls)]
+    last_writer = final_writes_of(d, written_of if written is not None else None,
+                                  viewed_of if viewed is not None else None)
+    pushes = _grouped(len(d.calls), ((last_writer[i], i) for i in sorted(outputs)))
     last_use = dict(last_writer)
     for k, plan in enumerate(binding):
         for _slot, _ref, _kind, bind, produced in plan:
@@ -267,15 +297,14 @@ def compile_sequence(d: ops_pb2.SequenceDef,
         if sym.tensor in local and sym.call < len(d.calls):
             i = local[sym.tensor]
             last_use[i] = max(last_use.get(i, sym.call), sym.call)
-    free_after: list[list[int]] = [[] for _ in d.calls]
-    for i, k in last_use.items():
-        free_after[k].append(i)
+    free_after = _grouped(len(d.calls), ((k, i) for i, k in last_use.items()))
     constants: dict[int, list[int]] = {}
     for slot, src in enumerate(d.sources):
         if src.kind == SRC.CONSTANT:
             constants.setdefault(src.id, []).append(slot)
     constant_slots = {slot for slots in constants.values() for slot in slots}
-    constants_at = [[s for s, *_ in plan if s in constant_slots] for plan in binding]
+    constants_at = [tuple(p[0] for p in plan if p[0] in constant_slots) if constant_slots
+                    else () for plan in binding]
     symbols: dict[int, list[tuple[list[Any], int, int, int]]] = {}
     made_at: dict[int, int] = {}  # local index -> the first call that makes it
     for k, call in enumerate(d.calls):
@@ -301,11 +330,49 @@ def compile_sequence(d: ops_pb2.SequenceDef,
     first = d.varies_from if d.HasField("varies_from") else len(d.calls)
     answered = frozenset(k for k, call in enumerate(d.calls) if call.want_meta)
     varying = frozenset(range(first, len(d.calls))) | answered
-    out_local = [[local.get(r) for r in call.out_ids] for call in d.calls]
+    out_local = [prefix.out_local[k] if k < shared  # type: ignore[union-attr]
+                 else [local.get(r) for r in call.out_ids] for k, call in enumerate(d.calls)]
     return Compiled(d, local, inputs, outputs, pushes, writes, mutates, binding, out_local,
                     last_use, free_after, written=written, constants=constants,
                     constants_at=constants_at, symbols=symbols, varying=varying,
-                    answered=answered, robot=robot, merges=merges or {})
+                    answered=answered, robot=robot, merges=merges or {}, refs=refs_of,
+                    written_of=written_of, viewed_of=viewed_of, shared=shared)
+
+
+def _grouped(n: int, pairs: Iterable[tuple[int, int]]) -> list[tuple[int, ...]]:
+    """Per call ``k < n``, the items paired with it, in order; the empty tuple where none.
+    (Three empty lists a call were most of the objects a Mask R-CNN host tracked, each
+    unrolling another thousand calls' worth: tuples of ints leave the garbage collector.)"""
+    by: dict[int, list[int]] = {}
+    for k, i in pairs:
+        by.setdefault(k, []).append(i)
+    return [tuple(by[k]) if k in by else () for k in range(n)]
+
+
+def _shared(d: ops_pb2.SequenceDef, prefix: Compiled) -> int:
+    """How many first calls of ``d`` are ``prefix``'s own, with the same sources and local
+    ids: an unrolled loop begins with the calls its head (and bodies) ran, and compiling
+    those again each inference was most of an unrolling's cost (Mask R-CNN: 714 calls of a
+    frame's 740 to 956). A call is only shared after it compared equal, so a definition
+    that differs anywhere is compiled there as any other."""
+    p = prefix.definition
+    if p.loops or prefix.robot or prefix.merges or prefix.split:
+        return 0
+    ids = len(p.local_ids)
+    if list(d.local_ids[:ids]) != list(p.local_ids):
+        return 0
+    new_ids = set(d.local_ids[ids:])  # what ``d`` makes beyond the prefix
+    shared, slot, limit = 0, 0, min(len(d.calls), len(p.calls))
+    while shared < limit:
+        call, n = d.calls[shared], len(prefix.refs[shared])
+        if call != p.calls[shared] or d.sources[slot:slot + n] != p.sources[slot:slot + n]:
+            break
+        if new_ids and any(i is None and r in new_ids for r, i in zip(
+                call.out_ids, prefix.out_local[shared], strict=True)):
+            break  # an id the prefix did not make is one ``d`` makes: not the same call
+        slot += n
+        shared += 1
+    return shared
 
 
 def pinned_by(seq: Compiled) -> str | None:
@@ -613,6 +680,9 @@ class HostReplayer:
         compiled.prepared = [None if k in compiled.robot else self._prepare(call)
                              for k, call in enumerate(compiled.definition.calls)]
         self.sequences[d.id] = compiled
+        # What the daemon keeps from now on (torch, imported for the first app; the compiled
+        # definition): out of the garbage collector's full collections (``rrtod.gcfreeze``)
+        gcfreeze.settle(again=True, once="host definition")
         pinned = pinned_by(compiled) if not d.loops else compiled.pinned
         emit(ops_pb2.SessionDown(defined=ops_pb2.SequenceAck(
             id=d.id, accepted=True, pinned=pinned or "")))
@@ -651,7 +721,8 @@ class HostReplayer:
                          for j, call in enumerate(plan.definition.calls)]
         seq.plans.append(plan)
 
-    def _compile(self, d: ops_pb2.SequenceDef, check: bool = True) -> Compiled:
+    def _compile(self, d: ops_pb2.SequenceDef, check: bool = True,
+                 prefix: Compiled | None = None) -> Compiled:
         """``compile_sequence`` with this executor's aliasing; a definition with loops compiles
         to its head. ``check``: it is also compiled unrolled (``loops.samples``: no iteration,
         one, two, each variant), so that a definition that cannot run fails here and not when
@@ -660,19 +731,21 @@ class HostReplayer:
         so within the one-iteration sample only (checking it in every sample of the first
         loop compiled Mask R-CNN's per-box loop 102 times). An unrolling at replay time is of
         a definition checked so when it was defined: not checked again (it was 34 compiles of
-        the whole inference per frame)."""
+        the whole inference per frame). ``prefix``: the compiled head an unrolling continues
+        (``compile_sequence``)."""
         replay = self.replay
         written = replay.written_ids if replay is not None else None
         viewed = replay.viewed_ids if replay is not None else None
         if not d.loops:
-            return compile_sequence(d, written, viewed)
+            return compile_sequence(d, written, viewed, prefix=prefix)
         why = None
         if check:  # (each sample compiled once: its ``pinned_by`` is read off it too)
             for n, u in enumerate(loops.samples(d)):
                 sample = self._compile(u, check=n == 1)
                 why = why or (sample.pinned if n == 1 and u.loops else pinned_by(sample))
-        seq = compile_sequence(loops.head(d), written, viewed)
+        seq = compile_sequence(loops.head(d), written, viewed, prefix=prefix)
         seq.folded, seq.counted, seq.checked, seq.pinned = d, loops.counted_by(d), check, why
+        seq.layout = loops.layout(d)
         return seq
 
     def _prepare(self, call: ops_pb2.OpCall) -> Any:
@@ -791,8 +864,10 @@ class HostReplayer:
         robot, timing = act.seq.robot, act.timing
         sync = getattr(self.replay, "synchronize", None)
         runs = act.seq.runs
-        if runs is None and timing is None and not act.joined:
-            runs = act.seq.runs = self._runs(act.seq)
+        if (runs is None or act.position < act.seq.runs_from) and timing is None \
+                and not act.joined:
+            runs = act.seq.runs = self._runs(act.seq, act.position)
+            act.seq.runs_from = act.position
         while act.position < stop:
             k = act.position
             if runs and k in runs and timing is None and self._run_native(act, runs[k], stop, emit):
@@ -876,19 +951,22 @@ class HostReplayer:
             if free:
                 self._free(free)
 
-    def _runs(self, seq: Compiled) -> dict[int, Run]:
-        """Cut ``seq`` into the runs the executor can replay natively (``Run``), by first
-        call; none where it has no native loop."""
+    def _runs(self, seq: Compiled, start: int = 0) -> dict[int, Run]:
+        """Cut ``seq`` from call ``start`` on into the runs the executor can replay natively
+        (``Run``), by first call; none where it has no native loop. An unrolled loop is
+        entered at the end of the calls its head ran: building runs over those (a Mask R-CNN
+        frame's 700 calls before its paste loop, each frame another unrolling) was a tenth of
+        the host's time."""
         make = getattr(self.replay, "batch", None)
         if make is None or not seq.prepared or seq.split:
             return {}
         n = len(seq.definition.calls)
         native = self.replay.batchable  # type: ignore[union-attr]
-        ok = [self._batchable(seq, k) and (native(seq.prepared[k], answered=True)
-                                           if k in seq.answered else native(seq.prepared[k]))
-              for k in range(n)]
+        ok = [k >= start and self._batchable(seq, k) and (
+            native(seq.prepared[k], answered=True) if k in seq.answered
+            else native(seq.prepared[k])) for k in range(n)]
         found: dict[int, Run] = {}
-        k = 0
+        k = start
         while k < n:
             if not ok[k]:
                 k += 1
@@ -1085,15 +1163,18 @@ class HostReplayer:
             if u is None:
                 origins: list[int] = []
                 u = self._compile(loops.unroll(folded, n, origins, choices=choices,
-                                               bodies_first=variants, checked=seq.checked),
-                                  check=False)
+                                               bodies_first=variants, checked=seq.checked,
+                                               shape=seq.layout),
+                                  check=False, prefix=seq)
                 # The calls it begins with are those ``seq`` ran (the head, or the head and
-                # the bodies): their prepared form is kept, each compared first (a scattered
-                # call's outputs differ with the count).
+                # the bodies): their compiled and prepared forms are kept, each compared
+                # first (a scattered call's outputs differ with the count).
                 done, ready = seq.definition.calls, seq.prepared
-                u.prepared = [ready[k] if k < len(done) and k < len(ready) and call == done[k]
-                              else self._prepare(call)
-                              for k, call in enumerate(u.definition.calls)]
+                shared = min(u.shared, len(ready))
+                u.prepared = ready[:shared] + [
+                    ready[k] if k < len(done) and k < len(ready) and call == done[k]
+                    else self._prepare(call)
+                    for k, call in enumerate(u.definition.calls[shared:], start=shared)]
                 u.sticky, u.latest, u.gone = seq.sticky, seq.latest, seq.gone
                 root = seq.canon if seq.bodies_of is None else seq.folded_canon
                 u.canon = [root[o] if o < len(root) else o for o in origins] \
@@ -1101,6 +1182,7 @@ class HostReplayer:
                 if variants and choices is None:  # the bodies: the guards come next
                     u.folded, u.counted, u.unrolled, u.bodies_of = folded, seq.counted, \
                         seq.unrolled, n
+                    u.layout = seq.layout
                     u.checked = seq.checked
                     u.folded_canon = seq.canon
                 elif choices is not None:
