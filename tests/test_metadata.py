@@ -5,12 +5,14 @@ itself, give (shape, stride, offset, dtype), for every kind of argument."""
 
 from __future__ import annotations
 
+import random
 from collections import Counter
+from typing import Any
 
 import pytest
 import torch
 
-from rrto_plugins.torch import metadata
+from rrto_plugins.torch import indexing, metadata
 from rrto_plugins.torch.metadata import MetaCache
 
 aten = torch.ops.aten
@@ -83,3 +85,51 @@ def test_the_fast_path_is_what_output_template_answers_for_a_new_size(monkeypatc
     for n in (5, 17, 0):
         (_, (o,)) = cache.output_template(aten.mul.Tensor, (t(n, 4), t(n, 4)), {})
         assert (o.shape, o.stride, o.dtype) == ((n, 4), (4, 1), f32)
+
+
+def _random_index_call(rng: random.Random) -> tuple[torch.Tensor, list[Any]]:
+    """A tensor (sometimes transposed) and integer index tensors (sometimes ``None``, 0-dim,
+    empty or transposed) of random sizes: advanced indexing's cases."""
+    shape = [rng.randint(1, 5) for _ in range(rng.randint(1, 4))]
+    x = torch.randn(shape)
+    if rng.random() < 0.2 and x.dim() > 1:
+        x = x.transpose(0, x.dim() - 1)
+    indices: list[Any] = []
+    for d in range(rng.randint(1, x.dim())):
+        if rng.random() < 0.3:
+            indices.append(None)
+            continue
+        sizes = [rng.randint(0, 3) for _ in range(rng.randint(0, 2))]
+        i = torch.randint(0, x.shape[d], sizes, dtype=rng.choice([torch.int64, torch.int32]))
+        indices.append(i.t() if rng.random() < 0.1 and i.dim() == 2 else i)
+    return x, indices
+
+
+def test_an_integer_index_is_described_as_the_kernel_and_meta_execution_make_it():
+    """``indexing.indexed``: where it describes ``x[idx]`` at all, the shape, strides and dtype
+    are those of both the CPU kernel and meta execution (2 000 random calls, a fixed seed)."""
+    rng, described = random.Random(7), 0
+    for _ in range(2000):
+        x, indices = _random_index_call(rng)
+        got = indexing.indexed(aten.index.Tensor, (x, indices), {})
+        if got is None:
+            continue
+        described += 1
+        ran = aten.index.Tensor(x, indices)
+        meta = aten.index.Tensor(metadata._meta_like(x), [
+            None if i is None else metadata._meta_like(i) for i in indices])
+        assert got == (tuple(ran.shape), ran.stride(), ran.dtype)
+        assert got[:2] == (tuple(meta.shape), meta.stride())
+    assert described > 100
+
+
+def test_a_detectors_index_of_a_new_count_needs_no_meta_execution(monkeypatch):
+    cache = MetaCache(Counter())
+    monkeypatch.setattr(metadata, "_to_meta", lambda x: pytest.fail("meta execution ran"))
+    boxes = t(1000, 4)
+    for n in (7, 31, 250):
+        keep = torch.arange(n)
+        (_, (o,)) = cache.output_template(aten.index.Tensor, (boxes, [keep]), {})
+        assert (o.shape, o.stride, o.dtype) == ((n, 4), (4, 1), f32)
+    mask = torch.ones(1000, dtype=torch.bool)  # a mask's count is the data's: not described
+    assert indexing.indexed(aten.index.Tensor, (boxes, [mask]), {}) is None

@@ -20,7 +20,7 @@ import torch.utils._mode_utils
 from torch._prims_common import suggest_memory_format
 from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensor, FakeTensorMode
 
-from . import codec, libops, pointwise, resampling
+from . import codec, indexing, libops, pointwise, resampling
 from .proxy import new_proxy
 
 # Operators answered without the host: they only relabel a handle.
@@ -203,9 +203,10 @@ class MetaCache:
         fast = self._pointwise(func, args, kwargs)
         if fast is not None:
             return fast
-        resized = resampling.resized(func, args, kwargs)
-        if resized is not None:
-            return _one_output(*resized)
+        # (sizes alone decide these: no meta execution for each new count)
+        sized = resampling.resized(func, args, kwargs) or indexing.indexed(func, args, kwargs)
+        if sized is not None:
+            return _one_output(*sized)
         margs = _to_meta(args)
         mkwargs = {k: _to_meta(v) for k, v in kwargs.items()}
         try:
