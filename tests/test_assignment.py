@@ -49,51 +49,40 @@ def sent_views(session: Any) -> int:
     return sum(op.startswith("aten::view") for op in session.channel.ops)
 
 
+def assign_both_ways(session: Any, target: torch.Tensor, index: Any,
+                     value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``target[index] = value`` in the app and on proxies: (local result, offloaded one)."""
+    want = target.clone()
+    want[index] = value
+    t, v = upload(session, target), upload(session, value)
+    t[index] = v
+    return want, t.cpu()
+
+
 @pytest.mark.parametrize("rows", [1, 2, 3])
 def test_index_put_of_any_count_sends_no_view(session, rows):
     """``result[idx] = v``: the same calls whether ``v`` holds one row or more, and the same
     values as local execution."""
-    target, value = torch.zeros(5, 3, 2), torch.arange(rows * 6.0).reshape(rows, 3, 2)
-    idx = torch.tensor([4, 1, 2][:rows])
-    want = target.clone()
-    want[idx] = value
-    t, v = upload(session, target), upload(session, value)
-    t[idx] = v
+    want, got = assign_both_ways(session, torch.zeros(5, 3, 2), torch.tensor([4, 1, 2][:rows]),
+                                 torch.arange(rows * 6.0).reshape(rows, 3, 2))
     assert sent_views(session) == 0, session.channel.ops
     assert any(op.startswith("aten::index_put_") for op in session.channel.ops)
-    assert torch.equal(t.cpu(), want)
+    assert torch.equal(got, want)
 
 
-def test_boolean_mask_assignment(session):
-    target, mask = torch.zeros(4, 3), torch.tensor([False, True, False, False])
-    value = torch.ones(1, 3) * 7
-    want = target.clone()
-    want[mask] = value
-    t, v = upload(session, target), upload(session, value)
-    t[mask] = v
-    assert sent_views(session) == 0 and torch.equal(t.cpu(), want)
-
-
-def test_value_with_more_dimensions_than_the_indexed_shape_gets_its_view(session):
-    """``t[idx] = v`` with ``t`` one-dimensional and ``v`` of shape (1, k): without its
-    leading one ``v`` fits, with it ``index_put_`` would refuse: the view is sent."""
-    target, value = torch.zeros(6), torch.tensor([[1.0, 2.0]])
-    idx = torch.tensor([0, 3])
-    want = target.clone()
-    want[idx] = value
-    t, v = upload(session, target), upload(session, value)
-    t[idx] = v
-    assert sent_views(session) == 1 and torch.equal(t.cpu(), want)
-
-
-def test_copy_into_a_slice_gets_its_view(session):
-    """``t[1] = v`` (a basic index: ``copy_``, which does not drop leading ones)."""
-    target, value = torch.zeros(3, 4), torch.arange(4.0).reshape(1, 4)
-    want = target.clone()
-    want[1] = value
-    t, v = upload(session, target), upload(session, value)
-    t[1] = v
-    assert sent_views(session) == 1 and torch.equal(t.cpu(), want)
+@pytest.mark.parametrize("target, index, value, views", [
+    # a boolean mask selecting one row: index_put_ takes the value as it is
+    (torch.zeros(4, 3), torch.tensor([False, True, False, False]), torch.full((1, 3), 7.0), 0),
+    # ``t`` one-dimensional, ``v`` of shape (1, k): without its leading one ``v`` fits, with
+    # it ``index_put_`` would refuse: the view is sent
+    (torch.zeros(6), torch.tensor([0, 3]), torch.tensor([[1.0, 2.0]]), 1),
+    # a basic index (``copy_``, which does not drop leading ones): the view is sent
+    (torch.zeros(3, 4), 1, torch.arange(4.0).reshape(1, 4), 1),
+], ids=["boolean mask", "more dimensions than the indexed shape", "copy into a slice"])
+def test_the_view_is_sent_only_where_the_value_itself_would_not_do(session, target, index,
+                                                                    value, views):
+    want, got = assign_both_ways(session, target, index, value)
+    assert sent_views(session) == views and torch.equal(got, want)
 
 
 def test_local_value_and_no_leading_ones_are_untouched(session):
