@@ -416,5 +416,5 @@ def test_the_shims_unrolling_shares_its_heads_steps_and_matches_the_same(make):
                     and repr(getattr(a, f.name)) != repr(getattr(b, f.name))] == []
         for f in ("local", "last_writer", "outputs", "chain", "sized", "valued"):
             assert getattr(got, f) == getattr(whole, f), f
-        shared = sum(1 for a, b in zip(got.steps, head_seq.steps) if a is b)
+        shared = sum(1 for a, b in zip(got.steps, head_seq.steps, strict=False) if a is b)
         assert shared == len(head(d).calls)
