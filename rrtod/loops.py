@@ -241,7 +241,7 @@ def _iteration_ids(d: ops_pb2.SequenceDef) -> tuple[set[int], list[int]]:
 class Layout:
     """What ``unroll`` needs of a definition that no count or choice changes: the ids made
     before its first loop, an iteration's own ids, and the argument slots of the calls before
-    the loop and of its body. Worked out once per definition (``layout``) and passed to each
+    the loop and of its body. Worked out once per definition (``layout_of``) and passed to each
     unrolling: walking the calls before Mask R-CNN's paste loop (714) for them was two
     thirds of every frame's unrolling, on both ends."""
 
@@ -251,12 +251,38 @@ class Layout:
     body_slots: int
 
 
-def layout(d: ops_pb2.SequenceDef) -> Layout:
+def layout_of(d: ops_pb2.SequenceDef) -> Layout:
     """``d``'s ``Layout`` (of its first loop)."""
     loop = d.loops[0]
     before, own = _iteration_ids(d)
     return Layout(frozenset(before), tuple(own), _slots(list(d.calls[: loop.start])),
                   _slots(list(d.calls[loop.start: loop.start + loop.body])))
+
+
+def shared_calls(d: ops_pb2.SequenceDef, prefix: ops_pb2.SequenceDef, slots: list[int],
+                 out_local: list[list[int | None]]) -> int:
+    """How many first calls of ``d`` are ``prefix``'s own: the same call, reading the same
+    sources, among the same first local ids, making no id ``d`` makes beyond them. Each
+    replay end compiles an unrolling on its compiled head this far (an unrolled loop begins
+    with the calls its head, and bodies, ran). ``slots`` and ``out_local``: per call of
+    ``prefix``, its number of tensor arguments and its outputs' local indices (None: not one
+    of its ids), as its compile has them."""
+    ids = len(prefix.local_ids)
+    if list(d.local_ids[:ids]) != list(prefix.local_ids):
+        return 0
+    new_ids = set(d.local_ids[ids:])
+    shared, slot, limit = 0, 0, min(len(d.calls), len(prefix.calls))
+    while shared < limit:
+        call, n = d.calls[shared], slots[shared]
+        if call != prefix.calls[shared] or \
+                d.sources[slot:slot + n] != prefix.sources[slot:slot + n]:
+            break
+        if new_ids and any(i is None and r in new_ids for r, i in zip(
+                call.out_ids, out_local[shared], strict=True)):
+            break  # an id the prefix did not make is one ``d`` makes: not the same call
+        slot += n
+        shared += 1
+    return shared
 
 
 def _namer(d: ops_pb2.SequenceDef) -> Callable[[int, int], int]:
@@ -343,7 +369,7 @@ def counted_by(d: ops_pb2.SequenceDef) -> tuple[int, int] | None:
 
 def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
            choices: list[int] | None = None, bodies_first: bool = False,
-           checked: bool = False, shape: Layout | None = None) -> ops_pb2.SequenceDef:
+           checked: bool = False, layout: Layout | None = None) -> ops_pb2.SequenceDef:
     """``d`` with its first loop run ``count`` times (its other loops moved along, still to be
     unrolled). A loop with variants needs ``choices``, the variant of each iteration
     (``choose``); with ``bodies_first`` the bodies of all iterations come before all their
@@ -352,8 +378,8 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
     (a variant's: ``VARIANT_SLOTS`` on, the same at every stage). ValueError if ``d``
     fails ``check`` (not done again when ``checked``: an unrolling for an inference, of a
     definition checked when it was defined; it was a quarter of Mask R-CNN's unrolling) or
-    the result would name more local ids than an inference's range holds. ``shape``: ``d``'s
-    ``layout``, if the caller keeps it."""
+    the result would name more local ids than an inference's range holds. ``layout``: ``d``'s
+    ``layout_of``, if the caller keeps it."""
     if not checked:
         check(d)
     if not d.loops:
@@ -373,8 +399,8 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
     only_bodies = bodies_first and choices is None
     s, b = loop.start, loop.body
     prefix, body, suffix = list(d.calls[:s]), list(d.calls[s: s + b]), list(d.calls[s + b:])
-    shape = shape or layout(d)
-    before, own = shape.before, shape.own
+    layout = layout or layout_of(d)
+    before, own = layout.before, layout.own
     rank = {r: j for j, r in enumerate(own)}
     # a variant's ids, always renamed (ranks after the body's): no two iterations share one
     vrank = [{r: len(own) + j for j, r in enumerate(v.local_ids)} for v in variants]
@@ -398,7 +424,7 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
     symbols: dict[int, list[ops_pb2.SymbolicInt]] = {}
     for sym in d.symbols:
         symbols.setdefault(sym.call, []).append(sym)
-    n_pre, n_body = shape.prefix_slots, shape.body_slots
+    n_pre, n_body = layout.prefix_slots, layout.body_slots
     out = ops_pb2.SequenceDef(id=d.id, thread=d.thread, calls=prefix,
                               sources=list(d.sources[:n_pre]),
                               symbols=[sym for sym in d.symbols if sym.call < s])

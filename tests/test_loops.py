@@ -21,7 +21,7 @@ from rrtod.loops import (
     guard_locals,
     guards,
     head,
-    layout,
+    layout_of,
     samples,
     unroll,
 )
@@ -374,7 +374,7 @@ def test_an_unrolling_compiled_on_its_head_is_the_one_compiled_whole(make):
             steps.append((bodies(d, n), dict(choices=[k % 2 for k in range(n)],
                                              bodies_first=True)))
         for before, how in steps:
-            u = unroll(d, n, shape=layout(d), **how)
+            u = unroll(d, n, layout=layout_of(d), **how)
             assert u == unroll(d, n, **how)  # the layout is what ``unroll`` works out
             prefix = compile_sequence(before)
             whole, shared = compile_sequence(u), compile_sequence(u, prefix=prefix)

@@ -84,9 +84,9 @@ class Assignment:
 def _fits(target: torch.Tensor, indices: Any, value: torch.Tensor) -> bool:
     """``value`` broadcasts to the shape ``target[indices]`` has, leading ones and all: that
     shape has as many dimensions (the view's sizes, without them, already broadcast)."""
-    tensors = [i for i in indices if i is not None]
-    if not tensors:
+    # per index tensor: (dimensions it indexes, dimensions it makes); a mask makes one
+    dims = [(i.dim(), 1) if i.dtype in (torch.bool, torch.uint8) else (1, i.dim())
+            for i in indices if i is not None]
+    if not dims:
         return False
-    indexed = sum(i.dim() if i.dtype in (torch.bool, torch.uint8) else 1 for i in tensors)
-    made = max(1 if i.dtype in (torch.bool, torch.uint8) else i.dim() for i in tensors)
-    return value.dim() <= target.dim() - indexed + made
+    return value.dim() <= target.dim() - sum(d for d, _ in dims) + max(m for _, m in dims)

@@ -624,15 +624,15 @@ class RemoteSession:
         leading ones: its view without them waits for the call that takes it
         (``assignment.py``), so the calls do not depend on whether a count was 1."""
         thread = threading.get_ident()
-        if self.lost is not None or thread in self._assigning:
-            with torch._C.DisableTorchFunctionSubclass():
-                return func(*args, **kwargs)
-        self._assigning[thread] = Assignment(args[2])
+        fresh = self.lost is None and thread not in self._assigning
+        if fresh:
+            self._assigning[thread] = Assignment(args[2])
         try:
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
         finally:
-            del self._assigning[thread]
+            if fresh:
+                del self._assigning[thread]
 
     def _run_here(self, func: Any, args: tuple, kwargs: dict, info: OpInfo) -> Any:
         """The call on local values (the host is lost, or the inference passed its

@@ -56,11 +56,10 @@ def indexed(func: Any, args: tuple, kwargs: dict) -> tuple[tuple[int, ...], tupl
         b = tuple(torch.broadcast_shapes(*(tuple(t.shape) for t in tensors)))
     except RuntimeError:
         return None  # the host reports the app's error verbatim
-    rest = [s for d, s in enumerate(shape) if d not in at]
     if at == list(range(at[0], at[-1] + 1)):  # adjacent: in their place
         out = (*shape[:at[0]], *b, *shape[at[-1] + 1:])
     else:
-        out = (*b, *rest)
+        out = (*b, *(s for d, s in enumerate(shape) if d not in at))
     if any(s < 2 for s in out):
         # a size of 0 or 1 leaves its stride to the kernel (eager and meta differ there), and
         # an index into an empty dimension is the host's error to report

@@ -310,7 +310,7 @@ def compile_sequence(d: ops_pb2.SequenceDef, check: bool = True,
         loops.check(d)
     seq = _compile(loops.head(d), prefix=prefix)
     seq.folded, seq.counted, seq.checked = d, loops.counted_by(d), check
-    seq.layout = loops.layout(d)
+    seq.layout = loops.layout_of(d)
     seq.later = _read_later(d)
     seq.sized = seq.sized | {seq.counted[0]}  # type: ignore[index]
     return seq
@@ -352,7 +352,7 @@ def _unrolled(seq: Sequence, count: int, choices: list[int] | None = None) -> Se
     assert seq.folded is not None
     origins: list[int] = []
     u = compile_sequence(loops.unroll(seq.folded, count, origins, choices=choices,
-                                      checked=seq.checked, shape=seq.layout),
+                                      checked=seq.checked, layout=seq.layout),
                          check=False, prefix=seq)
     u.bindings, u.sent, u.recent = seq.bindings, seq.sent, seq.recent
     u.canon = [seq.canon[o] if o < len(seq.canon) else o for o in origins] \
@@ -380,27 +380,15 @@ def _guard_indices(seq: Sequence, count: int) -> list[list[int]]:
 
 
 def _shared(d: ops_pb2.SequenceDef, prefix: Sequence) -> int:
-    """How many first calls of ``d`` are ``prefix``'s own steps: the same calls, sources,
-    local ids and symbolic integers. An unrolled loop begins with its head; compiling the
-    head's steps again for every count and choice of variants was half of what a Mask R-CNN
-    frame cost the shim (and their plans were worked out again at their next replay)."""
+    """How many first calls of ``d`` are ``prefix``'s own steps (``loops.shared_calls``,
+    with the same symbolic integers). Compiling an unrolling's head steps again for every
+    count and choice of variants was half of what a Mask R-CNN frame cost the shim (and
+    their plans were worked out again at their next replay)."""
     p = prefix.definition
     if p.loops or prefix.plans or prefix.root is not None or any(st.robot for st in prefix.steps):
         return 0
-    ids = len(p.local_ids)
-    if list(d.local_ids[:ids]) != list(p.local_ids):
-        return 0
-    new_ids = set(d.local_ids[ids:])
-    shared, slot, limit = 0, 0, min(len(d.calls), len(p.calls))
-    while shared < limit:
-        call, n = d.calls[shared], len(prefix.steps[shared].slots)
-        if call != p.calls[shared] or d.sources[slot:slot + n] != p.sources[slot:slot + n]:
-            break
-        if new_ids and any(i is None and r in new_ids for r, i in zip(
-                call.out_ids, prefix.steps[shared].out_local, strict=True)):
-            break
-        slot += n
-        shared += 1
+    shared = loops.shared_calls(d, p, [len(st.slots) for st in prefix.steps],
+                                [st.out_local for st in prefix.steps])
     if [s for s in d.symbols if s.call < shared] != [s for s in p.symbols if s.call < shared]:
         return 0
     return shared

@@ -281,8 +281,7 @@ def compile_sequence(d: ops_pb2.SequenceDef,
     # an output is pushed once nothing writes its storage any more (a view of it included)
     viewed_of = [prefix.viewed_of[k] if k < shared else  # type: ignore[union-attr]
                  viewed(call) if viewed is not None else [] for k, call in enumerate(d.calls)]
-    last_writer = final_writes_of(d, written_of if written is not None else None,
-                                  viewed_of if viewed is not None else None)
+    last_writer = final_writes_of(d, written_of, viewed_of)
     pushes = _grouped(len(d.calls), ((last_writer[i], i) for i in sorted(outputs)))
     last_use = dict(last_writer)
     for k, plan in enumerate(binding):
@@ -350,29 +349,13 @@ def _grouped(n: int, pairs: Iterable[tuple[int, int]]) -> list[tuple[int, ...]]:
 
 
 def _shared(d: ops_pb2.SequenceDef, prefix: Compiled) -> int:
-    """How many first calls of ``d`` are ``prefix``'s own, with the same sources and local
-    ids: an unrolled loop begins with the calls its head (and bodies) ran, and compiling
-    those again each inference was most of an unrolling's cost (Mask R-CNN: 714 calls of a
-    frame's 740 to 956). A call is only shared after it compared equal, so a definition
-    that differs anywhere is compiled there as any other."""
+    """How many first calls of ``d`` take ``prefix``'s compile (``loops.shared_calls``):
+    compiling an unrolling's head again each inference was most of its cost (Mask R-CNN: 714
+    calls of a frame's 740 to 956)."""
     p = prefix.definition
     if p.loops or prefix.robot or prefix.merges or prefix.split:
         return 0
-    ids = len(p.local_ids)
-    if list(d.local_ids[:ids]) != list(p.local_ids):
-        return 0
-    new_ids = set(d.local_ids[ids:])  # what ``d`` makes beyond the prefix
-    shared, slot, limit = 0, 0, min(len(d.calls), len(p.calls))
-    while shared < limit:
-        call, n = d.calls[shared], len(prefix.refs[shared])
-        if call != p.calls[shared] or d.sources[slot:slot + n] != p.sources[slot:slot + n]:
-            break
-        if new_ids and any(i is None and r in new_ids for r, i in zip(
-                call.out_ids, prefix.out_local[shared], strict=True)):
-            break  # an id the prefix did not make is one ``d`` makes: not the same call
-        slot += n
-        shared += 1
-    return shared
+    return loops.shared_calls(d, p, [len(r) for r in prefix.refs], prefix.out_local)
 
 
 def pinned_by(seq: Compiled) -> str | None:
@@ -745,7 +728,7 @@ class HostReplayer:
                 why = why or (sample.pinned if n == 1 and u.loops else pinned_by(sample))
         seq = compile_sequence(loops.head(d), written, viewed, prefix=prefix)
         seq.folded, seq.counted, seq.checked, seq.pinned = d, loops.counted_by(d), check, why
-        seq.layout = loops.layout(d)
+        seq.layout = loops.layout_of(d)
         return seq
 
     def _prepare(self, call: ops_pb2.OpCall) -> Any:
@@ -1164,7 +1147,7 @@ class HostReplayer:
                 origins: list[int] = []
                 u = self._compile(loops.unroll(folded, n, origins, choices=choices,
                                                bodies_first=variants, checked=seq.checked,
-                                               shape=seq.layout),
+                                               layout=seq.layout),
                                   check=False, prefix=seq)
                 # The calls it begins with are those ``seq`` ran (the head, or the head and
                 # the bodies): their compiled and prepared forms are kept, each compared
