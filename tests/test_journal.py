@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from rrto_plugins.torch.journal import Journal
+from rrto_plugins.torch.journal import Journal, Unrecoverable
 from rrto_plugins.torch.proxy import Handle, new_proxy
 
 
@@ -39,3 +40,25 @@ def test_a_list_argument_is_kept_as_sent_though_the_app_reuses_it():
     values = journal.rebuild(set(), {})
     assert values[10].shape == (2, 3) and torch.equal(values[10], x.view(2, 3))
     assert torch.equal(values[12], torch.stack([x, x]))
+
+
+def test_an_inference_tensor_is_kept_as_a_copy_and_a_changed_local_tensor_refuses():
+    """A tensor made under ``inference_mode`` has no version counter: the journal keeps a copy,
+    so writing into the app's own tensor afterwards does not change what rebuilds. A tensor
+    with a version that the app wrote into after sending it makes ``rebuild`` refuse."""
+    session = _Session()
+    journal = Journal()
+    with torch.inference_mode():
+        frame = torch.ones(3)
+    doubled = _proxy(session, 20, (3,))
+    journal.add(torch.ops.aten.mul.Tensor, (frame, 2.0), {}, doubled)
+    with torch.inference_mode():
+        frame.fill_(7.0)  # the app reuses its buffer
+    assert torch.equal(journal.rebuild(set(), {})[20], torch.full((3,), 2.0))
+
+    journal = Journal()
+    reused = torch.ones(3)
+    journal.add(torch.ops.aten.mul.Tensor, (reused, 2.0), {}, _proxy(session, 21, (3,)))
+    reused.add_(1.0)
+    with pytest.raises(Unrecoverable, match="changed since it was sent"):
+        journal.rebuild(set(), {})
