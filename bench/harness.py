@@ -124,13 +124,16 @@ def parse_shim_stats(stderr: str) -> dict[str, Any] | None:
     """The shim's own figures, if it printed a ``rrto-stats {json}`` line on stderr (last wins).
 
     The target is the shim's time per *replayed* operator, so keys are used in this order:
-    ``shim_us_per_op``; ``replay_shim_s`` / ``replayed_ops``; ``shim_s`` / ``ops`` (every operator,
-    record phase included: an upper bound). Also ``round_trips`` and ``inferences``.
+    ``shim_us_per_op``; ``replay_shim_s`` / ``replay_timed`` (the calls the shim timed, a
+    random share of those replayed; ``replayed_ops`` where it timed them all); ``shim_s`` /
+    ``ops`` (every operator, record phase included: an upper bound). Also ``round_trips`` and
+    ``inferences``.
     """
     found = shim_stats(stderr)
     if not isinstance(found, dict) or "shim_us_per_op" in found:
         return found
-    for seconds, ops in (("replay_shim_s", "replayed_ops"), ("shim_s", "ops")):
+    timed = "replay_timed" if found.get("replay_timed") else "replayed_ops"
+    for seconds, ops in (("replay_shim_s", timed), ("shim_s", "ops")):
         if found.get(ops) and seconds in found:
             found["shim_us_per_op"] = found[seconds] / found[ops] * 1e6
             found["shim_us_per_op_basis"] = ops

@@ -73,7 +73,8 @@ MODE_ENV: dict[str, dict[str, str]] = {
 PROCESS_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}  # see bench/harness.py: idle OpenMP spinning
 MARK = "@rrto-bench "  # driver -> this process, on the app's stdout
 SHIM_KEYS = ("calls", "ops", "frames", "round_trips", "bytes_up", "bytes_down", "replays",
-             "mismatches", "replayed_ops", "replay_shim_s", "shim_s", "failed", "dropped")
+             "mismatches", "replayed_ops", "replay_shim_s", "replay_timed", "shim_s", "failed",
+             "dropped")
 DAEMON_KEYS = ("ops_forwarded", "frames_up", "frames_down", "bytes_up", "bytes_down",
                "inferences")
 WIRE_FACTOR, WIRE_SLACK = 1.02, 2048
@@ -157,6 +158,14 @@ def child(name: str, runs: int, warm: int, result: str, values: bool) -> int:
 # ---------------------------------------------------------------------------------------------
 # Pure figures (tests/test_bench_replay.py)
 # ---------------------------------------------------------------------------------------------
+def shim_us_per_op(s: dict[str, Any]) -> float | None:
+    """The shim's mean CPU time per replayed call: ``replay_shim_s`` is the sum over the
+    calls it timed (``replay_timed``, a random share of them); a shim that times every call
+    reports no ``replay_timed`` and ``replayed_ops`` counts them."""
+    timed = s.get("replay_timed") or s.get("replayed_ops")
+    return s["replay_shim_s"] / timed * 1e6 if timed else None
+
+
 def diff(a: dict[str, Any] | None, b: dict[str, Any] | None,
          keys: tuple[str, ...]) -> dict[str, float] | None:
     """``b - a`` per key (missing keys count 0); None if either snapshot is missing."""
@@ -201,8 +210,7 @@ def window_figures(records: list[dict[str, Any]], warm: int,
         assert s is not None
         out["shim"] = {k: v / n for k, v in s.items()}
         out["all_replayed"] = s["replays"] == n and s["mismatches"] == 0
-        out["shim_us_per_replayed_op"] = (s["replay_shim_s"] / s["replayed_ops"] * 1e6
-                                          if s["replayed_ops"] else None)
+        out["shim_us_per_replayed_op"] = shim_us_per_op(s)
     d = diff(daemon_warm, daemon_end, DAEMON_KEYS)
     if d is not None:
         out["daemon"] = {k: v / n for k, v in d.items()}

@@ -144,6 +144,12 @@ def test_shim_stats_line_is_parsed() -> None:
     got = parse_shim_stats(err)
     assert got is not None and got["shim_us_per_op"] == pytest.approx(4.0)
     assert got["shim_us_per_op_basis"] == "replayed_ops"
+    # A shim that timed a sample of its replayed calls: the mean is over those it timed.
+    err += ('rrto-stats {"ops": 100, "shim_s": 1.0, "replayed_ops": 80, "replay_timed": 10, '
+            '"replay_shim_s": 0.0001}\n')
+    got = parse_shim_stats(err)
+    assert got is not None and got["shim_us_per_op"] == pytest.approx(10.0)
+    assert got["shim_us_per_op_basis"] == "replay_timed"
     assert parse_shim_stats("rrto: warning: no daemon") is None
 
 

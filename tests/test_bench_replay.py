@@ -47,6 +47,11 @@ def test_window_figures_divide_counter_differences() -> None:
     # A window with a forwarded inference is not all replayed; no daemon snapshot: no wire.
     w = replay.window_figures(recs, 1, None, None)
     assert w["all_replayed"] is True and "wire_bytes" not in w
+    # The shim timed a sample of its calls: the mean is over the timed ones.
+    recs[2]["shim"]["replay_timed"], recs[3]["shim"]["replay_timed"] = 4, 6
+    w = replay.window_figures(recs, 3, None, None)
+    assert abs(w["shim_us_per_replayed_op"] - 500.0) < 1e-6
+    del recs[2]["shim"]["replay_timed"], recs[3]["shim"]["replay_timed"]
     recs[3]["shim"]["replays"] = 2
     assert replay.window_figures(recs, 1, None, None)["all_replayed"] is False
 

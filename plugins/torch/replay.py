@@ -644,8 +644,9 @@ class ReplayClient:
         self._give_up: list[int] = []  # sequences the host failed: the robot records again
         self._lock = threading.Lock()
         self._upload_meta: dict[Any, bytes] = {}  # codec.replay_upload's metadata cache
-        # CPU time spent working out a step's outputs at its first replay (meta execution):
-        # once per step, so not part of the per-operator cost (``replay_shim_ns``).
+        # CPU time spent working out a step's outputs (at its first replay, or at each for a
+        # step whose sizes vary), in the calls the client times (``dispatch``'s ``timed``):
+        # apart from the per-operator cost (``replay_shim_ns``).
         self.planning_ns = 0
         # A sequence search the robot said is running (``SearchHint``): set when none is.
         self._search_over = threading.Event()
@@ -831,9 +832,11 @@ class ReplayClient:
         return getattr(self._tls, "active", None)
 
     def dispatch(self, func: Any, args: tuple, kwargs: dict, info: OpInfo,
-                 thread: int, grad_mode: int) -> Any:
+                 thread: int, grad_mode: int, timed: bool = False) -> Any:
         """The result of this call from the sequence in progress (or one it starts), with
-        the frames it needs sent; ``MISS`` when replay does not answer it."""
+        the frames it needs sent; ``MISS`` when replay does not answer it. ``timed``: the
+        caller measures this call's CPU time, and the part spent planning is added to
+        ``planning_ns``."""
         if self._give_up:
             self._tell_given_up()
         act = getattr(self._tls, "active", None)
@@ -911,14 +914,15 @@ class ReplayClient:
             return self._advance(act, result)
         built = step.built
         if built is None:
-            t0 = thread_time_ns()
+            t0 = thread_time_ns() if timed else 0
             try:
                 built = self._plan(step, func, args, kwargs, info)
             except _Unreplayable:
                 self._mismatch(act)
                 return MISS
             finally:
-                self.planning_ns += thread_time_ns() - t0
+                if timed:
+                    self.planning_ns += thread_time_ns() - t0
             if not step.variable:
                 step.built = built
         if act.joined is not None and any(i in act.joined for i in built.plan if i is not None):
