@@ -1,5 +1,6 @@
 """The app works out a call's result metadata without the host (``metadata.MetaCache``). A
-functional pointwise call whose tensor arguments share one shape and C-contiguous strides gets
+functional pointwise call whose tensor arguments share one shape and C-contiguous strides (0-dim
+ones aside) gets
 its template without meta execution: it must equal what meta execution, and the operator
 itself, give (shape, stride, offset, dtype), for every kind of argument."""
 
@@ -62,6 +63,40 @@ def test_pointwise_template_equals_meta_execution_and_the_operator(func, args, k
         stride = got.stride if isinstance(got, metadata.Out) else got.stride()
         offset = got.offset if isinstance(got, metadata.Out) else got.storage_offset()
         assert (o.shape, o.stride, o.offset, o.dtype) == (shape, tuple(stride), offset, got.dtype)
+
+
+def test_a_0_dim_operand_keeps_the_fast_path_as_the_kernel_and_meta_execution_lay_it_out():
+    """A 0-dim tensor beside operands of one C-contiguous shape (``labels == class_id``):
+    the template is that shape, C-contiguous, in the promoted dtype - as both the CPU kernel
+    and meta execution make it (600 random calls, a fixed seed: 0-dim operands first or
+    last, integer, float and bool dtypes). A shape with a size 0 or 1 is left to meta
+    execution: the kernel lays those out its own way then."""
+    rng = random.Random(13)
+    ops = [(aten.eq.Tensor, 2), (aten.gt.Tensor, 2), (aten.add.Tensor, 2), (aten.mul.Tensor, 2),
+           (aten.sub.Tensor, 2), (aten.div.Tensor, 2), (aten.minimum.default, 2),
+           (aten.where.self, 3), (aten.clamp.Tensor, 3)]
+    dtypes = [f32, i64, torch.int32, torch.float64, torch.bool]
+    for _ in range(600):
+        func, n = rng.choice(ops)
+        shape = [rng.choice([0, 1, 2, 3, 5, 7]) for _ in range(rng.randint(1, 4))]
+        zero = rng.sample(range(n), rng.randint(1, n - 1))  # at least one operand keeps shape
+        args = []
+        for k in range(n):
+            dtype = torch.bool if func is aten.where.self and k == 0 else rng.choice(dtypes)
+            if dtype is torch.bool and func in (aten.sub.Tensor, aten.clamp.Tensor):
+                dtype = f32  # (subtracting booleans is refused by the kernel itself)
+            args.append(torch.ones([] if k in zero else shape, dtype=dtype))
+        fast = MetaCache(Counter())._pointwise(func, tuple(args), {})
+        if min(shape) < 2:
+            assert fast is None
+            continue
+        assert fast is not None, (func, [tuple(a.shape) for a in args])
+        _, (o,) = fast
+        _, (m,) = _meta_only(func, args, {})
+        real = func(*args)
+        assert (o.shape, o.stride, o.offset, o.dtype) == (
+            tuple(real.shape), real.stride(), real.storage_offset(), real.dtype), (func, args)
+        assert (o.shape, o.stride, o.offset, o.dtype) == (m.shape, m.stride, m.offset, m.dtype)
 
 
 @pytest.mark.parametrize("func, args, kwargs", [

@@ -223,18 +223,29 @@ class MetaCache:
 
     def _pointwise(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """The template of a functional pointwise call (``pointwise``) whose tensor arguments
-        all have one shape and C-contiguous strides: PyTorch's TensorIterator gives such
-        operands one C-contiguous output of that shape (its contiguous fast setup), in a dtype
+        all have one shape and C-contiguous strides, but for 0-dim ones: PyTorch's
+        TensorIterator gives such operands one C-contiguous output of that shape (a 0-dim
+        operand broadcasts with stride 0 everywhere, and orders no dimension), in a dtype
         worked out once per argument dtypes and kinds. None: not this case (meta execution
         decides). A detector's box arithmetic makes a new signature every frame (the count
-        changes); this spares it a meta execution per call."""
+        changes); this spares it a meta execution per call, which for a comparison with a
+        0-dim value (``labels == class_id`` in a per-class NMS loop) costs ~250 us."""
         described = pointwise.describe(func, args, kwargs)
         if described is None:
             return None
         key, tensors = described
-        shape = tuple(tensors[0].shape)
+        shape: tuple[int, ...] = ()
+        for t in tensors:
+            if t.dim():
+                shape = tuple(t.shape)
+                break
         strides = codec.contiguous_strides(shape)
-        if any(tuple(t.shape) != shape or t.stride() != strides for t in tensors):
+        if any(t.dim() and (tuple(t.shape) != shape or t.stride() != strides)
+               for t in tensors):
+            return None
+        if len(tensors) > 1 and any(s < 2 for s in shape) and any(not t.dim() for t in tensors):
+            # with a 0-dim operand the iterator's general setup lays out sizes 0 and 1 its own
+            # way (stride 0 where a C-contiguous one is 3): meta execution decides those
             return None
         dtype = self._dtypes.of(key, func, args, kwargs)
         if dtype is None:
