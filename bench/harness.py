@@ -394,7 +394,13 @@ def _unpinned_command(env: LinkEnv | None, model: str, system: str,
 
 
 def _replays(session: dict[str, Any] | None) -> int:
+    """Inferences the robot daemon saw start as replays: its session's count, which keeps
+    those of a sequence another replaced (Mask R-CNN's, as it learns loop variants: summing
+    the listed sequences said 30% of a window every inference of which replayed); the listed
+    sequences' sum from a daemon that reports no count."""
     record = (session or {}).get("record") or {}
+    if "replays" in record:
+        return int(record["replays"])
     return sum(int(s.get("replays") or 0) for s in record.get("sequences") or [])
 
 

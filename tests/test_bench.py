@@ -23,6 +23,7 @@ from bench.harness import (
     STANDBY_W,
     _energy_figures,
     _host_replay,
+    _replays,
     check_outputs,
     finish_cells,
     parse_shim_stats,
@@ -443,3 +444,12 @@ def test_the_host_replay_figures_are_per_replayed_inference_of_the_window() -> N
     assert "host_replay_faults" not in _host_replay({"replays_completed": 0},
                                                     {"replays_completed": 1})  # an older host
     assert _host_replay(warm, warm) == {}
+
+
+def test_replays_are_the_sessions_count_where_the_daemon_reports_one() -> None:
+    """A sequence replaced by another takes its listed replays with it: the session's own
+    count is what the replayed share reads; an older daemon's listed sum otherwise."""
+    listed = {"sequences": [{"replays": 9}]}
+    assert _replays({"record": listed}) == 9
+    assert _replays({"record": {**listed, "replays": 14}}) == 14
+    assert _replays(None) == 0

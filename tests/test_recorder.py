@@ -278,6 +278,28 @@ def test_close_stops_a_search_and_adds_the_counts_to_the_saved_file(tmp_path):
     asyncio.run(main())
 
 
+def test_the_session_counts_replays_of_a_sequence_dropped_since(tmp_path):
+    """A sequence replaced by one with more loop variants leaves the list, and its replays
+    with it; the session's own count keeps them (the benchmark's replayed share reads it)."""
+    async def main() -> None:
+        rec = Recorder("app.py", "s1", DataDependencySearch(), tmp_path / "seq")
+        app = AsyncRelay(rec)
+        for _ in range(3):
+            cnn(app)
+        await asyncio.wait_for(rec.search_done(), 10)
+        (d,) = app.pushed
+        for _ in range(2):
+            rec.observe(ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=d.id)))
+        assert rec.describe()["replays"] == 2
+        rec.drop(d.id)
+        rec.observe(ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=d.id)))
+        described = rec.describe()
+        assert described["replays"] == 3 and described["sequences"] == []
+        rec.close()
+
+    asyncio.run(main())
+
+
 def test_state_written_in_place_then_read_is_a_constant_the_host_accepts(tmp_path):
     """A buffer updated in place every inference and read after its update (``calls.add_(1)``
     then ``y + calls``; an EMA copy's ``mul_``/``add_`` then its forward): the read's latest

@@ -573,6 +573,10 @@ class Recorder:
         # thread -> ((log cleared, marks), searches with the log kept since that mark)
         self._merge_tries: dict[int, tuple[tuple[int, int] | None, int]] = {}
         self.strays: dict[int, int] = {}  # thread -> calls forwarded since its last replay
+        # Inferences of this session that started as replays, whatever became of their
+        # sequence since (one with more loop variants replaces the one it came from, and the
+        # replays listed per sequence leave with it): ``describe``'s ``replays``.
+        self.replays = 0
         self.saved: list[tuple[dict[str, Any], ops_pb2.SequenceDef]] = self.store.load(app)
 
     # ----- observe the relayed frames -----
@@ -610,12 +614,14 @@ class Recorder:
                     self._deferred = True
         elif kind == "start":
             summary = self.sequences.get(frame.start.sequence)
+            self.replays += 1
             if summary is not None:
                 summary["replays"] += 1
                 self.strays[summary["thread"]] = 0
             cut, self._last_cut = self._last_cut, None
             if cut is not None and frame.start.position == cut.cut and frame.start.position:
                 cut.switched = True  # the shim went on with a variant from there
+                self.replays -= 1  # the same inference
                 left = self.sequences.get(cut.d.id)
                 if left is not None:  # a branch taken, not a mismatch: counted as such
                     left["replays"] -= 1
@@ -1006,7 +1012,8 @@ class Recorder:
         return None
 
     def describe(self) -> dict[str, Any]:
-        return {"log_length": len(self.log), "sequences": list(self.sequences.values()),
+        return {"log_length": len(self.log), "replays": self.replays,
+                "sequences": list(self.sequences.values()),
                 "searches": self.search_stats[-5:],
                 "search_budget": {"failed": self.failed, "scanned": self.failed_work,
                                   "recorded": self.log.recorded,
