@@ -54,10 +54,13 @@ def indexed(func: Any, args: tuple, kwargs: dict) -> tuple[tuple[int, ...], tupl
         tensors.append(i)
     if not tensors:
         return None
-    try:
-        b = tuple(torch.broadcast_shapes(*(tuple(t.shape) for t in tensors)))
-    except RuntimeError:
-        return None  # the host reports the app's error verbatim
+    if len(tensors) == 1:  # one index (``boxes[keep]``): nothing to broadcast (~7 us less)
+        b = tuple(tensors[0].shape)
+    else:
+        try:
+            b = tuple(torch.broadcast_shapes(*(tuple(t.shape) for t in tensors)))
+        except RuntimeError:
+            return None  # the host reports the app's error verbatim
     if at == list(range(at[0], at[-1] + 1)):  # adjacent: in their place
         out = (*shape[:at[0]], *b, *shape[at[-1] + 1:])
     else:

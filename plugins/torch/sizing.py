@@ -328,6 +328,8 @@ def _index(op: Any, args: list[Any], kwargs: dict[str, Any]) -> int:
     if dim > t.dim():
         raise MetaFailed(f"IndexError: too many indices for tensor of dimension {t.dim()}")
     kept *= math.prod(t.shape[dim:])  # the dimensions after the last index
+    if len(shapes) == 1:  # one index (``boxes[keep]``): nothing to broadcast (~7 us less)
+        return math.prod(shapes[0]) * kept * t.element_size()
     try:
         broadcast = torch.broadcast_shapes(*shapes) if shapes else torch.Size()
     except RuntimeError as exc:
