@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -242,14 +243,20 @@ def test_a_search_requested_while_one_runs_runs_once_more_after_it(tmp_path):
     asyncio.run(main())
 
 
+async def _found_cnn(tmp_path: Path) -> tuple[Recorder, ops_pb2.SequenceDef]:
+    """A session's recorder that found the CNN's sequence in three inferences."""
+    rec = Recorder("app.py", "s1", DataDependencySearch(), tmp_path / "seq")
+    app = AsyncRelay(rec)
+    for _ in range(3):
+        cnn(app)
+    await asyncio.wait_for(rec.search_done(), 10)
+    (d,) = app.pushed
+    return rec, d
+
+
 def test_close_stops_a_search_and_adds_the_counts_to_the_saved_file(tmp_path):
     async def main() -> None:
-        rec = Recorder("app.py", "s1", DataDependencySearch(), tmp_path / "seq")
-        app = AsyncRelay(rec)
-        for _ in range(3):
-            cnn(app)
-        await asyncio.wait_for(rec.search_done(), 10)
-        (d,) = app.pushed
+        rec, d = await _found_cnn(tmp_path)
         rec.observe(ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=d.id)))
         rec.observe(ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=d.id)))
         rec.close()
@@ -282,12 +289,7 @@ def test_the_session_counts_replays_of_a_sequence_dropped_since(tmp_path):
     """A sequence replaced by one with more loop variants leaves the list, and its replays
     with it; the session's own count keeps them (the benchmark's replayed share reads it)."""
     async def main() -> None:
-        rec = Recorder("app.py", "s1", DataDependencySearch(), tmp_path / "seq")
-        app = AsyncRelay(rec)
-        for _ in range(3):
-            cnn(app)
-        await asyncio.wait_for(rec.search_done(), 10)
-        (d,) = app.pushed
+        rec, d = await _found_cnn(tmp_path)
         for _ in range(2):
             rec.observe(ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=d.id)))
         assert rec.describe()["replays"] == 2
