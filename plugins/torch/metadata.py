@@ -243,7 +243,7 @@ class MetaCache:
         if any(t.dim() and (tuple(t.shape) != shape or t.stride() != strides)
                for t in tensors):
             return None
-        if len(tensors) > 1 and any(s < 2 for s in shape) and any(not t.dim() for t in tensors):
+        if any(s < 2 for s in shape) and any(not t.dim() for t in tensors):
             # with a 0-dim operand the iterator's general setup lays out sizes 0 and 1 its own
             # way (stride 0 where a C-contiguous one is 3): meta execution decides those
             return None
