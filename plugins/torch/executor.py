@@ -614,8 +614,11 @@ class TorchExecutor:
             if any(t is None for t in tensors):
                 break  # a value dropped too early: the one-by-one path reports it
             try:
-                args, kwargs = p.fill(tensors)  # type: ignore[arg-type]
-                need = _new_bytes(p, tensors, args, kwargs)  # type: ignore[arg-type]
+                # the arguments only where these sizes are new (the native call has its own)
+                need = p.sizes.get(p.size_key(tensors))  # type: ignore[arg-type]
+                if need is None:
+                    args, kwargs = p.fill(tensors)  # type: ignore[arg-type]
+                    need = _new_bytes(p, tensors, args, kwargs)  # type: ignore[arg-type]
                 self.store.admit(need, p.what)
             except (sizing.Unsizable, sizing.MetaFailed, QuotaExceeded):
                 break
