@@ -137,6 +137,10 @@ class ReplayExtension(Protocol):
         """Those of ``ids`` that are not live in this session (released, or never made)."""
         ...
 
+    # Optional: ``dense_sizes(tid)``, the sizes of live tensor ``tid`` if it is laid out as a
+    # fresh tensor of them (C-contiguous strides, offset 0), else None: the host then sends the
+    # sizes of outputs that follow the data to the shim (``ReplaySizes``), which builds its
+    # proxies from them; without it the shim works every such output out itself.
     # Optional: ``synchronize()`` waits until the device has run what was queued on it, so
     # that a profiled replay (``rrtod.gpu.replay.PROFILED``) times each call's work, not its
     # launch; without it a call's time is the time until its call returned.

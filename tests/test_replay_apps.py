@@ -301,7 +301,8 @@ def test_shapes_that_follow_the_data_replay_with_one_reply_per_inference(fresh, 
     mask), integers the app derives from it, a buffer it creates in its forward sized by it and
     a value read. Recorded with the host's answers, the sequence replays with outputs equal to
     local, and a replayed inference waits for one reply (the host's answers arrive while the
-    app matches its calls), against several per forwarded inference."""
+    app matches its calls, and the sizes of the outputs that follow the data with them),
+    against several per forwarded inference."""
     stats = same_as_local("dynamic_head", fresh, "--runs", "10", "--pace", "20", tmp=tmp_path)
     by = stats["by_inference"]
     replayed = [i for i, r in enumerate(by["replays"]) if r]
@@ -312,6 +313,8 @@ def test_shapes_that_follow_the_data_replay_with_one_reply_per_inference(fresh, 
     assert all(by["round_trips"][i] <= 1 for i in replayed[stats["joined"]:]), stats
     assert max(by["round_trips"][: replayed[0]]) > 1, stats  # forwarding waited for sizes
     assert stats.get("local_ops", 0) == 0, stats  # its buffer was made on the host
+    # the host, ahead, pushed the sizes that follow the data: the shim made proxies from them
+    assert stats["sized"] > 0, stats
 
 
 def test_an_app_that_reads_only_counts_replays(fresh, tmp_path):

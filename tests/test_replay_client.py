@@ -19,6 +19,7 @@ from rrto_plugins.torch.replay import (
     MAX_TAIL_BYTES,
     MISS,
     RELEASE_STREAM_AT,
+    SIZED_INFERENCES,
     Active,
     ReplayClient,
     _read_after,
@@ -318,6 +319,63 @@ def test_a_loop_is_unrolled_for_the_count_the_app_has_now():
     other.dispatch(relu, (torch.ones(4),), {}, OpInfo(relu), 0, 0)
     assert other.active is None and other.counters["mismatches"] == 1
     assert other.session.sent[-1].abort.position == 1
+
+
+def varying() -> ops_pb2.SequenceDef:
+    """``relu(x)`` of an input of any size: its output's sizes follow the data."""
+    d = ops_pb2.SequenceDef(id=12, local_ids=[1, 2], outputs=[2])
+    relu = d.calls.add(op="aten::relu.default", out_ids=[2])
+    relu.args.add().tensor.CopyFrom(ops_pb2.TensorRef(bind_id=1, upload=ops_pb2.TensorData(
+        meta=ops_pb2.TensorMeta(dtype="float32", shape=[3], stride=[1]))))
+    relu.out_meta.add(dtype="float32", shape=[3], stride=[1])
+    d.sources.add(kind=ops_pb2.SeqSource.INPUT, any_shape=True)
+    d.varies_from = 0
+    return d
+
+
+def sizes(base: int, *calls: tuple[int, tuple[int, ...]]) -> ops_pb2.ReplaySizes:
+    return ops_pb2.ReplaySizes(base_id=base, positions=[p for p, _ in calls],
+                               ranks=[len(d) for _, d in calls],
+                               dims=[n for _, d in calls for n in d])
+
+
+def test_a_varying_steps_proxy_is_made_from_the_sizes_the_host_pushed():
+    """The first replay works the output's sizes out from the arguments; later ones take the
+    sizes the host pushed for the inference (it runs ahead), without working them out. (The
+    host pushes its own tensor's sizes, which are the app's; here they differ on purpose, to
+    show where the proxy's came from.) Sizes that do not add up, or have another rank than the
+    step's output, or no tensor could have, or are for another inference, are not used: the
+    step is worked out as before."""
+    client = ReplayClient(Session())  # type: ignore[arg-type]
+    client.define(varying())
+    relu = torch.ops.aten.relu.default
+
+    def replay(n: int) -> torch.Tensor:
+        out = client.dispatch(relu, (torch.ones(n),), {}, OpInfo(relu), 0, 0)
+        assert out is not MISS and client.active is None
+        return out
+
+    base = REPLAY_BASE
+    assert tuple(replay(4).shape) == (4,) and client.counters["sized"] == 0  # worked out
+    base += SPAN
+    client.sized(sizes(base, (0, (7,))))
+    assert tuple(replay(5).shape) == (7,) and client.counters["sized"] == 1  # the host's
+    base += SPAN
+    client.sized(sizes(base + SPAN, (0, (7,))))  # another inference's
+    client.sized(ops_pb2.ReplaySizes(base_id=base, positions=[0], ranks=[2], dims=[7]))
+    assert tuple(replay(5).shape) == (5,)
+    base += SPAN
+    client.sized(sizes(base, (0, (7, 1))))  # rank 2 for a rank-1 output
+    assert tuple(replay(5).shape) == (5,)
+    base += SPAN
+    client.sized(sizes(base, (0, (-3,))))  # no tensor has these
+    assert tuple(replay(6).shape) == (6,) and client.counters["sized"] == 1
+    assert client.counters["mismatches"] == 0
+
+    # kept for a bounded number of inferences the app has not reached (then not at all)
+    for k in range(2 * SIZED_INFERENCES):
+        client.sized(sizes(base + (10 + k) * SPAN, (0, (3,))))
+    assert len(client._sizes) <= SIZED_INFERENCES
 
 
 def long_chain(n: int) -> ops_pb2.SequenceDef:

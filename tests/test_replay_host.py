@@ -635,3 +635,48 @@ def test_the_replay_threads_page_faults_count_memory_touched_afresh():
     fresh = torch.ones(16 << 20)  # 64 MiB: a fresh mapping, every page written
     assert _minor_faults() - before >= (64 << 20) // (2 << 20)  # even with 2 MiB huge pages
     del fresh
+
+
+class DenseNumbers(NumberExecutor):
+    """Numbers as tensors of that many elements, every one laid out densely; a call whose
+    result the app waits for is answered with its sizes."""
+
+    def dense_sizes(self, tid):
+        return self.shape(tid)
+
+    def handle(self, frame):
+        yield from super().handle(frame)
+        if frame.WhichOneof("msg") == "call" and frame.call.want_meta:
+            yield ops_pb2.SessionDown(result=ops_pb2.OpResult(outs=[ops_pb2.TensorMeta(
+                dtype="float64", shape=self.shape(frame.call.out_ids[0]))]))
+
+
+def test_the_sizes_of_outputs_that_follow_the_data_go_to_the_shim_ahead_of_its_answers():
+    """Calls whose sizes follow the data (``varies_from``): the sizes of each one's dense
+    output go to the shim (``ReplaySizes``, as the app counts calls) before the next answer
+    the app waits for, and the rest when the host has run what it can; an answered call's
+    sizes come with its answer, and an output that is not dense is not sent."""
+    d = ops_pb2.SequenceDef(id=21, local_ids=[1, 2, 3, 4], outputs=[4])
+    d.calls.extend([call("add", 1, upload(0.0), ref(100)), call("mul", 2, ref(1), ref(1)),
+                    call("add", 3, ref(2), ref(1)), call("add", 4, ref(3), ref(100))])
+    d.calls[1].want_meta = True  # the app waits for its answer
+    d.sources.add(kind=SRC.INPUT, any_shape=True)
+    d.sources.add(kind=SRC.CONSTANT, id=100)
+    for i in (1, 1, 2, 1, 3):
+        d.sources.add(kind=SRC.PRODUCED, id=i)
+    d.sources.add(kind=SRC.CONSTANT, id=100)
+    d.varies_from = 0
+    ex = DenseNumbers()
+    r = HostReplayer(ex)
+    (ack,) = run(r, ops_pb2.SessionUp(define=d))
+    assert ack.defined.accepted, ack
+    ex.store[100] = -20.0  # so that call 3 makes -8: no tensor of its own sizes
+    out = run(r, ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=21, base_id=1000)),
+              ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(22.0))))
+    kinds = [f.WhichOneof("msg") for f in out]
+    assert kinds == ["sizes", "answer", "fetched", "sizes"], out
+    first, last = out[0].sizes, out[3].sizes
+    assert (first.base_id, list(first.positions), list(first.ranks), list(first.dims)) == (
+        1000, [0], [1], [2])  # call 0 made 22 - 20 = 2
+    assert out[1].answer.position == 1  # 2 * 2 = 4, with its own metadata
+    assert (list(last.positions), list(last.dims)) == ([2], [6])  # 4 + 2; call 3's -14 not

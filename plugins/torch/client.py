@@ -238,6 +238,8 @@ class RemoteSession:
             self.replay.pushed(down.fetched)  # a replayed output, sent unasked
         elif kind == "answer" and self.replay is not None:
             self.replay.answered(down.answer)  # a replayed call's reply, sent unasked
+        elif kind == "sizes" and self.replay is not None:
+            self.replay.sized(down.sizes)  # replayed outputs' sizes that follow the data
         elif kind == "sequence":
             if self.replay is not None:
                 self.replay.define(down.sequence)

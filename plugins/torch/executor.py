@@ -398,6 +398,16 @@ class TorchExecutor:
         t = self.store.get(tid)
         return None if t is None else tuple(t.shape)
 
+    def dense_sizes(self, tid: int) -> tuple[int, ...] | None:
+        """The live tensor's sizes if it is laid out as ``torch.empty`` of them would be
+        (C-contiguous strides, offset 0), else None: the shim then makes its proxy from the
+        sizes alone (``ReplaySizes``)."""
+        t = self.store.get(tid)
+        if t is None or t.storage_offset():
+            return None
+        shape = tuple(t.shape)
+        return shape if t.stride() == codec.contiguous_strides(shape) else None
+
     def scalar(self, tid: int) -> int | None:
         """``int()`` of the live one-element tensor (a value the app read and passed on)."""
         t = self.store.get(tid)

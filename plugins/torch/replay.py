@@ -79,6 +79,9 @@ RELEASE_STREAM_AT = 64  # ... and while the app runs ahead of the host (``_advan
 # ``record.search_wait`` bounds it (at most this); a guard against a robot's wrong value.
 SEARCH_WAIT_MAX_S = 10.0
 PROFILED = 3  # inferences of each plan whose robot steps are timed (``SequenceProfile``)
+# Pushed sizes kept (``ReplaySizes``): inferences, and calls of each (beyond: planned here)
+SIZED_INFERENCES = 16
+SIZED_CALLS = 1 << 16
 
 
 class _Unreplayable(Exception):
@@ -172,6 +175,9 @@ class Step:
     flat: tuple[int, tuple[int, ...], tuple[tuple[int, Any, type, tuple[type, ...] | None],
                                             ...]] | None = None
     built: StepPlan | None = None  # once known (the step's first replay)
+    # A variable step whose result is one new C-contiguous tensor (offset 0): (its local
+    # index, dtype, device, rank), made from the sizes the host pushes (``ReplaySizes``)
+    dense: tuple[int, torch.dtype, torch.device, int] | None = None
     answered: bool = False  # its outputs' shapes are the host's answer (``ReplayAnswer``)
     variable: bool = False  # its shapes may differ each inference: planned every time
     # symbolic integers: (path into the stripped arguments, local index of the tensor, first
@@ -410,7 +416,8 @@ def _compile(d: ops_pb2.SequenceDef, robot: frozenset[int] = frozenset(),
     for k in range(shared):  # (``variable`` follows ``d``'s own ``varies_from``)
         st = prefix.steps[k]  # type: ignore[union-attr]
         variable = d.HasField("varies_from") and k >= d.varies_from
-        steps.append(st if st.variable == variable else replace(st, variable=variable, built=None))
+        steps.append(st if st.variable == variable else replace(st, variable=variable, built=None,
+                                                                    dense=None))
         slot += len(st.slots)
     for call in d.calls[shared:]:
         def keep(ref: ops_pb2.TensorRef) -> _Placeholder:
@@ -641,6 +648,9 @@ class ReplayClient:
         # Waits for a pushed output (by id) or an answer (by (base, position)).
         self._waiting: dict[Any, threading.Event] = {}
         self._answers: dict[tuple[int, int], ops_pb2.OpResult] = {}
+        # inference base -> position -> the sizes of its dense output (``ReplaySizes``):
+        # written by the reader thread, read without the lock (single dict operations)
+        self._sizes: dict[int, dict[int, tuple[int, ...]]] = {}
         self._give_up: list[int] = []  # sequences the host failed: the robot records again
         self._lock = threading.Lock()
         self._upload_meta: dict[Any, bytes] = {}  # codec.replay_upload's metadata cache
@@ -655,7 +665,7 @@ class ReplayClient:
         self.counters = {"replays": 0, "mismatches": 0, "replayed_ops": 0, "dropped": 0,
                          "failed": 0, "failed_ahead": 0, "answer_waits": 0, "joined": 0,
                          "switches": 0, "abandoned": 0, "search_waits": 0, "search_wait_ns": 0,
-                         "robot_ops": 0, "robot_ns": 0, "here": 0}
+                         "robot_ops": 0, "robot_ns": 0, "here": 0, "sized": 0}
         session.progress = self._progress
 
     def _progress(self) -> ops_pb2.ReplayProgress | None:
@@ -826,6 +836,26 @@ class ReplayClient:
         if event is not None:
             event.set()
 
+    def sized(self, sizes: ops_pb2.ReplaySizes) -> None:
+        """Sizes of an inference's outputs that follow the data, as the host made them (it
+        runs ahead): kept for the steps the app has not reached yet, within bounds. They came
+        from the network: a message whose parts do not add up is dropped, and sizes that do
+        not fit their step are never used (``_dense``)."""
+        positions, ranks, dims = sizes.positions, sizes.ranks, sizes.dims
+        if len(positions) != len(ranks) or sum(ranks) != len(dims):
+            return
+        known = self._sizes.get(sizes.base_id)
+        if known is None:
+            if len(self._sizes) >= SIZED_INFERENCES:
+                return  # (inferences the app never reached: forgotten at its next start)
+            known = self._sizes[sizes.base_id] = {}
+        if len(known) + len(positions) > SIZED_CALLS:
+            return
+        at = 0
+        for position, rank in zip(positions, ranks, strict=True):
+            known[position] = tuple(dims[at:at + rank])
+            at += rank
+
     # ----- from the app's threads -----
     @property
     def active(self) -> Active | None:
@@ -913,6 +943,12 @@ class ReplayClient:
                 return MISS
             return self._advance(act, result)
         built = step.built
+        if built is None and step.dense is not None:
+            result = self._dense(act, step)
+            if result is not None:
+                if act.seq.sized:
+                    self._note_sizes(act, step, result)
+                return self._advance(act, result)
         if built is None:
             t0 = thread_time_ns() if timed else 0
             try:
@@ -925,6 +961,10 @@ class ReplayClient:
                     self.planning_ns += thread_time_ns() - t0
             if not step.variable:
                 step.built = built
+            elif step.dense is None and built.single is not None:
+                i, shape, stride, offset, dtype = built.single
+                if not offset and stride == codec.contiguous_strides(shape):
+                    step.dense = (i, dtype, built.device, len(shape))
         if act.joined is not None and any(i in act.joined for i in built.plan if i is not None):
             # A new tensor where the app holds a joined value: replay would name it base + i.
             # (A call that writes a joined value in place returns the app's own tensor: fine.)
@@ -1570,6 +1610,24 @@ class ReplayClient:
             frames = binds + (frames or [])
         return frames if frames is not None else ()
 
+    def _dense(self, act: Active, step: Step) -> RemoteTensor | None:
+        """A variable step's one new dense output made from the sizes the host pushed
+        (``ReplaySizes``): no working out from the arguments. None where they are not here
+        yet or do not fit the step (its rank; a joined value): the step is planned."""
+        known = self._sizes.get(act.base)
+        dims = known.get(act.position) if known is not None else None
+        i, dtype, device, rank = step.dense  # type: ignore[misc]
+        if dims is None or len(dims) != rank or any(d < 0 for d in dims) \
+                or (act.joined is not None and i in act.joined):
+            return None
+        try:
+            proxy = new_proxy(Handle(self.session, act.base + i), dims,
+                              codec.contiguous_strides(dims), 0, dtype, device)
+        except (RuntimeError, OverflowError, ValueError):  # sizes no tensor can have
+            return None
+        self.counters["sized"] += 1
+        return proxy
+
     def _outputs(self, act: Active, built: StepPlan, args: tuple, kwargs: dict,
                  info: OpInfo) -> Any:
         """The result of a step whose outputs are not one new tensor (tuples, in-place)."""
@@ -1740,6 +1798,8 @@ class ReplayClient:
                 del self._bases[b]
             for key in [k for k in self._answers if k[0] < base]:
                 del self._answers[key]
+            for b in [b for b in self._sizes if b < base]:
+                del self._sizes[b]
             for b in [b for b in self._broken if b < base]:
                 del self._broken[b]
             self._replied_bases = {b for b in self._replied_bases if b >= base}

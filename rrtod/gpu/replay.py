@@ -394,6 +394,9 @@ class Active:
     start: int = 0  # the first call this replay runs (``ReplayStart.position``)
     # per call whose output sizes follow the data: those sizes (``ReplayedPrefix``)
     sizes: dict[int, list[tuple[int, ...] | None]] = field(default_factory=dict)
+    # ... and of those with one dense output, (app position, sizes) not sent to the shim yet
+    # (``ReplaySizes``)
+    shapes: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
     started_ns: int = field(default_factory=time.perf_counter_ns)  # its start frame ran
     cpu_ns: int = 0  # this thread's CPU running its calls (operators and the Python around)
     faults: int = 0  # ... and the minor page faults it took meanwhile (fresh memory touched)
@@ -439,6 +442,9 @@ class HostReplayer:
     def __init__(self, executor: Runner):
         self.handle = executor.handle
         self.replay: ReplayExtension | None = executor.replay  # None: replays through handle
+        # optional: the sizes of a live dense tensor, for ``ReplaySizes`` (``_sized``)
+        self._dense: Callable[[int], tuple[int, ...] | None] | None = getattr(
+            self.replay, "dense_sizes", None)
         # optional (rrtod.executor): frees without a Release frame per value
         self._release: Callable[[list[int]], None] | None = getattr(self.replay, "release", None)
         self.sequences: dict[int, Compiled] = {}
@@ -803,6 +809,7 @@ class HostReplayer:
         finally:
             act.cpu_ns += time.thread_time_ns() - t0
             act.faults += _minor_faults() - f0
+        self._send_shapes(act, emit)
         if ended and limit is None:
             self._close(act, complete=True)
             if act.timing is not None:
@@ -812,6 +819,24 @@ class HostReplayer:
                     sequence=act.seq.definition.id, plan=act.seq.plan,
                     upload_bytes=act.upload_bytes,
                     upload_ns=max(0, act.uploaded_ns - act.started_ns))))
+
+    def _sized(self, act: Active, k: int, oid: int) -> list[tuple[int, ...] | None]:
+        """The sizes of ``oid``, call ``k``'s one output, which follow the data. If it is
+        dense they also go to the shim, ahead of the next answer (``ReplaySizes``): it makes
+        its proxy from them instead of working them out."""
+        dims = self._dense(oid) if self._dense is not None else None
+        if dims is None:
+            return [self.replay.shape(oid)]  # type: ignore[union-attr]
+        act.shapes.append((act.app_position(k), dims))
+        return [dims]
+
+    @staticmethod
+    def _send_shapes(act: Active, emit: Emit) -> None:
+        if act.shapes:
+            shapes, act.shapes = act.shapes, []
+            emit(ops_pb2.SessionDown(sizes=ops_pb2.ReplaySizes(
+                base_id=act.base, positions=[p for p, _ in shapes],
+                ranks=[len(d) for _, d in shapes], dims=[n for _, d in shapes for n in d])))
 
     def _profiled(self, act: Active, emit: Emit) -> None:
         """A timed replay ran to its end: add it to its plan's profile, and report the
@@ -912,6 +937,7 @@ class HostReplayer:
                     emit(down)
                     return
                 if what == "result":  # what the app needs to go on: its answer
+                    self._send_shapes(act, emit)  # the sizes before it first: the app is behind
                     emit(ops_pb2.SessionDown(answer=ops_pb2.ReplayAnswer(
                         base_id=act.base, position=act.app_position(k), result=down.result)))
                 else:
@@ -923,7 +949,9 @@ class HostReplayer:
                     sync()  # the device's work for this call, not only its launch
                 timing[k] = time.perf_counter_ns() - t_call
             if k in act.seq.varying and self.replay is not None:  # for an abort's account
-                act.sizes[k] = [self.replay.shape(i) for i in out_ids]
+                act.sizes[k] = (self._sized(act, k, out_ids[0])
+                                if len(out_ids) == 1 and not answered
+                                else [self.replay.shape(i) for i in out_ids])
             act.position += 1
             for i in act.seq.pushes[k]:
                 if i not in act.joined:  # else the app holds it by its own id, and fetches it
@@ -1086,6 +1114,7 @@ class HostReplayer:
         snapshots: list[tuple[int, Any]] = []
 
         def answer(j: int, result: ops_pb2.OpResult) -> None:
+            self._send_shapes(act, emit)
             emit(ops_pb2.SessionDown(answer=ops_pb2.ReplayAnswer(
                 base_id=base, position=act.app_position(k + j), result=result)))
 
@@ -1103,8 +1132,13 @@ class HostReplayer:
         if seq.varying:  # for an abort's account, as the one-by-one path keeps them
             for j in range(k, k + done):
                 if j in seq.varying:
-                    act.sizes[j] = [self.replay.shape(base + i)  # type: ignore[union-attr]
-                                    for i in seq.out_local[j]]  # type: ignore[operator]
+                    outs = seq.out_local[j]
+                    act.sizes[j] = (
+                        self._sized(act, j, base + outs[0])
+                        if len(outs) == 1 and outs[0] is not None and j not in seq.answered
+                        else [self.replay.shape(base + i)  # type: ignore[union-attr,operator]
+                              for i in outs])
+            self._send_shapes(act, emit)
         for j in range(k, k + done):
             for i in seq.pushes[j]:
                 self._push(base + i, emit)

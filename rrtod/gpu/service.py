@@ -201,6 +201,7 @@ class _PacedReplay:
         self.release = getattr(ext, "release", None)  # optional (rrtod.executor)
         self.shape = ext.shape
         self.scalar = ext.scalar
+        self.dense_sizes = getattr(ext, "dense_sizes", None)  # optional (rrtod.executor)
         self._run_prepared = ext.run_prepared
         self._run = run
         # optional (rrtod.executor): calls split by rows (Hybrid-Parallel, ``rrtod.lop``)

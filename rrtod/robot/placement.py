@@ -82,14 +82,16 @@ REOPEN_S = 2.0  # between attempts to open a replica on a host
 
 
 def down_base(kind: str | None, down: ops_pb2.SessionDown) -> int | None:
-    """The inference base a host's frame is about (an answer, a failure, a prefix, a pushed
-    output); None for other frames."""
+    """The inference base a host's frame is about (an answer, a failure, a prefix, sizes, a
+    pushed output); None for other frames."""
     if kind == "answer":
         return down.answer.base_id
     if kind == "error":
         return down.error.base_id
     if kind == "replayed":
         return down.replayed.base_id
+    if kind == "sizes":
+        return down.sizes.base_id
     if kind == "fetched" and not down.fetched.seq:
         return base_of(down.fetched.id)
     return None
@@ -751,8 +753,8 @@ class Placement:
             return True
         if kind == "result":
             return down.result.seq < OWN_SEQ
-        if kind == "replayed":
-            inf = self.inflight.get(down.replayed.base_id)
+        if kind in ("replayed", "sizes"):
+            inf = self.inflight.get(down_base(kind, down))  # type: ignore[arg-type]
             return inf is None or inf.lane is lane
         return True
 

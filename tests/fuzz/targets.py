@@ -26,7 +26,9 @@ native_runs        a definition replayed in the host's native runs         none 
                    arguments, output layouts and input sizes
 shim_down          the shim's replay client for what the host sends it     none escape (a bad
                    through the robot daemon (SessionDown: sequence,        definition is not
-                   pushed outputs, answers, errors) and decode_answer     used; MISS)
+                   pushed outputs, answers, errors, sizes) and            used; MISS; sizes
+                   decode_answer; pushed sizes made into proxies          that fit no tensor:
+                                                                          None, planned)
 robot_replayed     the robot's recorder for an aborted replay: the host's  none escape (what
                    answers, pushed outputs, ReplayedPrefix and fetch       cannot be rebuilt is
                    replies (values the app read: wire.scalar_of) into its  not logged)
@@ -58,7 +60,7 @@ from rrto_plugins.search.dds import DataDependencySearch
 from rrto_plugins.torch import codec
 from rrto_plugins.torch.allowlist import Allowlist, OpNotAllowed
 from rrto_plugins.torch.executor import TorchExecutor
-from rrto_plugins.torch.replay import ReplayClient, decode_answer
+from rrto_plugins.torch.replay import Active, ReplayClient, Step, decode_answer
 from rrto_plugins.torch.schemas import schema_hash
 from rrtod import partition, shared_uploads
 from rrtod.config import SocketLimitsConfig
@@ -555,6 +557,16 @@ def shim_down(data: bytes) -> None:
             client.broken(down.error)  # as the client routes it
         elif kind == "error" and down.error.sequence:
             client.failed(down.error.sequence)
+        elif kind == "sizes":
+            client.sized(down.sizes)
+    # the sizes kept, each made into a proxy as a varying step of some rank would make it
+    step = Step("aten::relu.default", 0, (), {}, [], [0], {}, [], variable=True)
+    for base, known in list(client._sizes.items())[:4]:
+        for position in list(known)[:8]:
+            step.dense = (0, torch.float32, torch.device("cpu"), fdp.ConsumeIntInRange(0, 4))
+            act = Active(None, base, position=position)  # type: ignore[arg-type]
+            proxy = client._dense(act, step)
+            assert proxy is None or tuple(proxy.shape) == known[position]
 
 
 # -- the robot's op log, fed what the host sends about an aborted replay ------------------------

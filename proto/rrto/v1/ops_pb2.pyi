@@ -298,7 +298,7 @@ class SessionUpBatch(_message.Message):
     def __init__(self, frames: _Optional[_Iterable[_Union[SessionUp, _Mapping]]] = ...) -> None: ...
 
 class SessionDown(_message.Message):
-    __slots__ = ("ready", "result", "fetched", "query", "error", "sequence", "defined", "batch", "answer", "replayed", "search", "profile", "timing")
+    __slots__ = ("ready", "result", "fetched", "query", "error", "sequence", "defined", "batch", "answer", "replayed", "search", "profile", "timing", "sizes")
     READY_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     FETCHED_FIELD_NUMBER: _ClassVar[int]
@@ -312,6 +312,7 @@ class SessionDown(_message.Message):
     SEARCH_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
+    SIZES_FIELD_NUMBER: _ClassVar[int]
     ready: SessionReady
     result: OpResult
     fetched: Fetched
@@ -325,7 +326,20 @@ class SessionDown(_message.Message):
     search: SearchHint
     profile: SequenceProfile
     timing: ReplayTiming
-    def __init__(self, ready: _Optional[_Union[SessionReady, _Mapping]] = ..., result: _Optional[_Union[OpResult, _Mapping]] = ..., fetched: _Optional[_Union[Fetched, _Mapping]] = ..., query: _Optional[_Union[BlobQueryReply, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., sequence: _Optional[_Union[SequenceDef, _Mapping]] = ..., defined: _Optional[_Union[SequenceAck, _Mapping]] = ..., batch: _Optional[_Union[SessionDownBatch, _Mapping]] = ..., answer: _Optional[_Union[ReplayAnswer, _Mapping]] = ..., replayed: _Optional[_Union[ReplayedPrefix, _Mapping]] = ..., search: _Optional[_Union[SearchHint, _Mapping]] = ..., profile: _Optional[_Union[SequenceProfile, _Mapping]] = ..., timing: _Optional[_Union[ReplayTiming, _Mapping]] = ...) -> None: ...
+    sizes: ReplaySizes
+    def __init__(self, ready: _Optional[_Union[SessionReady, _Mapping]] = ..., result: _Optional[_Union[OpResult, _Mapping]] = ..., fetched: _Optional[_Union[Fetched, _Mapping]] = ..., query: _Optional[_Union[BlobQueryReply, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., sequence: _Optional[_Union[SequenceDef, _Mapping]] = ..., defined: _Optional[_Union[SequenceAck, _Mapping]] = ..., batch: _Optional[_Union[SessionDownBatch, _Mapping]] = ..., answer: _Optional[_Union[ReplayAnswer, _Mapping]] = ..., replayed: _Optional[_Union[ReplayedPrefix, _Mapping]] = ..., search: _Optional[_Union[SearchHint, _Mapping]] = ..., profile: _Optional[_Union[SequenceProfile, _Mapping]] = ..., timing: _Optional[_Union[ReplayTiming, _Mapping]] = ..., sizes: _Optional[_Union[ReplaySizes, _Mapping]] = ...) -> None: ...
+
+class ReplaySizes(_message.Message):
+    __slots__ = ("base_id", "positions", "ranks", "dims")
+    BASE_ID_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    DIMS_FIELD_NUMBER: _ClassVar[int]
+    base_id: int
+    positions: _containers.RepeatedScalarFieldContainer[int]
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    dims: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, base_id: _Optional[int] = ..., positions: _Optional[_Iterable[int]] = ..., ranks: _Optional[_Iterable[int]] = ..., dims: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReplayTiming(_message.Message):
     __slots__ = ("sequence", "plan", "upload_bytes", "upload_ns")
