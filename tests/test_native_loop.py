@@ -309,28 +309,88 @@ def test_an_operator_that_raises_keeps_what_ran_before_it_and_nothing_of_itself(
     assert 20 in ex.store and 21 not in ex.store and ex.store.pending == 0
 
 
-@needs_loop
-def test_an_output_that_follows_the_data_steps_the_run_on_from_where_it_differs(tmp_path):
-    """``x[x > 0]`` is admitted at its bound (every element selected); when this inference
-    selects another count than the calibrating one, the native run stops before it and the
-    batch steps through it and the rest, each call admitted for its own sizes, with this
-    inference's results; from then on the batch is stepped (its sizes follow the data)."""
-    ex = make(tmp_path)
+def selected(ex) -> object:
+    """``exp(-x[x > 0])`` of an 8-element input as a run: the count follows the data."""
     calls = [metas(op_call("aten::gt.Scalar", ref(1), ops_pb2.Value(i=0), out=10), (8,)),
              metas(op_call("aten::index.Tensor", ref(1), ops_pb2.Value(list=ops_pb2.ValueList(
                  items=[ref(10)])), out=11), (3,)),
              metas(op_call("aten::neg.default", ref(11), out=12), (3,)),
              metas(op_call("aten::exp.default", ref(12), out=13), (3,))]
-    b = batch_of(ex, calls, [[0], [0, -1], [-2], [-3]], 1)
-    for first, x, varies in ((10, torch.tensor([1., -1, 2, -2, 3, -3, -4, -5]), False),
-                             (20, torch.tensor([-1., 1, -2, 2, -3, 3, -4, -5]), False),
-                             (30, torch.tensor([1., 1, 1, 1, -3, 3, -4, -5]), True),  # 5 now
-                             (40, torch.tensor([1., -1, 2, -2, 3, -3, -4, -5]), True)):
+    return batch_of(ex, calls, [[0], [0, -1], [-2], [-3]], 1)
+
+
+def positives(n: int) -> torch.Tensor:
+    """8 values, the first ``n`` of them positive."""
+    return torch.cat([torch.arange(1.0, n + 1), -torch.arange(1.0, 9 - n)])
+
+
+@needs_loop
+def test_an_output_that_follows_the_data_steps_the_run_on_from_where_it_differs(tmp_path):
+    """``x[x > 0]`` is admitted at its bound (every element selected); when this inference
+    selects another count than the calibrating one, the native run stops before it and the
+    batch steps through it and the rest, each call admitted for its own sizes, with this
+    inference's results; from then on its sizes follow the data, and it runs *bounded*: the
+    most each call allocated when stepped is admitted, and the loop takes any sizes within."""
+    ex = make(tmp_path)
+    b = selected(ex)
+    for first, x, varies in ((10, positives(3), False),
+                             (20, positives(3).flip(0), False),
+                             (30, positives(5), True),  # 5 now
+                             (40, positives(3), True)):  # bounded: within what 5 took
         ex.store.put(1, x)
         assert ex.run_batch(b, [1], [first, first + 1, first + 2, first + 3]) == 4
         assert torch.equal(ex.store.get(first + 3), torch.exp(-x[x > 0]))
         assert b.varies is varies and ex.store.pending == 0
-    assert ex.counters["native_calibrations"] == 3  # the first, the one that met 5, the last
+    assert ex.counters["native_calibrations"] == 2  # the first, the one that met 5
+    assert ex.counters["bounded_runs"] == 1 and b.caps[2:] == [5 * 4, 5 * 4]
+
+
+@needs_loop
+def test_a_bounded_run_stops_before_a_call_that_takes_more_than_it_ever_did(tmp_path):
+    """A count above any stepped one: the bounded run keeps the calls before the first whose
+    new outputs take more than its cap (``neg`` of 7 elements, against 5 before), and the
+    batch steps from there, each call admitted for its own sizes; the caps grow, and the next
+    such count runs bounded to its end. Admitted bytes are settled to what was stored."""
+    ex = make(tmp_path)
+    b = selected(ex)
+    for first, n in ((10, 3), (20, 5), (30, 3)):  # calibrated, stepped (5), bounded
+        ex.store.put(1, positives(n))
+        assert ex.run_batch(b, [1], [first, first + 1, first + 2, first + 3]) == 4
+    steps = ex.counters["native_calibrations"]
+    ex.store.put(1, positives(7))
+    assert ex.run_batch(b, [1], [40, 41, 42, 43]) == 4
+    assert ex.counters["native_calibrations"] == steps + 1  # stepped from ``neg`` on
+    assert torch.equal(ex.store.get(43), torch.exp(-positives(7)[:7]))
+    assert b.caps[2:] == [7 * 4, 7 * 4] and ex.store.pending == 0
+    runs = ex.counters["bounded_runs"]
+    ex.store.put(1, positives(6))
+    assert ex.run_batch(b, [1], [50, 51, 52, 53]) == 4
+    assert ex.counters["bounded_runs"] == runs + 1 and ex.counters["native_calibrations"] == steps + 1
+    assert torch.equal(ex.store.get(53), torch.exp(-positives(6)[:6]))
+    live = ex.store.bytes_live
+    for i in range(50, 54):
+        ex.store.pop(i)
+    assert ex.store.bytes_live < live and ex.store.pending == 0
+
+
+@needs_loop
+def test_a_bounded_run_whose_caps_do_not_fit_the_quota_is_stepped(tmp_path):
+    """Caps are the most each call ever took: where their sum does not fit what the quota
+    leaves, the run is stepped, each call admitted for its own (smaller) sizes."""
+    ex = make(tmp_path)
+    b = selected(ex)
+    for first, n in ((10, 3), (20, 8), (30, 3)):  # a frame selecting all 8 raises the caps
+        ex.store.put(1, positives(n) if n < 8 else torch.arange(1.0, 9))
+        assert ex.run_batch(b, [1], [first, first + 1, first + 2, first + 3]) == 4
+    assert ex.counters["bounded_runs"] == 1  # the last, within what 8 took
+    for i in range(10, 34):
+        ex.store.pop(i)
+    runs, steps = ex.counters["bounded_runs"], ex.counters["native_calibrations"]
+    ex.store.put(1, positives(1))
+    ex.store.quota = ex.store.bytes_live + sum(b.caps) - 1
+    assert ex.run_batch(b, [1], [40, 41, 42, 43]) == 4  # one selected: fits, stepped
+    assert ex.counters["bounded_runs"] == runs and ex.counters["native_calibrations"] == steps + 1
+    assert torch.equal(ex.store.get(43), torch.exp(-torch.ones(1))) and ex.store.pending == 0
 
 
 def test_calls_the_loop_cannot_hold_stay_on_the_python_path(tmp_path):

@@ -17,8 +17,14 @@ their tensors, each admitted before it runs - and admitted as a whole before eac
 which the loop only starts when every external tensor has the sizes, strides, dtype and device
 it was calibrated with, and stops before any call whose output differs from its calibrated
 layout; from there the run is *stepped* (each call admitted for its own sizes, then run alone).
-Every output is checked to stay inside its storage and conformed to the layout the app's proxy
-describes, as ``_run_plain`` does. Where a call fails, nothing of it is kept (what it wrote in
+A run whose sizes follow the data (its calibrated run kept meeting other sizes: a detector's
+per-class loop, every frame other counts) would be stepped every time, ~30 us of Python around
+each call; it runs *bounded* instead: the most each call allocated when stepped (its cap) is
+admitted for the whole run, the loop takes any sizes, and it stops before a call whose new
+outputs took more than its cap - one call past what was admitted, as a calibrated run's call
+with other sizes is; it is then stepped from there, and its cap grows. Every output is checked
+to stay inside its storage and conformed to the layout the app's proxy describes, as
+``_run_plain`` does. Where a call fails, nothing of it is kept (what it wrote in
 place is written back from its copy), and the replayer runs it and the rest through the Python
 path, which reports what went wrong.
 """
@@ -141,8 +147,8 @@ class Batch:
     ``sources``: per call, per tensor argument, ``e >= 0`` for external tensor ``e``, or
     ``-(v + 1)`` for the run's ``v``-th value (its calls' outputs in order)."""
 
-    __slots__ = ("loop", "calls", "sources", "total", "needs", "varies", "first", "written",
-                 "what")
+    __slots__ = ("loop", "calls", "sources", "total", "needs", "caps", "varies", "first",
+                 "written", "what")
 
     def __init__(self, native: Any, calls: list[PreparedCall], sources: list[list[int]],
                  externals: int):
@@ -156,8 +162,9 @@ class Batch:
         self.sources = sources
         self.total = 0  # bytes the calibrated run allocates, admitted before each run
         self.needs = [0] * len(calls)  # ... per call, as last stepped
+        self.caps = [0] * len(calls)  # ... per call, the most it allocated stepped (``varies``)
         # its sizes follow the data within the run (a calibrated run stopped at a call whose
-        # outputs differed, and which then ran): it is stepped, not run natively
+        # outputs differed, and which then ran): it runs *bounded* (``caps``), not calibrated
         self.varies = False
         self.first = [0]  # per call, the index of its first value among the run's
         for p in calls:

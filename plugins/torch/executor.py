@@ -28,6 +28,7 @@ import torch
 from rrto.v1 import ops_pb2
 from rrtod.executor import ExecutorContext
 from rrtod.gpu.blobstore import BlobError
+from rrtod.switches import flag
 from rrtod.wire import BIND_OP, HOST_ID_BASE, hash_of, int_of, released_ids
 
 from . import aliasing, codec, native, sizing
@@ -38,6 +39,10 @@ from .bounds import BadView, check_view
 from .prepared import Layout, PreparedCall, _dense, _layout, written_args
 from .schemas import SchemaCheck, SchemaMismatch
 from .store import QuotaExceeded, TensorStore
+
+# Runs whose sizes follow the data run natively within their calls' caps (``batch``), not
+# stepped; ``RRTO_BOUNDED_RUNS=0`` steps them (the loop's A/B, and a way back).
+BOUNDED_RUNS = flag("RRTO_BOUNDED_RUNS", True)
 
 
 class CallFailed(Exception):
@@ -274,9 +279,9 @@ class TorchExecutor:
         self.counters = {
             "ops": 0, "errors": 0, "fetches": 0, "bytes_up": 0, "bytes_down": 0,
             "blob_puts": 0, "blob_hits": 0,
-            # replayed calls the native loop ran (``batch``), in how many runs, and how many
-            # of those calibrated (their calls one at a time: new sizes)
-            "native_calls": 0, "native_runs": 0, "native_calibrations": 0,
+            # replayed calls the native loop ran (``batch``), in how many runs, how many of
+            # those calibrated (their calls one at a time: new sizes), how many bounded
+            "native_calls": 0, "native_runs": 0, "native_calibrations": 0, "bounded_runs": 0,
         }
         self._closed = False
 
@@ -585,6 +590,22 @@ class TorchExecutor:
             if not outs:  # sizes the run has not seen (or its first call failed)
                 self.store.cancel(admitted)
                 admitted = 0
+        elif b.varies and BOUNDED_RUNS:
+            cap = sum(b.caps)
+            try:
+                self.store.admit(cap, b.what)
+            except QuotaExceeded:
+                cap = -1  # more than the quota leaves: stepped, each call for its own sizes
+            if cap >= 0:
+                admitted = cap
+                done, outs, copied = b.loop.run(tensors, drops, hooks.copies, list(answered),
+                                                hooks.ran if answered else None, b.caps)
+                hooks.keep(copied)
+                if not outs:  # its first call took more than its cap (or failed)
+                    self.store.cancel(admitted)
+                    admitted = 0
+                else:
+                    self.counters["bounded_runs"] += 1
         if done < len(b.calls):
             stopped = done > 0  # a calibrated run met other sizes (or a failing call) within
             stepped, done, outs = self._step(b, tensors, drops, done, outs, hooks)
@@ -640,6 +661,8 @@ class TorchExecutor:
                     hooks.drop_copy()
                 break
             b.needs[j] = need
+            if need > b.caps[j]:
+                b.caps[j] = need
             admitted += need
             outs.extend(made)
             done += 1

@@ -7,9 +7,10 @@
 // arguments and this inference's tensors, without the GIL, with the same per-output checks as
 // the Python path (the output stays inside its storage; it is laid out as the app's proxy
 // describes it). The run stops before the first call that raises or fails a check, or whose
-// output differs from the calibrated layout: the caller steps through that call and the rest
-// (``step``: one call at a time, each admitted for its own sizes), and the Python path reports
-// what went wrong. Nothing here decides what may run: every call was prepared by the executor
+// output differs from the calibrated layout (in a *bounded* run, whose sizes follow the data:
+// whose new outputs take more bytes than its cap): the caller steps through that call and the
+// rest (``step``: one call at a time, each admitted for its own sizes), and the Python path
+// reports what went wrong. Nothing here decides what may run: every call was prepared by the executor
 // from the allowlist, and the bytes it allocates were admitted by the caller.
 
 #include <torch/extension.h>
@@ -209,7 +210,11 @@ class Batch {
 
   // The whole run with these external tensors: (calls run, the values they made, in order,
   // the copies taken). It stops before a call that raised or failed a check, and runs nothing
-  // when an external tensor is not as calibrated. ``drops``: (call, value) pairs in call
+  // when an external tensor is not as calibrated. ``caps`` (one per call, or none): a run
+  // whose sizes follow the data (a detector's per-class loop), *bounded* instead of
+  // calibrated: any external sizes, any output sizes, but it stops before a call whose new
+  // outputs take more bytes than its cap (the most it allocated when stepped; the caller
+  // admitted their sum). ``drops``: (call, value) pairs in call
   // order: the value is let go of once that call ran (the app released it, and nothing after
   // that call reads it), so that later calls reuse its memory, as the one-by-one path frees
   // it; it comes back undefined. ``copies``: (call, hole) pairs in call order: that tensor is
@@ -219,13 +224,16 @@ class Batch {
   std::tuple<int, std::vector<at::Tensor>, std::vector<std::tuple<int, at::Tensor, at::Tensor>>>
   run(const std::vector<at::Tensor>& externals, const std::vector<std::pair<int, int>>& drops,
       const std::vector<std::pair<int, int>>& copies, const std::vector<int>& notify,
-      const py::object& on_call) {
+      const py::object& on_call, const std::vector<int64_t>& caps) {
     std::vector<at::Tensor> outs;
     std::vector<std::tuple<int, at::Tensor, at::Tensor>> copied;
-    if (!calibrated_ || static_cast<int>(externals.size()) != externals_)
+    const bool bounded = !caps.empty();
+    TORCH_CHECK(!bounded || caps.size() == calls_.size(), "run: one cap per call");
+    if ((!bounded && !calibrated_) || static_cast<int>(externals.size()) != externals_)
       return {0, std::move(outs), std::move(copied)};
     for (size_t e = 0; e < externals.size(); ++e)
-      if (!expected_[e].matches(externals[e])) return {0, std::move(outs), std::move(copied)};
+      if (bounded ? !externals[e].defined() : !expected_[e].matches(externals[e]))
+        return {0, std::move(outs), std::move(copied)};
     outs.reserve(values_);
     py::gil_scoped_release no_gil;
     c10::InferenceMode guard(true);
@@ -246,9 +254,13 @@ class Batch {
         if (t.defined()) copied.emplace_back(done, t, t.clone());
       }
       bool ok = invoke(c, tensor, outs);
-      for (size_t o = 0; ok && o < c.seen.size(); ++o)
-        ok = outs[before + o].sizes().equals(c.seen[o].first) &&
-             outs[before + o].strides().equals(c.seen[o].second);
+      if (bounded) {
+        ok = ok && new_bytes(c, tensor, outs, before) <= caps[done];
+      } else {
+        for (size_t o = 0; ok && o < c.seen.size(); ++o)
+          ok = outs[before + o].sizes().equals(c.seen[o].first) &&
+               outs[before + o].strides().equals(c.seen[o].second);
+      }
       if (!ok) {  // nothing of it is kept: what it may have written is written back
         outs.resize(before);
         for (size_t i = copies_before; i < copied.size(); ++i)
@@ -272,6 +284,27 @@ class Batch {
   }
 
  private:
+  // Bytes of the storages a call's outputs (``outs`` from ``first``) took that are none of its
+  // tensor arguments' (views and in-place results take none), each storage once.
+  template <typename Tensors>
+  static int64_t new_bytes(const Call& c, Tensors tensor, const std::vector<at::Tensor>& outs,
+                           size_t first) {
+    int64_t n = 0;
+    for (size_t o = first; o < outs.size(); ++o) {
+      const at::Tensor& out = outs[o];
+      if (!out.has_storage()) continue;
+      bool old = false;
+      for (size_t h = 0; h < c.holes.size() && !old; ++h) {
+        const at::Tensor& t = tensor(h);
+        old = t.defined() && t.has_storage() && out.storage().is_alias_of(t.storage());
+      }
+      for (size_t p = first; p < o && !old; ++p)
+        old = outs[p].has_storage() && outs[p].storage().is_alias_of(out.storage());
+      if (!old) n += static_cast<int64_t>(out.storage().nbytes());
+    }
+    return n;
+  }
+
   // Run one call, appending its checked, conformed outputs to ``outs`` (false, with ``outs``
   // possibly longer, where it raised or failed a check).
   template <typename Tensors>
@@ -334,5 +367,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("calibrate", &Batch::calibrate)
       .def("calibrated", &Batch::calibrated)
       .def("step", &Batch::step)
-      .def("run", &Batch::run);
+      .def("run", &Batch::run, py::arg("externals"), py::arg("drops"), py::arg("copies"),
+           py::arg("notify"), py::arg("on_call"), py::arg("caps") = std::vector<int64_t>());
 }
