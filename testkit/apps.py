@@ -172,12 +172,14 @@ def assert_same_as_local(name: str, got: str, want: str, got_dump: Path | None =
 
 
 def run_app(name: str, daemon: Any, *flags: str, tmp: Path, tag: str,
-            extra_env: dict[str, str] | None = None) -> tuple[str, dict]:
-    """Run one app offloaded to completion; returns its output lines and its shim stats."""
+            extra_env: dict[str, str] | None = None,
+            fallback: str = "error") -> tuple[str, dict]:
+    """Run one app offloaded to completion; returns its output lines and its shim stats.
+    ``fallback``: the app's ``RRTO_FALLBACK`` (``error``: a host it loses fails the test)."""
     env = app_env(OMP_WAIT_POLICY="PASSIVE", **(extra_env or {}))
     dump = tmp / f"{name}-{tag}.json"
     cmd = [sys.executable, str(APPS / f"{name}.py"), *flags, "--dump", str(dump)]
-    env.update(daemon.env, RRTO_STATS="1", RRTO_FALLBACK="error")
+    env.update(daemon.env, RRTO_STATS="1", RRTO_FALLBACK=fallback)
     cmd = [str(BIN / "rrto-run"), "--", *cmd]
     out = subprocess.run(cmd, env=env, cwd=APPS, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -187,14 +189,15 @@ def run_app(name: str, daemon: Any, *flags: str, tmp: Path, tag: str,
 
 
 def same_as_local(name: str, daemon: Any, *flags: str, tmp: Path,
-                  extra_env: dict[str, str] | None = None) -> dict:
+                  extra_env: dict[str, str] | None = None, fallback: str = "error") -> dict:
     """Run app ``name`` offloaded through ``daemon`` and locally; assert both printed the same
     (``assert_same_as_local``) and return the offloaded run's shim stats. The local run goes
     on beside the offloaded one, niced (one made earlier in the session with these flags is
     reused: ``start_local``)."""
     local = start_local(name, *flags, dump=tmp / f"{name}-local.json",
                         extra_env={"OMP_WAIT_POLICY": "PASSIVE"}, background=True)
-    got, stats = run_app(name, daemon, *flags, tmp=tmp, tag="remote", extra_env=extra_env)
+    got, stats = run_app(name, daemon, *flags, tmp=tmp, tag="remote", extra_env=extra_env,
+                         fallback=fallback)
     want = local()
     assert_same_as_local(name, got, want, tmp / f"{name}-remote.json", tmp / f"{name}-local.json")
     return stats

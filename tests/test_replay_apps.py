@@ -623,3 +623,52 @@ def test_inferences_that_never_go_the_same_way_twice_in_a_row_still_replay(fresh
     whole = [i for i, (r, m) in enumerate(zip(by["replays"], by["mismatches"], strict=True))
              if r and not m]
     assert len(whole) >= 3 and all(by["round_trips"][i] <= 1 for i in whole), stats
+
+
+# Loaded by the GPU daemon of the test below (its PYTHONPATH): the host raises, once, while it
+# handles the first argument after the third replay it is asked to start - an executor bug.
+CRASH_ONCE = '''
+import builtins, sys
+state = {"starts": 0, "crashed": False}
+real_import = builtins.__import__
+
+def hook():
+    replay = sys.modules.get("rrtod.gpu.replay")
+    if replay is None or not hasattr(replay, "HostReplayer"):
+        return False
+    process = replay.HostReplayer.process
+    def crashing(self, frame, emit):
+        kind = frame.WhichOneof("msg")
+        state["starts"] += kind == "start"
+        if kind == "arg" and state["starts"] >= 3 and not state["crashed"]:
+            state["crashed"] = True
+            raise KeyError("an executor bug")
+        return process(self, frame, emit)
+    replay.HostReplayer.process = crashing
+    return True
+
+def importing(name, *args, **kwargs):
+    module = real_import(name, *args, **kwargs)
+    if "rrtod.gpu.replay" in sys.modules and hook():
+        builtins.__import__ = real_import
+    return module
+
+builtins.__import__ = importing
+'''
+
+
+def test_a_replay_the_host_crashes_on_is_finished_in_the_app(tmp_path):
+    """The GPU daemon raises while it handles a replay's own frame (an executor bug): it drops
+    the sequence and says the crash was the replay's (``Error.in_replay``), not a call the app
+    forwarded. The app (``fallback: local``, the default) does not hear of an error it made no
+    call for: it finishes that inference from its own values (the journal), with outputs equal
+    to local on every frame."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(CRASH_ONCE)
+    with Launcher(extra_env={**DAEMON_ENV, "PYTHONPATH": str(inject)}) as launcher:
+        daemon = launcher.start("rrtod", **{**TEST_DEFAULTS, **HOST})
+        stats = same_as_local("dynamic_head", daemon, "--runs", "10", "--pace", "20",
+                              tmp=tmp_path, fallback="local")
+    assert stats["failed"] == 1 and stats["finished_here"] == 1, stats
+    assert sum(stats["by_inference"]["replays"]) >= 1, stats  # (the crash was in one)

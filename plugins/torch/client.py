@@ -272,8 +272,9 @@ class RemoteSession:
                 # The replay's, not an app call's (a start the host refused, an argument it
                 # could not take): the sequence goes, and an inference the app began with it
                 # is finished here (``ReplayClient.failed``). A crash while the host handled
-                # a frame may have been a forwarded call's: the app hears of that one.
-                if err.code == "INTERNAL":
+                # a forwarded call is that call's: the app hears of that one; one while it
+                # handled the replay's own frames (``in_replay``) is not.
+                if err.code == "INTERNAL" and not err.in_replay:
                     self._async_errors.append(err)
                 self.replay.failed(err.sequence)
             else:

@@ -356,15 +356,18 @@ class HostSession:
                 return  # the client is being disconnected: nothing it sent still matters
             if framing.TRACING:
                 framing.hop("gpu.work.begin")
+            replayed = frame.WhichOneof("msg") in REPLAY_FRAMES
             try:
-                if frame.WhichOneof("msg") in REPLAY_FRAMES:
+                if replayed:
                     self.replayer.process(frame, emit)
                 else:
                     self.replayer.forwarded(frame, emit)
             except Exception as exc:  # noqa: BLE001 - reported to the app, logged here
                 log.exception("executor failed", session=self.id)
+                sequence = self.replayer.crashed()
                 emit(ops_pb2.SessionDown(error=ops_pb2.Error(
-                    code="INTERNAL", message=repr(exc), sequence=self.replayer.crashed())))
+                    code="INTERNAL", message=repr(exc), sequence=sequence,
+                    in_replay=replayed and sequence != 0)))
             if framing.TRACING:
                 framing.hop("gpu.work.end")
         self.outbox.flush()

@@ -200,20 +200,22 @@ class BlobQueryReply(_message.Message):
     def __init__(self, missing: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class Error(_message.Message):
-    __slots__ = ("code", "message", "seq", "sequence", "base_id", "position")
+    __slots__ = ("code", "message", "seq", "sequence", "base_id", "position", "in_replay")
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     BASE_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
+    IN_REPLAY_FIELD_NUMBER: _ClassVar[int]
     code: str
     message: str
     seq: int
     sequence: int
     base_id: int
     position: int
-    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., seq: _Optional[int] = ..., sequence: _Optional[int] = ..., base_id: _Optional[int] = ..., position: _Optional[int] = ...) -> None: ...
+    in_replay: bool
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., seq: _Optional[int] = ..., sequence: _Optional[int] = ..., base_id: _Optional[int] = ..., position: _Optional[int] = ..., in_replay: _Optional[bool] = ...) -> None: ...
 
 class SessionOpen(_message.Message):
     __slots__ = ("app", "pid", "uid", "robot", "executor", "memory_quota", "versions")
