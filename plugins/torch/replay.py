@@ -844,17 +844,18 @@ class ReplayClient:
         positions, ranks, dims = sizes.positions, sizes.ranks, sizes.dims
         if len(positions) != len(ranks) or sum(ranks) != len(dims):
             return
-        known = self._sizes.get(sizes.base_id)
-        if known is None:
-            if len(self._sizes) >= SIZED_INFERENCES:
-                return  # (inferences the app never reached: forgotten at its next start)
-            known = self._sizes[sizes.base_id] = {}
-        if len(known) + len(positions) > SIZED_CALLS:
-            return
-        at = 0
+        made, at = {}, 0
         for position, rank in zip(positions, ranks, strict=True):
-            known[position] = tuple(dims[at:at + rank])
+            made[position] = tuple(dims[at:at + rank])
             at += rank
+        with self._lock:  # (``_forget_before`` walks the inferences)
+            known = self._sizes.get(sizes.base_id)
+            if known is None:
+                if len(self._sizes) >= SIZED_INFERENCES:
+                    return  # (inferences the app never reached: forgotten at its next start)
+                known = self._sizes[sizes.base_id] = {}
+            if len(known) + len(made) <= SIZED_CALLS:
+                known.update(made)
 
     # ----- from the app's threads -----
     @property
