@@ -960,8 +960,8 @@ class ReplayClient:
             finally:
                 if timed:
                     self.planning_ns += thread_time_ns() - t0
-            if not step.variable:
-                step.built = built
+            if not step.variable or not any(i is not None for i in built.plan):
+                step.built = built  # (every output the argument itself: sizes do not matter)
             elif step.dense is None and built.single is not None:
                 i, shape, stride, offset, dtype = built.single
                 if not offset and stride == codec.contiguous_strides(shape):
