@@ -1138,7 +1138,6 @@ class HostReplayer:
                         if len(outs) == 1 and outs[0] is not None and j not in seq.answered
                         else [self.replay.shape(base + i)  # type: ignore[union-attr,operator]
                               for i in outs])
-            self._send_shapes(act, emit)
         for j in range(k, k + done):
             for i in seq.pushes[j]:
                 self._push(base + i, emit)
