@@ -1239,6 +1239,8 @@ class ReplayClient:
         if not getattr(self._tls, "read_since_begin", False):
             self._tls.tail, self._tls.tail_bytes = [], 0
         self._tls.read_since_begin = False
+        if self._give_up:  # (a thread with no sequence left never replays a call to say it)
+            self._tell_given_up()
 
     def _join(self, fresh: list[Sequence], args: tuple, kwargs: dict, info: OpInfo,
               grad_mode: int) -> tuple[Active, list[Any] | tuple[()]] | None:
