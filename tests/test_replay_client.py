@@ -534,3 +534,30 @@ def test_a_tensor_of_the_session_of_other_sizes_is_no_input_of_the_sequence():
     args = [f.arg for f in session.sent if isinstance(f, ops_pb2.SessionUp)
             and f.WhichOneof("msg") == "arg"]
     assert [a.tensor.id for a in args] == [6]  # named, not uploaded
+
+
+def test_a_sequence_given_up_is_told_at_the_next_inference_start_never_into_a_lost_host():
+    """A sequence the host failed is told to the robot (a definition without calls) when the
+    thread begins its next inference: with no sequence left it makes no replayed call to say
+    it then. With the host lost by then, nothing is sent and the app's forward goes on."""
+    from rrto_plugins.torch.errors import HostLost
+
+    class Losing(Session):
+        def send_frames(self, frames: list[Any]) -> None:
+            if self.lost is not None:
+                raise HostLost(self.lost)
+            super().send_frames(frames)
+
+    session = Losing()
+    client = ReplayClient(session)  # type: ignore[arg-type]
+    client.define(definition(5))
+    client.failed(5)
+    assert not client.sequences.get(0) and session.sent == []
+    client.inference_started()
+    (drop,) = session.sent
+    assert drop.define.id == 5 and not drop.define.calls
+    client.define(definition(6))
+    client.failed(6)
+    session.lost = "gone"
+    client.inference_started()  # does not raise
+    assert len(session.sent) == 1

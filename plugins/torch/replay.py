@@ -52,6 +52,7 @@ from rrtod.wire import (
 
 from . import aliasing, codec, downloads, rows
 from .allowlist import lookup
+from .errors import HostLost
 from .metadata import OpInfo, Out, arg_at, materialize
 from .proxy import Handle, RemoteTensor, new_proxy
 from .session_api import Session
@@ -1239,8 +1240,12 @@ class ReplayClient:
         if not getattr(self._tls, "read_since_begin", False):
             self._tls.tail, self._tls.tail_bytes = [], 0
         self._tls.read_since_begin = False
-        if self._give_up:  # (a thread with no sequence left never replays a call to say it)
-            self._tell_given_up()
+        if self._give_up and self.session.lost is None:
+            # (a thread with no sequence left never replays a call to say it then)
+            try:
+                self._tell_given_up()
+            except HostLost:
+                pass  # (lost since: the robot records afresh on the way back)
 
     def _join(self, fresh: list[Sequence], args: tuple, kwargs: dict, info: OpInfo,
               grad_mode: int) -> tuple[Active, list[Any] | tuple[()]] | None:
