@@ -580,31 +580,18 @@ class TorchExecutor:
         admitted, done, outs = 0, 0, []
         if b.loop.calibrated() and not b.varies:
             try:
-                self.store.admit(b.total, b.what)
+                admitted, done, outs = self._run_loop(b, b.total, tensors, drops, hooks,
+                                                      answered)
             except QuotaExceeded:
                 return 0
-            admitted = b.total
-            done, outs, copied = b.loop.run(tensors, drops, hooks.copies, list(answered),
-                                            hooks.ran if answered else None)
-            hooks.keep(copied)
-            if not outs:  # sizes the run has not seen (or its first call failed)
-                self.store.cancel(admitted)
-                admitted = 0
         elif b.varies and BOUNDED_RUNS:
-            cap = sum(b.caps)
             try:
-                self.store.admit(cap, b.what)
+                admitted, done, outs = self._run_loop(b, sum(b.caps), tensors, drops, hooks,
+                                                      answered, b.caps)
             except QuotaExceeded:
-                cap = -1  # more than the quota leaves: stepped, each call for its own sizes
-            if cap >= 0:
-                admitted = cap
-                done, outs, copied = b.loop.run(tensors, drops, hooks.copies, list(answered),
-                                                hooks.ran if answered else None, b.caps)
-                hooks.keep(copied)
-                if not outs:  # its first call took more than its cap (or failed)
-                    self.store.cancel(admitted)
-                    admitted = 0
-                else:
+                pass  # more than the quota leaves: stepped, each call for its own sizes
+            else:
+                if done:
                     self.counters["bounded_runs"] += 1
         if done < len(b.calls):
             stopped = done > 0  # a calibrated run met other sizes (or a failing call) within
@@ -628,6 +615,22 @@ class TorchExecutor:
         elif admitted:
             self.store.cancel(admitted)
         return done
+
+    def _run_loop(self, b: batch_.Batch, need: int, tensors: list[torch.Tensor],
+                  drops: Sequence[tuple[int, int]], hooks: _Hooks, answered: Sequence[int],
+                  caps: list[int] | None = None) -> tuple[int, int, list[torch.Tensor | None]]:
+        """One native call of the batch, ``need`` bytes admitted first (QuotaExceeded, with
+        nothing run); calibrated, or bounded by ``caps``: (bytes admitted, calls run, values).
+        Nothing stays admitted where not even its first call ran (sizes the run has not seen,
+        a first call over its cap, or one that failed)."""
+        self.store.admit(need, b.what)
+        done, outs, copied = b.loop.run(tensors, drops, hooks.copies, list(answered),
+                                        hooks.ran if answered else None, caps or [])
+        hooks.keep(copied)
+        if not outs:
+            self.store.cancel(need)
+            return 0, 0, []
+        return need, done, outs
 
     def _step(self, b: batch_.Batch, externals: list[torch.Tensor],
               drops: Sequence[tuple[int, int]], start: int, outs: list[torch.Tensor | None],

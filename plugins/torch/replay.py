@@ -650,7 +650,7 @@ class ReplayClient:
         self._waiting: dict[Any, threading.Event] = {}
         self._answers: dict[tuple[int, int], ops_pb2.OpResult] = {}
         # inference base -> position -> the sizes of its dense output (``ReplaySizes``):
-        # written by the reader thread, read without the lock (single dict operations)
+        # written by the reader thread under the lock, read without it (single dict reads)
         self._sizes: dict[int, dict[int, tuple[int, ...]]] = {}
         self._give_up: list[int] = []  # sequences the host failed: the robot records again
         self._lock = threading.Lock()
@@ -847,8 +847,10 @@ class ReplayClient:
             return
         made, at = {}, 0
         for position, rank in zip(positions, ranks, strict=True):
-            made[position] = tuple(dims[at:at + rank])
+            got = tuple(dims[at:at + rank])
             at += rank
+            if all(d >= 0 for d in got):  # (checked here, off the app's calls)
+                made[position] = got
         with self._lock:  # (``_forget_before`` walks the inferences)
             known = self._sizes.get(sizes.base_id)
             if known is None:
@@ -1625,8 +1627,7 @@ class ReplayClient:
         known = self._sizes.get(act.base)
         dims = known.get(act.position) if known is not None else None
         i, dtype, device, rank = step.dense  # type: ignore[misc]
-        if dims is None or len(dims) != rank or any(d < 0 for d in dims) \
-                or (act.joined is not None and i in act.joined):
+        if dims is None or len(dims) != rank or (act.joined is not None and i in act.joined):
             return None
         try:
             proxy = new_proxy(Handle(self.session, act.base + i), dims,
