@@ -22,9 +22,10 @@ $(STAMP): pyproject.toml examples/rrto-example-plugin/pyproject.toml
 	$(BIN)/rrto-run --install-hook
 	touch $@
 
-# The GPU host's native replay loop (plugins/torch/hostloop.cpp, ~40 s with g++ and ninja), built
-# for this venv's torch. Without a compiler the build fails here and the host replays in Python.
-$(NATIVE): $(STAMP) plugins/torch/hostloop.cpp
+# The native parts, built for this venv's torch (plugins/torch/native.py): the GPU host's replay
+# loop (hostloop.cpp, ~40 s with g++ and ninja) and the shim's hot path (shimstep.cpp, ~3 s).
+# Without a compiler the build fails here and both run in Python.
+$(NATIVE): $(STAMP) plugins/torch/hostloop.cpp plugins/torch/shimstep.cpp
 	-PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m rrto_plugins.torch.native
 	touch $@
 
@@ -107,7 +108,7 @@ $(CSTAMP): compat/requirements.txt compat/constraints.txt pyproject.toml
 	$(CVENV)/bin/pip install -q -c compat/constraints.txt -e ".[torch]"
 	touch $@
 
-$(CVENV)/.native: $(CSTAMP) plugins/torch/hostloop.cpp
+$(CVENV)/.native: $(CSTAMP) plugins/torch/hostloop.cpp plugins/torch/shimstep.cpp
 	-PATH="$(abspath $(CVENV)/bin):$$PATH" $(CVENV)/bin/python -m rrto_plugins.torch.native
 	touch $@
 

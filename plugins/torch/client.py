@@ -32,9 +32,10 @@ import torch
 
 from rrto.v1 import ops_pb2
 from rrtod.shim.channel import Channel
+from rrtod.switches import flag
 from rrtod.wire import BIND_OP, HOST_ID_BASE, content_hash, release_of
 
-from . import codec, downloads
+from . import codec, downloads, hotpath
 from .assignment import Assignment
 from .errors import DeadlineMissed, HostLost, OffloadError, RemoteOpError
 from .fallback import run_local, run_lost, writes_local
@@ -42,7 +43,7 @@ from .journal import Journal, Unrecoverable
 from .metadata import MetaCache, OpInfo, app_device, arg_at, materialize, restride
 from .proxy import Handle, RemoteTensor, new_proxy
 from .reconnect import Reconnect
-from .replay import MISS, ReplayClient
+from .replay import MISS, RELEASE_STREAM_AT, ReplayClient
 from .schemas import schema_hash, schema_of
 
 # Host refusals after which an operator runs in the app instead (``fallback: local``).
@@ -189,9 +190,21 @@ class RemoteSession:
         self.on_read: Any = None
         self.in_forward: Callable[[], bool] = _never  # the interceptor's, once installed
         # Record/replay (replay.py): sequences pushed by the robot daemon.
-        self.replay = ReplayClient(self) if replay else None
+        self.replay: ReplayClient | None = None
+        self.hot: Callable[[Any, tuple], Any] | None = None  # the replay's hot path
+        self._new_replay()
         channel.start(self._on_down, self._on_lost)
         _SESSIONS.add(self)
+
+    def _new_replay(self) -> None:
+        """A replay client with no sequences yet (at the start; a new host after a loss), and
+        its hot path (``hotpath.py``: native where built, else Python; ``RRTO_HOT_PATH=0``
+        leaves every call to the general path)."""
+        self.replay = ReplayClient(self) if self._replay_on else None
+        self.hot = None
+        if self.replay is not None and flag("RRTO_HOT_PATH", True):
+            self.hot = hotpath.make(self, self.replay, self.journal, _sample, TIMED_SHARE,
+                                    RELEASE_STREAM_AT)
 
     def _note_writes(self, args: tuple, kwargs: dict, info: OpInfo) -> None:
         """A persistent tensor written in place on the host (``load_state_dict``, a fused or
@@ -427,7 +440,7 @@ class RemoteSession:
             self._written.clear()
             for info in self._ops.values():
                 info.probed = False  # the new host checks each operator's schema again
-            self.replay = ReplayClient(self) if self._replay_on else None
+            self._new_replay()
             self.journal.clear()
             self.device = channel.device
             self.channel = channel

@@ -65,6 +65,13 @@ def _token(x: Any) -> Any:
     return x
 
 
+def token_parts() -> dict[str, Any]:
+    """What ``shimstep.cpp`` needs to keep a call as ``Journal.add`` does (``hotpath.make``):
+    it tokens plain values, lists of them and proxies itself, and the rest with ``token``."""
+    return {"plain_types": set(_PLAIN), "token": _token, "id_mark": _ID,
+            "persistent_mark": _PERSISTENT, "max_calls": MAX_CALLS}
+
+
 def _leaves(x: Any, out: list[Any]) -> list[Any]:
     """An operator's result as a flat list (tensors, tuples and lists of them)."""
     if isinstance(x, (list, tuple)):

@@ -88,6 +88,12 @@ class RemoteTensor(torch.Tensor):
             session = _session_of(args, kwargs)
         t0 = perf_counter_ns()
         try:
+            if not kwargs:
+                hot = session.hot
+                if hot is not None:
+                    result = hot(func, args)
+                    if result is not None:
+                        return result
             return session.dispatch(func, args, kwargs or {})
         finally:
             stats = session.counters
@@ -96,6 +102,11 @@ class RemoteTensor(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: Any = None):
+        if func not in _SPECIAL and type(func) is not _METHOD_WRAPPER:
+            # Every other call: itself, with torch functions off for subclasses (as ``with
+            # DisableTorchFunctionSubclass()``, without the context manager's Python; it
+            # takes no ``None`` for keyword arguments).
+            return _DISABLED(func, types, args, kwargs) if kwargs else _DISABLED(func, types, args)
         kwargs = kwargs or {}
         reader = _READS.get(func)
         if reader is not None:
@@ -106,8 +117,7 @@ class RemoteTensor(torch.Tensor):
         if type(func) is _METHOD_WRAPPER and getattr(func, "__self__", None) is _DATA:
             if func.__name__ == "__set__":
                 return _set_data(args[0], args[1])
-        with torch._C.DisableTorchFunctionSubclass():
-            out = func(*args, **kwargs)
+        out = _DISABLED(func, types, args, kwargs)
         if func is _TO and isinstance(out, RemoteTensor) and _names_cpu(args[1:], kwargs):
             # ``.to("cpu")`` in the app's own code asks for the data, as ``.cpu()`` does. In a
             # model's forward it keeps a tensor on its input's device (``grid.to(x.device)``,
@@ -216,3 +226,5 @@ _READS.update({getattr(torch.Tensor, n): _kept(n) for n in (
     "data_ptr", "untyped_storage", "storage", "_typed_storage") if hasattr(torch.Tensor, n)})
 _READS[torch.Tensor.cpu] = _cpu
 _READS[torch.Tensor.__repr__] = lambda args, kwargs: repr(_download(args))
+_SPECIAL = frozenset({*_READS, _SETITEM, _TO})  # what ``__torch_function__`` handles itself
+_DISABLED = torch._C._disabled_torch_function_impl

@@ -50,7 +50,7 @@ from rrtod.wire import (
     scalar_of,
 )
 
-from . import aliasing, codec, downloads, rows
+from . import aliasing, codec, downloads, hotpath, rows
 from .allowlist import lookup
 from .errors import HostLost
 from .metadata import OpInfo, Out, arg_at, materialize
@@ -256,6 +256,8 @@ class Sequence:
     # an unrolling that begins with its calls (``_shared``)
     written_of: list[list[int]] = field(default_factory=list)
     viewed_of: list[list[int]] = field(default_factory=list)
+    # per step, its hot path description (``hotpath.Fast``) once it has one; False: none
+    fast: list[Any] = field(default_factory=list)
 
     @property
     def host_failed(self) -> bool:
@@ -666,7 +668,7 @@ class ReplayClient:
         self.counters = {"replays": 0, "mismatches": 0, "replayed_ops": 0, "dropped": 0,
                          "failed": 0, "failed_ahead": 0, "answer_waits": 0, "joined": 0,
                          "switches": 0, "abandoned": 0, "search_waits": 0, "search_wait_ns": 0,
-                         "robot_ops": 0, "robot_ns": 0, "here": 0, "sized": 0}
+                         "robot_ops": 0, "robot_ns": 0, "here": 0, "sized": 0, "hot": 0}
         session.progress = self._progress
 
     def _progress(self) -> ops_pb2.ReplayProgress | None:
@@ -979,6 +981,8 @@ class ReplayClient:
             i, shape, stride, offset, dtype = single
             result = new_proxy(Handle(self.session, act.base + i), shape, stride, offset,
                                dtype, built.device)
+            if step.built is built and not kwargs:
+                self._describe(act.seq, act.position, step, func, info)
         elif built.multi is not None:  # a tuple of new tensors (native_batch_norm and co.)
             session, base, device = self.session, act.base, built.device
             result = tuple([new_proxy(Handle(session, base + i), shape, stride, offset, dtype,
@@ -1336,6 +1340,12 @@ class ReplayClient:
         # whole inference's worth of fresh memory (yolo-pose: 6 200 page faults an inference
         # against none for the forward; ``python -m bench.hostloop``).
         self.session.release_now(RELEASE_STREAM_AT)
+        if act.position == len(act.seq.steps):
+            self.ended(act)
+        return result
+
+    def ended(self, act: Active) -> None:
+        """``act`` passed its sequence's last step: go on into its loop, or end it."""
         while act.position == len(act.seq.steps):
             if act.seq.folded is not None:
                 if self._unroll(act):
@@ -1348,7 +1358,6 @@ class ReplayClient:
             root.mismatches = 0
             root.stale = False
             break
-        return result
 
     def _unroll(self, act: Active) -> bool:
         """The head of a sequence with a loop is done: go on with the loop unrolled for this
@@ -1619,6 +1628,14 @@ class ReplayClient:
                     slot=slot, tensor=ops_pb2.TensorRef(id=h.id))))
             frames = binds + (frames or [])
         return frames if frames is not None else ()
+
+    @staticmethod
+    def _describe(seq: Sequence, p: int, step: Step, func: Any, info: OpInfo) -> None:
+        """Give the step its hot path description (``hotpath.py``) at its first answer."""
+        if not seq.fast:
+            seq.fast = [None] * len(seq.steps)
+        if seq.fast[p] is None:
+            seq.fast[p] = hotpath.describe(seq, step, func, info) or False
 
     def _dense(self, act: Active, step: Step) -> RemoteTensor | None:
         """A variable step's one new dense output made from the sizes the host pushed

@@ -43,6 +43,9 @@ class Session(Protocol):
     diverged: set[int]
     fallback: str  # "local": run here what the host cannot; "error": raise instead
     replay: PushedOutputs | None
+    # a replayed call answered from its step's description (``hotpath.py``), or None: the
+    # call goes to ``dispatch``
+    hot: Callable[[Any, tuple], Any] | None
     # The calling thread's replay under way and how far the app has matched it, sent with
     # each release frame (``Release.progress``); set by the replay client.
     progress: Callable[[], ops_pb2.ReplayProgress | None] | None

@@ -1,0 +1,328 @@
+"""The shim's hot path (``plugins/torch/hotpath.py``, ``shimstep.cpp``): a replayed call that
+meets a step exactly as before is answered as the general path answers it, and anything else is
+left to the general path having changed nothing - in Python and in C++ alike."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import torch
+
+from rrto.v1 import ops_pb2
+from rrto_plugins.torch import hotpath, native
+from rrto_plugins.torch.client import TIMED_SHARE, RemoteSession
+from rrto_plugins.torch.proxy import Handle, RemoteTensor, new_proxy
+from rrto_plugins.torch.replay import RELEASE_STREAM_AT
+
+SRC = ops_pb2.SeqSource
+SHAPE, STRIDE = (1, 4, 2, 2), (16, 4, 2, 1)
+WEIGHT_HASH = b"w" * 16
+BUILT = native.module("shimstep") is not None
+
+
+def test_the_native_hot_path_is_built_in_ci():
+    """CI builds it at install (``make install``): there the native tests below must run."""
+    if os.environ.get("CI") != "true":
+        pytest.skip("outside CI the build may be missing: the native cases skip then")
+    assert BUILT, native.library("shimstep")
+
+
+class Channel:
+    """A host that takes every frame and answers nothing (the app never reads a value here)."""
+
+    device, host, session = "cpu", "stub", 1
+
+    def __init__(self) -> None:
+        self.frames: list[Any] = []
+
+    def start(self, on_down: Any, on_lost: Any) -> None:
+        pass
+
+    def send(self, frames: list[Any]) -> None:
+        self.frames += frames
+
+    def mark(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def flush_marks(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def definition(grad: int) -> ops_pb2.SequenceDef:
+    """``add(x, c) -> mul(., w) -> leaky_relu(., 0.2) -> sum(., [1], True) -> mul(., .)``: an
+    upload and a constant, a bound weight, a plain float, a list and a bool."""
+    d = ops_pb2.SequenceDef(id=9, local_ids=[2, 3, 4, 5, 6], outputs=[6])
+    meta = ops_pb2.TensorMeta(dtype="float32", shape=SHAPE, stride=STRIDE)
+    summed = ops_pb2.TensorMeta(dtype="float32", shape=[1, 1, 2, 2], stride=[4, 4, 2, 1])
+
+    def call(op: str, out: int, out_meta: ops_pb2.TensorMeta) -> ops_pb2.OpCall:
+        return d.calls.add(op=op, out_ids=[out], out_meta=[out_meta], grad_mode=grad)
+
+    first = call("aten::add.Tensor", 2, meta)
+    first.args.add().tensor.upload.meta.CopyFrom(meta)
+    d.sources.add(kind=SRC.INPUT)
+    first.args.add().tensor.id = 77
+    d.sources.add(kind=SRC.CONSTANT, id=77)
+    weighted = call("aten::mul.Tensor", 3, meta)
+    weighted.args.add().tensor.id = 2
+    d.sources.add(kind=SRC.PRODUCED, id=2)
+    weighted.args.add().tensor.persistent = WEIGHT_HASH
+    d.sources.add(kind=SRC.PERSISTENT, hash=WEIGHT_HASH)
+    leaky = call("aten::leaky_relu.default", 4, meta)
+    leaky.args.add().tensor.id = 3
+    d.sources.add(kind=SRC.PRODUCED, id=3)
+    leaky.args.add().f = 0.2
+    total = call("aten::sum.dim_IntList", 5, summed)
+    total.args.add().tensor.id = 4
+    d.sources.add(kind=SRC.PRODUCED, id=4)
+    total.args.add().list.items.add().i = 1
+    total.args.add().b = True
+    square = call("aten::mul.Tensor", 6, summed)
+    for _ in range(2):
+        square.args.add().tensor.id = 5
+        d.sources.add(kind=SRC.PRODUCED, id=5)
+    return d
+
+
+class App:
+    """A session replaying ``definition`` with the hot path ``kind`` ("python", "native", or
+    "off": the general path only)."""
+
+    def __init__(self, kind: str):
+        self.channel = Channel()
+        self.session = s = RemoteSession(self.channel)
+        if kind == "python":
+            s.hot = hotpath.HotPath(s, s.replay, s.journal, random.random, TIMED_SHARE,
+                                    RELEASE_STREAM_AT)
+        elif kind == "native":
+            if not BUILT:
+                pytest.skip("the native hot path is not built")
+            s.hot = hotpath.make(s, s.replay, s.journal, random.random, TIMED_SHARE,
+                                 RELEASE_STREAM_AT)
+            assert type(s.hot).__name__ == "HotPath" and not isinstance(s.hot, hotpath.HotPath)
+        else:
+            s.hot = None
+        self.constant = new_proxy(Handle(s, 77), SHAPE, STRIDE, 0, torch.float32,
+                                  torch.device("cpu"))
+        self.weight = new_proxy(Handle(s, 1 << 40, WEIGHT_HASH, torch.ones(SHAPE)), SHAPE,
+                                STRIDE, 0, torch.float32, torch.device("cpu"))
+        self.weight._rrto_handle.bound = False
+        with torch.no_grad():
+            s.replay.define(definition(hotpath.grad_mode()))
+
+    def calls(self, x: torch.Tensor) -> Iterator[tuple[Any, tuple]]:
+        """The inference's calls, each with the previous one's result as it was answered."""
+        y = yield torch.ops.aten.add.Tensor, (x, self.constant)
+        y = yield torch.ops.aten.mul.Tensor, (y, self.weight)
+        y = yield torch.ops.aten.leaky_relu.default, (y, 0.2)
+        y = yield torch.ops.aten.sum.dim_IntList, (y, [1], True)
+        yield torch.ops.aten.mul.Tensor, (y, y)
+
+    def infer(self, x: torch.Tensor) -> list[Any]:
+        """One inference through ``RemoteTensor`` as torch calls it; what each call gave."""
+        out, calls = [], self.calls(x)
+        func, args = next(calls)
+        with torch.no_grad():
+            while True:
+                result = func(*args)
+                out.append(result)
+                try:
+                    func, args = calls.send(result)
+                except StopIteration:
+                    return out
+
+    @property
+    def active(self) -> Any:
+        return getattr(self.session.replay._tls, "active", None)
+
+    def state(self) -> tuple[Any, ...]:
+        """What a call changes: the replay's position and counters, the journal, the frames."""
+        act = self.active
+        return (None if act is None else act.position, dict(self.session.replay.counters),
+                len(self.session.journal), len(self.channel.frames))
+
+
+def described(proxy: Any, base: int) -> tuple[Any, ...]:
+    return (type(proxy), tuple(proxy.shape), proxy.stride(), proxy.storage_offset(),
+            proxy.dtype, proxy.device, proxy.requires_grad, proxy._rrto_handle.id - base,
+            proxy._rrto_handle.session)
+
+
+def journal_of(app: App, base: int) -> list[Any]:
+    """The journal's entries with this inference's ids made relative to its base, and
+    weights by their hash."""
+    def rel(token: Any) -> Any:
+        if isinstance(token, tuple) and len(token) == 2 and isinstance(token[1], int):
+            return (token[0], token[1] - base if token[1] >= base else token[1])
+        if isinstance(token, tuple) and len(token) == 2 and isinstance(token[1], Handle):
+            return (token[0], token[1].hash)
+        if isinstance(token, tuple) and len(token) == 3:  # a local tensor: (mark, it, version)
+            return (token[0], id(token[1]), token[2])
+        return token
+    return [(func, [rel(a) for a in args], kwargs, [o - base for o in outs])
+            for func, args, kwargs, outs in app.session.journal._calls[-5:]]
+
+
+@pytest.mark.parametrize("kind", ["python", "native"])
+def test_a_replayed_inference_is_answered_as_the_general_path_answers_it(kind):
+    """Every call of a steady inference after the first is the hot path's; each proxy, the
+    journal, the replay's counters and the frames sent are those of the general path."""
+    results: dict[str, list[Any]] = {}
+    x = torch.rand(SHAPE)
+    for k in (kind, "off"):
+        app = App(k)
+        for _ in range(3):
+            out = app.infer(x)
+            base = app.session.replay._bases and max(app.session.replay._bases)
+            assert app.active is None  # the inference ended with its last step
+        results[k] = [[described(p, base) for p in out], journal_of(app, base),
+                      app.session.replay.counters["replayed_ops"],
+                      [f.WhichOneof("msg") if hasattr(f, "WhichOneof") else type(f).__name__
+                       for f in app.channel.frames]]
+        hot = app.session.replay.counters["hot"]
+        # the first inference's first replay of each step, and every inference's first call
+        # (an upload): the general path's; the rest: the hot path's
+        assert hot == (0 if k == "off" else 2 * 4), k
+    same = lambda rows: [[r[:-1] for r in rows[0]], *rows[1:]]  # noqa: E731 (sessions differ)
+    assert same(results[kind]) == same(results["off"])
+
+
+@contextmanager
+def perturbed(app: App, how: str) -> Iterator[Callable[[Any, tuple], tuple[Any, tuple]]]:
+    """A state or a call the hot path must leave to the general path: yields how the call is
+    changed (most leave it as it is)."""
+    s, replay, act = app.session, app.session.replay, app.active
+    same = lambda func, args: (func, args)  # noqa: E731
+    if how == "lost":
+        s.lost = "gone"
+        yield same
+        s.lost = None
+    elif how == "assigning":
+        s._assigning[0] = None  # type: ignore[assignment]
+        yield same
+        s._assigning.clear()
+    elif how == "late":
+        s._late.add(12345)
+        yield same
+        s._late.clear()
+    elif how == "diverged":
+        s.diverged.add(12345)
+        yield same
+        s.diverged.clear()
+    elif how == "give_up":
+        replay._give_up.append(12345)
+        yield same
+        replay._give_up.clear()
+    elif how == "broken":
+        replay._broken[act.base] = (9, ops_pb2.Error())
+        yield same
+        replay._broken.clear()
+    elif how == "failed":
+        act.seq.failed = True
+        yield same
+        act.seq.failed = False
+    elif how == "joined":
+        act.joined = {}
+        yield same
+        act.joined = None
+    elif how == "timed":
+        act.timing = [0] * len(act.seq.steps)
+        yield same
+        act.timing = None
+    elif how == "local":
+        info = act.seq.fast[act.position].info
+        info.local = True
+        yield same
+        info.local = False
+    elif how == "grad":
+        with torch.enable_grad():
+            yield same
+    else:
+        yield {
+            "other op": lambda f, a: (torch.ops.aten.add.Tensor, a),
+            "more args": lambda f, a: (f, (*a, 1)),
+            "other value": lambda f, a: (f, (a[0], 0.3)),
+            "other type": lambda f, a: (f, (a[0], 1)),
+            "proxy of another inference": lambda f, a: (f, (_proxy(app, 5), a[1])),
+            "a local tensor": lambda f, a: (f, (torch.ones(SHAPE), a[1])),
+            "a weight twin": lambda f, a: (f, (a[0], _twin(app))),
+        }[how]
+
+
+def _proxy(app: App, oid: int) -> RemoteTensor:
+    return new_proxy(Handle(app.session, oid), SHAPE, STRIDE, 0, torch.float32,
+                     torch.device("cpu"))
+
+
+def _twin(app: App) -> RemoteTensor:
+    """A weight of the same content as the bound one, another tensor (a reloaded model)."""
+    t = new_proxy(Handle(app.session, (1 << 40) + 1, WEIGHT_HASH, torch.ones(SHAPE)), SHAPE,
+                  STRIDE, 0, torch.float32, torch.device("cpu"))
+    return t
+
+
+CASES = ["lost", "assigning", "late", "diverged", "give_up", "broken", "failed", "joined",
+         "timed", "local", "grad", "other op", "more args", "other value", "other type",
+         "proxy of another inference", "a local tensor", "a weight twin"]
+
+
+@pytest.mark.parametrize("kind", ["python", "native"])
+@pytest.mark.parametrize("how", CASES)
+def test_anything_else_is_left_to_the_general_path_with_nothing_changed(kind, how):
+    """Stopped at a step the hot path knows (``mul`` by the bound weight, or ``leaky_relu`` by
+    a float), each perturbation makes it say None and leave the replay, the counters, the
+    journal and the frames as they were."""
+    app = App(kind)
+    x = torch.rand(SHAPE)
+    app.infer(x)
+    app.infer(x)
+    at = "leaky_relu" if how in ("other value", "other type") else "mul"
+    calls = app.calls(x)
+    func, args = next(calls)
+    with torch.no_grad():
+        y = func(*args)  # the first step: an upload
+        func, args = calls.send(y)
+        if at == "leaky_relu":
+            func, args = calls.send(func(*args))
+    assert app.active is not None and app.active.seq.fast[app.active.position]
+    before = app.state()
+    with torch.no_grad(), perturbed(app, how) as change:
+        f, a = change(func, args)
+        answer = app.session.hot(f, a)
+        assert type(answer) is type(None)  # (a proxy's repr would wait for the host)
+        assert app.state() == before
+    with torch.no_grad():  # and the call as it was is the hot path's
+        assert type(app.session.hot(func, args)) is RemoteTensor
+    assert app.state()[0] == before[0] + 1
+
+
+@pytest.mark.parametrize("kind", ["python", "native"])
+def test_a_call_with_keyword_arguments_takes_the_general_path(kind, monkeypatch):
+    """The hot path sees positional calls only: at a step it knows, the same call with a
+    keyword argument goes to the general path (with the native dispatch installed too)."""
+    app = App(kind)
+    x = torch.rand(SHAPE)
+    app.infer(x)
+    app.infer(x)
+    calls = app.calls(x)
+    func, args = next(calls)
+    general: list[Any] = []
+    with torch.no_grad():
+        func, args = calls.send(func(*args))
+        monkeypatch.setattr(app.session, "dispatch",
+                            lambda f, a, kw: general.append((f, kw)) or _proxy(app, 1))
+        before = app.state()
+        # as torch hands over a call with a keyword-only argument that is not its default
+        RemoteTensor.__torch_dispatch__(func, (RemoteTensor,), args, {"alpha": 2})
+    assert general == [(func, {"alpha": 2})] and app.state() == before
+    if kind == "native":
+        current = RemoteTensor.__dict__["__torch_dispatch__"].__func__
+        assert type(current).__name__ == "Dispatch"
