@@ -21,6 +21,7 @@ from rrto_plugins.torch.replay import RELEASE_STREAM_AT
 
 SRC = ops_pb2.SeqSource
 SHAPE, STRIDE = (1, 4, 2, 2), (16, 4, 2, 1)
+VARYING = 7  # the position of the call whose sizes the host pushes
 WEIGHT_HASH = b"w" * 16
 BUILT = native.module("shimstep") is not None
 
@@ -57,9 +58,12 @@ class Channel:
 
 
 def definition(grad: int) -> ops_pb2.SequenceDef:
-    """``add(x, c) -> mul(., w) -> leaky_relu(., 0.2) -> sum(., [1], True) -> mul(., .)``: an
-    upload and a constant, a bound weight, a plain float, a list and a bool."""
-    d = ops_pb2.SequenceDef(id=9, local_ids=[2, 3, 4, 5, 6], outputs=[6])
+    """``add(x, c) -> mul(., w) -> leaky_relu(., 0.2) -> sum(., [1], True) -> mul(., .) ->
+    relu_(.) -> cat([., .], 0) -> mul(., .)``: an upload and a constant, a bound weight, a
+    plain float, a list and a bool, a value written in place, a list of tensors, and a last
+    call whose sizes follow the data (the host pushes them)."""
+    d = ops_pb2.SequenceDef(id=9, local_ids=[2, 3, 4, 5, 6, 7, 8], outputs=[8],
+                            varies_from=VARYING)
     meta = ops_pb2.TensorMeta(dtype="float32", shape=SHAPE, stride=STRIDE)
     summed = ops_pb2.TensorMeta(dtype="float32", shape=[1, 1, 2, 2], stride=[4, 4, 2, 1])
 
@@ -89,7 +93,23 @@ def definition(grad: int) -> ops_pb2.SequenceDef:
     for _ in range(2):
         square.args.add().tensor.id = 5
         d.sources.add(kind=SRC.PRODUCED, id=5)
+    inplace = call("aten::relu_.default", 6, summed)
+    inplace.args.add().tensor.id = 6
+    d.sources.add(kind=SRC.PRODUCED, id=6)
+    joined = ops_pb2.TensorMeta(dtype="float32", shape=CAT, stride=[4, 4, 2, 1])
+    cat = call("aten::cat.default", 7, joined)
+    items = cat.args.add().list.items
+    for _ in range(2):
+        items.add().tensor.id = 6
+        d.sources.add(kind=SRC.PRODUCED, id=6)
+    varying = call("aten::mul.Tensor", 8, joined)
+    for _ in range(2):
+        varying.args.add().tensor.id = 7
+        d.sources.add(kind=SRC.PRODUCED, id=7)
     return d
+
+
+SUMMED, CAT = (1, 1, 2, 2), (2, 1, 2, 2)
 
 
 class App:
@@ -124,7 +144,15 @@ class App:
         y = yield torch.ops.aten.mul.Tensor, (y, self.weight)
         y = yield torch.ops.aten.leaky_relu.default, (y, 0.2)
         y = yield torch.ops.aten.sum.dim_IntList, (y, [1], True)
+        y = yield torch.ops.aten.mul.Tensor, (y, y)
+        y = yield torch.ops.aten.relu_.default, (y,)
+        y = yield torch.ops.aten.cat.default, ([y, y],)
         yield torch.ops.aten.mul.Tensor, (y, y)
+
+    def push_sizes(self, dims: tuple[int, ...] = CAT) -> None:
+        """The host's ``ReplaySizes`` for the last call of the inference under way."""
+        self.session.replay.sized(ops_pb2.ReplaySizes(
+            base_id=self.active.base, positions=[VARYING], ranks=[len(dims)], dims=dims))
 
     def infer(self, x: torch.Tensor) -> list[Any]:
         """One inference through ``RemoteTensor`` as torch calls it; what each call gave."""
@@ -133,6 +161,8 @@ class App:
         with torch.no_grad():
             while True:
                 result = func(*args)
+                if not out:
+                    self.push_sizes()
                 out.append(result)
                 try:
                     func, args = calls.send(result)
@@ -168,7 +198,7 @@ def journal_of(app: App, base: int) -> list[Any]:
             return (token[0], id(token[1]), token[2])
         return token
     return [(func, [rel(a) for a in args], kwargs, [o - base for o in outs])
-            for func, args, kwargs, outs in app.session.journal._calls[-5:]]
+            for func, args, kwargs, outs in app.session.journal._calls[-8:]]
 
 
 @pytest.mark.parametrize("kind", ["python", "native"])
@@ -188,9 +218,11 @@ def test_a_replayed_inference_is_answered_as_the_general_path_answers_it(kind):
                       [f.WhichOneof("msg") if hasattr(f, "WhichOneof") else type(f).__name__
                        for f in app.channel.frames]]
         hot = app.session.replay.counters["hot"]
-        # the first inference's first replay of each step, and every inference's first call
-        # (an upload): the general path's; the rest: the hot path's
-        assert hot == (0 if k == "off" else 2 * 4), k
+        # The general path's: the first inference's first replay of each step, every
+        # inference's first call (an upload), and the second's last (its first of pushed
+        # sizes). The rest: the hot path's.
+        assert hot == (0 if k == "off" else 6 + 7), k
+        assert app.session.replay.counters["sized"] == 2
     same = lambda rows: [[r[:-1] for r in rows[0]], *rows[1:]]  # noqa: E731 (sessions differ)
     assert same(results[kind]) == same(results["off"])
 
@@ -245,6 +277,27 @@ def perturbed(app: App, how: str) -> Iterator[Callable[[Any, tuple], tuple[Any, 
     elif how == "grad":
         with torch.enable_grad():
             yield same
+    elif how in ("a longer list", "a tuple for the list", "a local tensor in the list"):
+        yield {"a longer list": lambda f, a: (f, ([*a[0], a[0][0]],)),
+               "a tuple for the list": lambda f, a: (f, (tuple(a[0]),)),
+               "a local tensor in the list": lambda f, a: (f, ([a[0][0], torch.ones(SUMMED)],)),
+               }[how]
+    elif how == "made by the robot":
+        yield lambda f, a: (f, (_robot_value(app),))
+    elif how == "sizes not pushed":
+        known = replay._sizes.pop(act.base)
+        yield same
+        replay._sizes[act.base] = known
+    elif how == "sizes of another rank":
+        known = replay._sizes[act.base]
+        replay._sizes[act.base] = {VARYING: (1, 1, 4)}
+        yield same
+        replay._sizes[act.base] = known
+    elif how == "sizes no tensor has":
+        known = replay._sizes[act.base]
+        replay._sizes[act.base] = {VARYING: (1 << 62, 1 << 62, 2, 2)}  # strides overflow
+        yield same
+        replay._sizes[act.base] = known
     else:
         yield {
             "other op": lambda f, a: (torch.ops.aten.add.Tensor, a),
@@ -262,6 +315,14 @@ def _proxy(app: App, oid: int) -> RemoteTensor:
                      torch.device("cpu"))
 
 
+def _robot_value(app: App) -> RemoteTensor:
+    """This inference's value at the written argument, as a robot step leaves it: its data
+    here too (``Handle.local``)."""
+    act = app.active
+    h = Handle(app.session, act.base + 4, None, torch.ones(SUMMED))
+    return new_proxy(h, SUMMED, (4, 4, 2, 1), 0, torch.float32, torch.device("cpu"))
+
+
 def _twin(app: App) -> RemoteTensor:
     """A weight of the same content as the bound one, another tensor (a reloaded model)."""
     t = new_proxy(Handle(app.session, (1 << 40) + 1, WEIGHT_HASH, torch.ones(SHAPE)), SHAPE,
@@ -271,26 +332,31 @@ def _twin(app: App) -> RemoteTensor:
 
 CASES = ["lost", "assigning", "late", "diverged", "give_up", "broken", "failed", "joined",
          "timed", "local", "grad", "other op", "more args", "other value", "other type",
-         "proxy of another inference", "a local tensor", "a weight twin"]
+         "proxy of another inference", "a local tensor", "a weight twin", "made by the robot",
+         "sizes not pushed", "sizes of another rank", "sizes no tensor has", "a longer list",
+         "a tuple for the list", "a local tensor in the list"]
+STOP_AT = {"other value": 2, "other type": 2, "made by the robot": 5, "a longer list": 6,
+           "a tuple for the list": 6, "a local tensor in the list": 6, "sizes not pushed": 7,
+           "sizes of another rank": 7, "sizes no tensor has": 7}  # else 1, ``mul`` by ``w``
 
 
 @pytest.mark.parametrize("kind", ["python", "native"])
 @pytest.mark.parametrize("how", CASES)
 def test_anything_else_is_left_to_the_general_path_with_nothing_changed(kind, how):
-    """Stopped at a step the hot path knows (``mul`` by the bound weight, or ``leaky_relu`` by
-    a float), each perturbation makes it say None and leave the replay, the counters, the
-    journal and the frames as they were."""
+    """Stopped at a step the hot path knows (``mul`` by the bound weight, ``leaky_relu`` by a
+    float, ``relu_``, the call whose sizes the host pushes), each perturbation makes it say
+    None and leave the replay, the counters, the journal and the frames as they were."""
     app = App(kind)
     x = torch.rand(SHAPE)
     app.infer(x)
     app.infer(x)
-    at = "leaky_relu" if how in ("other value", "other type") else "mul"
     calls = app.calls(x)
     func, args = next(calls)
     with torch.no_grad():
         y = func(*args)  # the first step: an upload
+        app.push_sizes()
         func, args = calls.send(y)
-        if at == "leaky_relu":
+        for _ in range(STOP_AT.get(how, 1) - 1):
             func, args = calls.send(func(*args))
     assert app.active is not None and app.active.seq.fast[app.active.position]
     before = app.state()
@@ -301,7 +367,7 @@ def test_anything_else_is_left_to_the_general_path_with_nothing_changed(kind, ho
         assert app.state() == before
     with torch.no_grad():  # and the call as it was is the hot path's
         assert type(app.session.hot(func, args)) is RemoteTensor
-    assert app.state()[0] == before[0] + 1
+    assert app.state()[0] == (None if before[0] + 1 == VARYING + 1 else before[0] + 1)
 
 
 @pytest.mark.parametrize("kind", ["python", "native"])

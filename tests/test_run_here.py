@@ -49,6 +49,7 @@ class _Session:
         self.mode = "stream"
         self.epoch = 0
         self.released: list[int] = []
+        self.hot = None  # no replay: every call goes to ``dispatch``
 
     def dispatch(self, func, args, kwargs):
         """Only what making a proxy a parameter asks: an alias of the same handle. Anything

@@ -55,6 +55,11 @@ from .allowlist import lookup
 from .errors import HostLost
 from .metadata import OpInfo, Out, arg_at, materialize
 from .proxy import Handle, RemoteTensor, new_proxy
+from .recorded import TENSOR as _T
+from .recorded import Placeholder as _Placeholder
+from .recorded import is_plain as _plain
+from .recorded import same_plain as _same_plain
+from .recorded import strip as _strip
 from .session_api import Session
 from .sizing import flatten_tensors as sizing_flatten
 
@@ -62,7 +67,6 @@ SRC = ops_pb2.SeqSource
 # Source kinds as plain ints: ``SRC.PRODUCED`` is a Python-level enum lookup on every use.
 _PRODUCED, _INPUT, _PERSISTENT = SRC.PRODUCED, SRC.INPUT, SRC.PERSISTENT
 MISS = object()  # dispatch: not answered by replay, forward it
-_T = object()  # a tensor's place in an argument structure
 
 # Consecutive mismatches before a sequence is dropped (its control flow keeps changing: record
 # again). Not fewer: an inference that branches off it is recorded as a variant next to it
@@ -87,40 +91,6 @@ SIZED_CALLS = 1 << 16
 
 class _Unreplayable(Exception):
     pass
-
-
-class _Placeholder:
-    __slots__ = ("ref",)
-
-    def __init__(self, ref: ops_pb2.TensorRef):
-        self.ref = ref
-
-
-def _strip(x: Any, found: list[Any]) -> Any:
-    """``x`` with every tensor (or template placeholder) replaced by ``_T``, collected in order."""
-    if isinstance(x, (torch.Tensor, _Placeholder)):
-        found.append(x)
-        return _T
-    if isinstance(x, (list, tuple)):
-        return type(x)([_strip(v, found) for v in x])
-    return x
-
-
-_SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
-            torch.memory_format)
-
-
-def _plain(v: Any) -> bool:
-    """A value compared with ``==`` safely: never a tensor (whose ``==`` is an operator)."""
-    if isinstance(v, (list, tuple)):
-        return all(type(x) in _SCALARS for x in v)
-    return type(v) in _SCALARS
-
-
-def _same_plain(a: Any, v: Any) -> bool:
-    """``a`` is the recorded plain value ``v``: equal, and of its type (1 and 1.0 are equal
-    but make different result dtypes) or a subclass of it (an IntEnum where an int was)."""
-    return ((type(a) is type(v) or isinstance(a, type(v))) and _plain(a) and a == v)
 
 
 def _meta_key(m: ops_pb2.TensorMeta) -> tuple[Any, ...]:
@@ -954,6 +924,8 @@ class ReplayClient:
             if result is not None:
                 if act.seq.sized:
                     self._note_sizes(act, step, result)
+                if not kwargs:
+                    self._describe(act.seq, act.position, step, func, info)
                 return self._advance(act, result)
         if built is None:
             t0 = thread_time_ns() if timed else 0
@@ -990,6 +962,8 @@ class ReplayClient:
                             for i, shape, stride, offset, dtype in built.multi])
         else:
             result = self._outputs(act, built, args, kwargs, info)
+            if step.built is built and not kwargs:
+                self._describe(act.seq, act.position, step, func, info)
         if act.seq.sized:
             self._note_sizes(act, step, result)
         return self._advance(act, result)
@@ -1649,8 +1623,8 @@ class ReplayClient:
         try:
             proxy = new_proxy(Handle(self.session, act.base + i), dims,
                               codec.contiguous_strides(dims), 0, dtype, device)
-        except (RuntimeError, OverflowError, ValueError):  # sizes no tensor can have
-            return None
+        except (RuntimeError, OverflowError, ValueError, TypeError):  # sizes no tensor has
+            return None  # (TypeError: strides past int64, which torch cannot unpack)
         self.counters["sized"] += 1
         return proxy
 

@@ -30,7 +30,7 @@ struct Names {
   PyObject *lost, *give_up, *active, *joined, *timing, *base, *seq, *fast, *position, *root,
       *failed, *local, *rrto_handle, *id, *bindings, *steps, *replayed_ops, *hot, *released,
       *release_now, *ended, *full, *calls, *hash, *replay_shim_ns, *replay_timed, *session,
-      *counters, *shim_ns, *ops;
+      *counters, *shim_ns, *ops, *sized, *strides;
 };
 Names N;
 
@@ -70,6 +70,8 @@ bool intern_names() {
       {&N.counters, "counters"},
       {&N.shim_ns, "shim_ns"},
       {&N.ops, "ops"},
+      {&N.sized, "sized"},
+      {&N.strides, "strides"},
   };
   for (const Item& item : items) {
     *item.slot = PyUnicode_InternFromString(item.text);
@@ -102,8 +104,8 @@ class Ref {
 };
 
 // Fast's items (hotpath.Fast, a NamedTuple).
-enum FastItem { F_FUNC, F_INFO, F_GRAD, F_COUNT, F_TENSORS, F_PLAIN, F_LOCAL, F_SHAPE, F_LAYOUT,
-                F_SIZE };
+enum FastItem { F_FUNC, F_INFO, F_GRAD, F_COUNT, F_TENSORS, F_PLAIN, F_LISTS, F_ALIAS, F_LOCAL,
+                F_SHAPE, F_RANK, F_LAYOUT, F_SIZE };
 // A tensor check's kinds (hotpath.PRODUCED, BOUND, CONSTANT).
 enum Kind { PRODUCED = 0, BOUND = 1, CONSTANT = 2 };
 
@@ -112,7 +114,7 @@ struct Hot {
   vectorcallfunc vectorcall;
   PyObject *session, *replay, *journal, *tls;
   // containers that live as long as the session (never rebound): read per call
-  PyObject *assigning, *late, *diverged, *broken, *session_counters, *replay_counters;
+  PyObject *assigning, *late, *diverged, *broken, *sizes, *session_counters, *replay_counters;
   PyObject *remote_type, *handle_type, *make, *is_inference, *is_grad;
   PyObject *plain_types, *token, *id_mark, *persistent_mark;
   long long release_at, max_calls;
@@ -257,10 +259,76 @@ bool journal_add(Hot* self, PyObject* func, PyObject* args, PyObject* out) {
 // exception when the general path must answer (nullptr with one: a real error, cleared by the
 // caller before the commit).
 struct Matched {
-  Ref act, seq, fast;
+  Ref act, seq, fast, result;
   long long base = 0, position = 0;
   Py_ssize_t steps = 0;
+  bool sized = false;  // the result has the sizes the host pushed
 };
+
+// C-contiguous strides of ``dims`` (``codec.contiguous_strides``), or nullptr (no exception)
+// where they overflow: no tensor has those sizes.
+PyObject* contiguous_strides(PyObject* dims) {
+  Py_ssize_t n = PyTuple_GET_SIZE(dims);
+  Ref out(PyTuple_New(n));
+  if (!out) return nullptr;
+  long long step = 1;
+  for (Py_ssize_t k = n - 1; k >= 0; k--) {
+    long long size = PyLong_AsLongLong(PyTuple_GET_ITEM(dims, k));
+    if (size == -1 && PyErr_Occurred()) return nullptr;
+    PyObject* v = PyLong_FromLongLong(step);
+    if (v == nullptr) return nullptr;
+    PyTuple_SET_ITEM(out.get(), k, v);
+    if (__builtin_mul_overflow(step, size > 1 ? size : 1, &step)) return nullptr;
+  }
+  return out.release();
+}
+
+// The call's result, made before anything changes (``HotPath._step``): the argument written
+// in place, or a new proxy of the recorded layout or of the sizes the host pushed. nullptr
+// with no exception: the general path answers.
+bool make_result(Hot* self, PyObject* args, Matched* m) {
+  PyObject* f = m->fast.get();
+  long alias = PyLong_AsLong(PyTuple_GET_ITEM(f, F_ALIAS));
+  if (alias == -1 && PyErr_Occurred()) return false;
+  if (alias >= 0) {
+    if (alias >= PyTuple_GET_SIZE(args)) return false;
+    PyObject* target = PyTuple_GET_ITEM(args, alias);
+    Ref h(PyObject_GetAttr(target, N.rrto_handle));
+    if (!h) return false;
+    Ref local(PyObject_GetAttr(h.get(), N.local));
+    if (!local || local.get() != Py_None) return false;  // a value the robot made
+    m->result.reset(Py_NewRef(target));
+    return true;
+  }
+  PyObject* shape = PyTuple_GET_ITEM(f, F_SHAPE);
+  Ref layout;
+  Ref dims;
+  if (shape != Py_None) {
+    dims.reset(Py_NewRef(shape));
+    layout.reset(Py_NewRef(PyTuple_GET_ITEM(f, F_LAYOUT)));
+  } else {
+    Ref base(PyLong_FromLongLong(m->base));
+    if (!base) return false;
+    PyObject* known = PyDict_GetItemWithError(self->sizes, base.get());  // borrowed
+    if (known == nullptr || !PyDict_Check(known)) return false;
+    Ref position(PyLong_FromLongLong(m->position));
+    if (!position) return false;
+    PyObject* got = PyDict_GetItemWithError(known, position.get());  // borrowed
+    if (got == nullptr || !PyTuple_CheckExact(got)) return false;
+    dims.reset(Py_NewRef(got));
+    long rank = PyLong_AsLong(PyTuple_GET_ITEM(f, F_RANK));
+    if (PyTuple_GET_SIZE(dims.get()) != rank) return false;
+    Ref strides(contiguous_strides(dims.get()));
+    if (!strides) return false;
+    layout.reset(PyDict_Copy(PyTuple_GET_ITEM(f, F_LAYOUT)));
+    if (!layout || PyDict_SetItem(layout.get(), N.strides, strides.get()) < 0) return false;
+    m->sized = true;
+  }
+  Ref make_args(PyTuple_Pack(2, self->remote_type, dims.get()));
+  if (!make_args) return false;
+  m->result.reset(PyObject_Call(self->make, make_args.get(), layout.get()));
+  return static_cast<bool>(m->result);  // (sizes no tensor can have: the general path)
+}
 
 bool check(Hot* self, PyObject* func, PyObject* args, Matched* m) {
   int t;
@@ -332,6 +400,26 @@ bool check(Hot* self, PyObject* func, PyObject* args, Matched* m) {
     }
     if (PyObject_RichCompareBool(a, PyTuple_GET_ITEM(p, 1), Py_EQ) != 1) return false;
   }
+  // lists that hold tensors: of the recorded type and length, their other items as recorded
+  PyObject* lists = PyTuple_GET_ITEM(f, F_LISTS);
+  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(lists); k++) {
+    PyObject* l = PyTuple_GET_ITEM(lists, k);
+    Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(l, 0));
+    if (i < 0 || i >= PyTuple_GET_SIZE(args)) return false;
+    PyObject* a = PyTuple_GET_ITEM(args, i);
+    if (reinterpret_cast<PyObject*>(Py_TYPE(a)) != PyTuple_GET_ITEM(l, 1)) return false;
+    if (!PyList_CheckExact(a) && !PyTuple_CheckExact(a)) return false;
+    if (PySequence_Fast_GET_SIZE(a) != PyLong_AsSsize_t(PyTuple_GET_ITEM(l, 2))) return false;
+    PyObject** items = PySequence_Fast_ITEMS(a);
+    PyObject* others = PyTuple_GET_ITEM(l, 3);
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(others); j++) {
+      PyObject* o = PyTuple_GET_ITEM(others, j);
+      Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(o, 0));
+      if (at < 0 || at >= PySequence_Fast_GET_SIZE(a)) return false;
+      if (reinterpret_cast<PyObject*>(Py_TYPE(items[at])) != PyTuple_GET_ITEM(o, 2)) return false;
+      if (PyObject_RichCompareBool(items[at], PyTuple_GET_ITEM(o, 1), Py_EQ) != 1) return false;
+    }
+  }
   // tensor arguments: this inference's outputs, the bound weights, the recorded constants
   Ref bindings(PyObject_GetAttr(seq, N.bindings));
   if (!bindings || !PyDict_Check(bindings.get())) return false;
@@ -341,11 +429,18 @@ bool check(Hot* self, PyObject* func, PyObject* args, Matched* m) {
     Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(c, 0));
     if (i < 0 || i >= PyTuple_GET_SIZE(args)) return false;
     PyObject* a = PyTuple_GET_ITEM(args, i);
+    Py_ssize_t item = PyLong_AsSsize_t(PyTuple_GET_ITEM(c, 1));
+    if (item >= 0) {  // an item of a list checked above
+      if ((!PyList_CheckExact(a) && !PyTuple_CheckExact(a)) ||
+          item >= PySequence_Fast_GET_SIZE(a))
+        return false;
+      a = PySequence_Fast_ITEMS(a)[item];
+    }
     if (!PyObject_TypeCheck(a, reinterpret_cast<PyTypeObject*>(self->remote_type))) return false;
     Ref h(PyObject_GetAttr(a, N.rrto_handle));
     if (!h) return false;
-    long kind = PyLong_AsLong(PyTuple_GET_ITEM(c, 1));
-    PyObject* aux = PyTuple_GET_ITEM(c, 2);
+    long kind = PyLong_AsLong(PyTuple_GET_ITEM(c, 2));
+    PyObject* aux = PyTuple_GET_ITEM(c, 3);
     if (kind == BOUND) {
       PyObject* bound = PyDict_GetItemWithError(bindings.get(), aux);  // borrowed
       if (bound != h.get()) return false;
@@ -362,25 +457,35 @@ bool check(Hot* self, PyObject* func, PyObject* args, Matched* m) {
   Ref steps(PyObject_GetAttr(seq, N.steps));
   if (!steps || !PyList_Check(steps.get())) return false;
   m->steps = PyList_GET_SIZE(steps.get());
-  return true;
+  return make_result(self, args, m);
 }
 
 // Matched: make the proxy and move on, as ``ReplayClient.dispatch`` and ``_advance`` do.
 PyObject* commit(Hot* self, PyObject* func, PyObject* args, Matched* m) {
   PyObject* f = m->fast.get();
-  long long local = PyLong_AsLongLong(PyTuple_GET_ITEM(f, F_LOCAL));
-  if (local == -1 && PyErr_Occurred()) return nullptr;
-  Ref shape_args(PyTuple_Pack(2, self->remote_type, PyTuple_GET_ITEM(f, F_SHAPE)));
-  if (!shape_args) return nullptr;
-  Ref result(PyObject_Call(self->make, shape_args.get(), PyTuple_GET_ITEM(f, F_LAYOUT)));
-  if (!result) return nullptr;
-  Ref id(PyLong_FromLongLong(m->base + local));
-  if (!id) return nullptr;
-  Ref handle(PyObject_CallFunctionObjArgs(self->handle_type, self->session, id.get(), nullptr));
-  if (!handle || PyObject_SetAttr(result.get(), N.rrto_handle, handle.get()) < 0) return nullptr;
+  Ref result(m->result.release());
+  Ref id;
+  long alias = PyLong_AsLong(PyTuple_GET_ITEM(f, F_ALIAS));
+  if (alias == -1 && PyErr_Occurred()) return nullptr;
+  if (alias >= 0) {
+    Ref h(PyObject_GetAttr(result.get(), N.rrto_handle));
+    if (!h) return nullptr;
+    id.reset(PyObject_GetAttr(h.get(), N.id));
+    if (!id) return nullptr;
+  } else {
+    long long local = PyLong_AsLongLong(PyTuple_GET_ITEM(f, F_LOCAL));
+    if (local == -1 && PyErr_Occurred()) return nullptr;
+    id.reset(PyLong_FromLongLong(m->base + local));
+    if (!id) return nullptr;
+    Ref handle(PyObject_CallFunctionObjArgs(self->handle_type, self->session, id.get(),
+                                            nullptr));
+    if (!handle || PyObject_SetAttr(result.get(), N.rrto_handle, handle.get()) < 0)
+      return nullptr;
+  }
   Ref next(PyLong_FromLongLong(m->position + 1));
   if (!next || PyObject_SetAttr(m->act.get(), N.position, next.get()) < 0) return nullptr;
-  if (!add_to(self->replay_counters, N.replayed_ops, 1) ||
+  if ((m->sized && !add_to(self->replay_counters, N.sized, 1)) ||
+      !add_to(self->replay_counters, N.replayed_ops, 1) ||
       !add_to(self->replay_counters, N.hot, 1))
     return nullptr;
   // ``RemoteSession.release_now(RELEASE_STREAM_AT)``, called only when it would send
@@ -441,6 +546,7 @@ int hot_init(PyObject* op, PyObject* args, PyObject* kwargs) {
       {&self->journal, "journal"},       {&self->tls, "tls"},
       {&self->assigning, "assigning"},   {&self->late, "late"},
       {&self->diverged, "diverged"},     {&self->broken, "broken"},
+      {&self->sizes, "sizes"},
       {&self->session_counters, "session_counters"},
       {&self->replay_counters, "replay_counters"},
       {&self->remote_type, "remote_type"}, {&self->handle_type, "handle_type"},
@@ -456,6 +562,7 @@ int hot_init(PyObject* op, PyObject* args, PyObject* kwargs) {
   }
   if (!PyDict_Check(self->assigning) || !PyAnySet_Check(self->late) ||
       !PyAnySet_Check(self->diverged) || !PyDict_Check(self->broken) ||
+      !PyDict_Check(self->sizes) ||
       !PyDict_Check(self->session_counters) || !PyDict_Check(self->replay_counters) ||
       !PyAnySet_Check(self->plain_types) || !PyType_Check(self->remote_type)) {
     PyErr_SetString(PyExc_TypeError, "shimstep: an environment item has the wrong type");
@@ -500,6 +607,7 @@ int hot_traverse(PyObject* op, visitproc visit, void* arg) {
   Py_VISIT(self->late);
   Py_VISIT(self->diverged);
   Py_VISIT(self->broken);
+  Py_VISIT(self->sizes);
   Py_VISIT(self->session_counters);
   Py_VISIT(self->replay_counters);
   Py_VISIT(self->remote_type);
@@ -524,6 +632,7 @@ int hot_clear(PyObject* op) {
   Py_CLEAR(self->late);
   Py_CLEAR(self->diverged);
   Py_CLEAR(self->broken);
+  Py_CLEAR(self->sizes);
   Py_CLEAR(self->session_counters);
   Py_CLEAR(self->replay_counters);
   Py_CLEAR(self->remote_type);
