@@ -278,7 +278,7 @@ PyObject* contiguous_strides(PyObject* dims) {
     PyObject* v = PyLong_FromLongLong(step);
     if (v == nullptr) return nullptr;
     PyTuple_SET_ITEM(out.get(), k, v);
-    if (__builtin_mul_overflow(step, size > 1 ? size : 1, &step)) return nullptr;
+    if (k > 0 && __builtin_mul_overflow(step, size > 1 ? size : 1, &step)) return nullptr;
   }
   return out.release();
 }

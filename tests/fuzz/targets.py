@@ -27,8 +27,8 @@ native_runs        a definition replayed in the host's native runs         none 
 shim_down          the shim's replay client for what the host sends it     none escape (a bad
                    through the robot daemon (SessionDown: sequence,        definition is not
                    pushed outputs, answers, errors, sizes) and            used; MISS; sizes
-                   decode_answer; pushed sizes made into proxies          that fit no tensor:
-                                                                          None, planned)
+                   decode_answer; pushed sizes made into proxies, by the  that fit no tensor:
+                   general path and by the hot path (Python, C++)        None, planned)
 robot_replayed     the robot's recorder for an aborted replay: the host's  none escape (what
                    answers, pushed outputs, ReplayedPrefix and fetch       cannot be rebuilt is
                    replies (values the app read: wire.scalar_of) into its  not logged)
@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import tempfile
 from collections import Counter
 from collections.abc import Callable
@@ -57,10 +58,12 @@ from google.protobuf.message import DecodeError
 
 from rrto.v1 import local_pb2, ops_pb2, peer_pb2
 from rrto_plugins.search.dds import DataDependencySearch
-from rrto_plugins.torch import codec
+from rrto_plugins.torch import codec, hotpath, native
 from rrto_plugins.torch.allowlist import Allowlist, OpNotAllowed
 from rrto_plugins.torch.executor import TorchExecutor
-from rrto_plugins.torch.replay import Active, ReplayClient, Step, decode_answer
+from rrto_plugins.torch.journal import Journal
+from rrto_plugins.torch.metadata import OpInfo
+from rrto_plugins.torch.replay import Active, ReplayClient, Sequence, Step, decode_answer
 from rrto_plugins.torch.schemas import schema_hash
 from rrtod import partition, shared_uploads
 from rrtod.config import SocketLimitsConfig
@@ -521,6 +524,10 @@ class _ShimSession:
         self.stale_released: list[int] = []
         self.lost: str | None = None
         self.epoch = 0
+        # what the hot path reads of a session (``hotpath.make``)
+        self._assigning: dict[int, Any] = {}
+        self._late: set[int] = set()
+        self.diverged: set[int] = set()
 
     def send_frames(self, frames: list[Any]) -> None:
         pass
@@ -567,6 +574,39 @@ def shim_down(data: bytes) -> None:
             act = Active(None, base, position=position)  # type: ignore[arg-type]
             proxy = client._dense(act, step)
             assert proxy is None or tuple(proxy.shape) == known[position]
+            # the hot path makes the same from them, in Python and natively (none where the
+            # host gave up a sequence or broke this inference: the general path decides there)
+            if position < 64:
+                closed = bool(client._give_up) or base in client._broken
+                for hot in _hot_paths(session, client):
+                    made = _hot_sized(client, hot, base, position, step.dense[3])
+                    assert (made is None) == (proxy is None or closed)
+                    assert made is None or tuple(made.shape) == known[position]
+
+
+def _hot_paths(session: _ShimSession, client: ReplayClient) -> list[Any]:
+    share = 0.0  # (none timed: a timed call reads the thread's CPU clock)
+    paths = [hotpath.HotPath(session, client, Journal(), random.random, share, 64)]  # type: ignore[arg-type]
+    if native.module("shimstep") is not None:
+        paths.append(hotpath.make(session, client, Journal(), random.random, share, 64))  # type: ignore[arg-type]
+    return paths
+
+
+def _hot_sized(client: ReplayClient, hot: Any, base: int, position: int, rank: int) -> Any:
+    """A call of no arguments at ``position`` of a varying step whose sizes the host pushed,
+    answered by ``hot`` (None: left to the general path)."""
+    func = torch.ops.aten.relu.default
+    fast = hotpath.Fast(func, OpInfo(func), hotpath.grad_mode(), 0, (), (), (), -1, 0, None,
+                        rank, {"storage_offset": 0, "dtype": torch.float32,
+                               "device": torch.device("cpu"), "requires_grad": False})
+    steps = [Step("aten::relu.default", 0, (), {}, [], [0], {}, [])] * (position + 1)
+    seq = Sequence(ops_pb2.SequenceDef(), steps, {}, {}, set())
+    seq.fast = [None] * position + [fast]
+    client._tls.active = Active(seq, base, position=position)
+    try:
+        return hot(func, ())
+    finally:
+        client._tls.active = None
 
 
 # -- the robot's op log, fed what the host sends about an aborted replay ------------------------
