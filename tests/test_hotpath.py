@@ -9,6 +9,7 @@ import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -228,52 +229,44 @@ def test_a_replayed_inference_is_answered_as_the_general_path_answers_it(kind):
 
 
 @contextmanager
+def _holding(container: Any, item: Any, value: Any = None) -> Iterator[None]:
+    """``item`` in ``container`` (a dict, set or list the native hot path holds: changed in
+    place) while the block runs."""
+    if isinstance(container, dict):
+        container[item] = value
+    elif isinstance(container, set):
+        container.add(item)
+    else:
+        container.append(item)
+    try:
+        yield
+    finally:
+        if isinstance(container, list):
+            container.remove(item)
+        elif isinstance(container, dict):
+            del container[item]
+        else:
+            container.discard(item)
+
+
+@contextmanager
 def perturbed(app: App, how: str) -> Iterator[Callable[[Any, tuple], tuple[Any, tuple]]]:
     """A state or a call the hot path must leave to the general path: yields how the call is
     changed (most leave it as it is)."""
     s, replay, act = app.session, app.session.replay, app.active
     same = lambda func, args: (func, args)  # noqa: E731
-    if how == "lost":
-        s.lost = "gone"
-        yield same
-        s.lost = None
-    elif how == "assigning":
-        s._assigning[0] = None  # type: ignore[assignment]
-        yield same
-        s._assigning.clear()
-    elif how == "late":
-        s._late.add(12345)
-        yield same
-        s._late.clear()
-    elif how == "diverged":
-        s.diverged.add(12345)
-        yield same
-        s.diverged.clear()
-    elif how == "give_up":
-        replay._give_up.append(12345)
-        yield same
-        replay._give_up.clear()
-    elif how == "broken":
-        replay._broken[act.base] = (9, ops_pb2.Error())
-        yield same
-        replay._broken.clear()
-    elif how == "failed":
-        act.seq.failed = True
-        yield same
-        act.seq.failed = False
-    elif how == "joined":
-        act.joined = {}
-        yield same
-        act.joined = None
-    elif how == "timed":
-        act.timing = [0] * len(act.seq.steps)
-        yield same
-        act.timing = None
-    elif how == "local":
-        info = act.seq.fast[act.position].info
-        info.local = True
-        yield same
-        info.local = False
+    attributes = {"lost": (s, "lost", "gone"), "failed": (act.seq, "failed", True),
+                  "joined": (act, "joined", {}), "timed": (act, "timing", [0] * 9),
+                  "local": (act.seq.fast[act.position].info, "local", True)}
+    items = {"assigning": (s._assigning, 0), "late": (s._late, 12345),
+             "diverged": (s.diverged, 12345), "give_up": (replay._give_up, 12345),
+             "broken": (replay._broken, act.base, (9, ops_pb2.Error()))}
+    if how in attributes:
+        with mock.patch.object(*attributes[how]):
+            yield same
+    elif how in items:
+        with _holding(*items[how]):
+            yield same
     elif how == "grad":
         with torch.enable_grad():
             yield same
