@@ -333,12 +333,9 @@ STOP_AT = {"other value": 2, "other type": 2, "made by the robot": 5, "a longer 
            "sizes of another rank": 7, "sizes no tensor has": 7}  # else 1, ``mul`` by ``w``
 
 
-@pytest.mark.parametrize("kind", ["python", "native"])
-@pytest.mark.parametrize("how", CASES)
-def test_anything_else_is_left_to_the_general_path_with_nothing_changed(kind, how):
-    """Stopped at a step the hot path knows (``mul`` by the bound weight, ``leaky_relu`` by a
-    float, ``relu_``, the call whose sizes the host pushes), each perturbation makes it say
-    None and leave the replay, the counters, the journal and the frames as they were."""
+def steady(kind: str) -> tuple[App, Iterator[tuple[Any, tuple]], Any, tuple]:
+    """An app two inferences in, stopped in its third after the first call (an upload): the
+    next call's operator and arguments, and the calls after it."""
     app = App(kind)
     x = torch.rand(SHAPE)
     app.infer(x)
@@ -346,9 +343,19 @@ def test_anything_else_is_left_to_the_general_path_with_nothing_changed(kind, ho
     calls = app.calls(x)
     func, args = next(calls)
     with torch.no_grad():
-        y = func(*args)  # the first step: an upload
+        func, args = calls.send(func(*args))
+    return app, calls, func, args
+
+
+@pytest.mark.parametrize("kind", ["python", "native"])
+@pytest.mark.parametrize("how", CASES)
+def test_anything_else_is_left_to_the_general_path_with_nothing_changed(kind, how):
+    """Stopped at a step the hot path knows (``mul`` by the bound weight, ``leaky_relu`` by a
+    float, ``relu_``, the call whose sizes the host pushes), each perturbation makes it say
+    None and leave the replay, the counters, the journal and the frames as they were."""
+    app, calls, func, args = steady(kind)
+    with torch.no_grad():
         app.push_sizes()
-        func, args = calls.send(y)
         for _ in range(STOP_AT.get(how, 1) - 1):
             func, args = calls.send(func(*args))
     assert app.active is not None and app.active.seq.fast[app.active.position]
@@ -367,15 +374,9 @@ def test_anything_else_is_left_to_the_general_path_with_nothing_changed(kind, ho
 def test_a_call_with_keyword_arguments_takes_the_general_path(kind, monkeypatch):
     """The hot path sees positional calls only: at a step it knows, the same call with a
     keyword argument goes to the general path (with the native dispatch installed too)."""
-    app = App(kind)
-    x = torch.rand(SHAPE)
-    app.infer(x)
-    app.infer(x)
-    calls = app.calls(x)
-    func, args = next(calls)
+    app, calls, func, args = steady(kind)
     general: list[Any] = []
     with torch.no_grad():
-        func, args = calls.send(func(*args))
         monkeypatch.setattr(app.session, "dispatch",
                             lambda f, a, kw: general.append((f, kw)) or _proxy(app, 1))
         before = app.state()

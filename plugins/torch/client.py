@@ -679,7 +679,7 @@ class RemoteSession:
             if timed:
                 t0, planned = thread_time_ns(), replay.planning_ns
             result = replay.dispatch(func, args, kwargs, info, self._thread(),
-                                     self._grad_mode(), timed)
+                                     hotpath.grad_mode(), timed)
             if result is not MISS:
                 if info.inplace_view:  # transpose_ and co. change the proxy's own layout
                     restride(func, args, kwargs)
@@ -707,11 +707,6 @@ class RemoteSession:
     def app_device(args: tuple, kwargs: dict) -> torch.device:
         """The device the app sees a call's outputs on (``metadata.app_device``)."""
         return app_device(args, kwargs)
-
-    def _grad_mode(self) -> int:
-        if torch.is_inference_mode_enabled():
-            return ops_pb2.INFERENCE_MODE
-        return ops_pb2.GRAD_ENABLED if torch.is_grad_enabled() else ops_pb2.NO_GRAD
 
     def _encode_tensor(self, t: torch.Tensor, device: str | None = None) -> ops_pb2.TensorRef:
         if isinstance(t, RemoteTensor):
@@ -785,7 +780,7 @@ class RemoteSession:
                                   f"host: {why}")
 
     def _forward(self, func: Any, args: tuple, kwargs: dict, info: OpInfo, template: Any) -> Any:
-        call = ops_pb2.OpCall(op=info.name, grad_mode=self._grad_mode(), thread=self._thread())
+        call = ops_pb2.OpCall(op=info.name, grad_mode=hotpath.grad_mode(), thread=self._thread())
         try:
             for a in args:
                 codec.encode_value(a, call.args.add(), self._encode_tensor)

@@ -45,7 +45,7 @@ class Fast(NamedTuple):
 
     func: Any  # the OpOverload (identity)
     info: OpInfo  # its client-side facts (``local`` is read per call: it may change)
-    grad_mode: int  # ``RemoteSession._grad_mode()`` as recorded
+    grad_mode: int  # ``grad_mode()`` as recorded
     count: int  # positional arguments (no keyword arguments)
     # per tensor argument: (position, item in the list there or -1, PRODUCED/BOUND/CONSTANT,
     # what it must be)
@@ -130,7 +130,8 @@ def describe(seq: Any, step: Any, func: Any, info: OpInfo) -> Fast | None:
 
 
 def grad_mode() -> int:
-    """As ``RemoteSession._grad_mode`` (``ops_pb2.GradMode``)."""
+    """The calling thread's autograd mode as the wire says it (``ops_pb2.GradMode``): what a
+    forwarded call records and a replayed step matches."""
     if torch.is_inference_mode_enabled():
         return ops_pb2.INFERENCE_MODE
     return ops_pb2.GRAD_ENABLED if torch.is_grad_enabled() else ops_pb2.NO_GRAD

@@ -953,8 +953,6 @@ class ReplayClient:
             i, shape, stride, offset, dtype = single
             result = new_proxy(Handle(self.session, act.base + i), shape, stride, offset,
                                dtype, built.device)
-            if step.built is built and not kwargs:
-                self._describe(act.seq, act.position, step, func, info)
         elif built.multi is not None:  # a tuple of new tensors (native_batch_norm and co.)
             session, base, device = self.session, act.base, built.device
             result = tuple([new_proxy(Handle(session, base + i), shape, stride, offset, dtype,
@@ -962,8 +960,8 @@ class ReplayClient:
                             for i, shape, stride, offset, dtype in built.multi])
         else:
             result = self._outputs(act, built, args, kwargs, info)
-            if step.built is built and not kwargs:
-                self._describe(act.seq, act.position, step, func, info)
+        if step.built is built and not kwargs:  # (a layout fixed at its first replay)
+            self._describe(act.seq, act.position, step, func, info)
         if act.seq.sized:
             self._note_sizes(act, step, result)
         return self._advance(act, result)

@@ -30,7 +30,7 @@ struct Names {
   PyObject *lost, *give_up, *active, *joined, *timing, *base, *seq, *fast, *position, *root,
       *failed, *local, *rrto_handle, *id, *bindings, *steps, *replayed_ops, *hot, *released,
       *release_now, *ended, *full, *calls, *hash, *replay_shim_ns, *replay_timed, *session,
-      *counters, *shim_ns, *ops, *sized, *strides;
+      *counters, *shim_ns, *ops, *sized, *strides, *dispatch;
 };
 Names N;
 
@@ -72,6 +72,7 @@ bool intern_names() {
       {&N.ops, "ops"},
       {&N.sized, "sized"},
       {&N.strides, "strides"},
+      {&N.dispatch, "dispatch"},
   };
   for (const Item& item : items) {
     *item.slot = PyUnicode_InternFromString(item.text);
@@ -181,7 +182,7 @@ long long thread_ns() {
   return static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
 }
 
-// ``RemoteSession._grad_mode``.
+// ``hotpath.grad_mode``.
 bool grad_mode(Hot* self, long* out) {
   Ref inf(PyObject_CallNoArgs(self->is_inference));
   if (!inf) return false;
@@ -678,8 +679,9 @@ long long monotonic_ns() {
 
 // ``RemoteTensor.__torch_dispatch__`` (``classmethod(Dispatch(general))``): a call whose first
 // argument is a proxy of a session with a native hot path, and no keyword arguments, asks the
-// hot path first; everything else (and what it declines) goes to ``general``, the Python one.
-// Counted as ``general`` counts: ``ops`` and ``shim_ns`` (wall time) in the session's counters.
+// hot path first and, where it declines, the session's ``dispatch``, as ``general`` (the
+// Python one) does; every other call goes to ``general``. Counted as ``general`` counts:
+// ``ops`` and ``shim_ns`` (wall time) in the session's counters.
 struct Dispatch {
   PyObject_HEAD
   vectorcallfunc vectorcall;
@@ -701,21 +703,33 @@ PyObject* dispatch_call(PyObject* op, PyObject* const* argv, size_t nargsf, PyOb
     if (hot && Py_TYPE(hot.get()) == &HotType) {
       PyObject* call[2] = {argv[1], argv[3]};
       PyObject* result = hot_call(hot.get(), call, 2, nullptr);
-      if (result == nullptr) return nullptr;
-      if (result != Py_None) {
-        Ref counters(PyObject_GetAttr(session.get(), N.counters));
-        if (!counters || !PyDict_Check(counters.get()) ||
-            !add_to(counters.get(), N.shim_ns, monotonic_ns() - t0) ||
-            !add_to(counters.get(), N.ops, 1)) {
-          if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "shimstep: counters");
-          Py_DECREF(result);
-          return nullptr;
-        }
-        return result;
+      if (result == Py_None) {
+        // declined: ``session.dispatch(func, args, kwargs or {})``, as the Python one
+        // calls it after its own try of the hot path (not asked twice)
+        Py_DECREF(result);
+        Ref kwargs(nargs > 4 && PyDict_Check(argv[4]) ? Py_NewRef(argv[4]) : PyDict_New());
+        result = kwargs ? PyObject_CallMethodObjArgs(session.get(), N.dispatch, argv[1],
+                                                     argv[3], kwargs.get(), nullptr)
+                        : nullptr;
       }
-      Py_DECREF(result);
+      // counted whatever happened, as the Python one counts in its ``finally``
+      PyObject *type, *value, *trace;
+      PyErr_Fetch(&type, &value, &trace);
+      Ref counters(PyObject_GetAttr(session.get(), N.counters));
+      bool counted = counters && PyDict_Check(counters.get()) &&
+                     add_to(counters.get(), N.shim_ns, monotonic_ns() - t0) &&
+                     add_to(counters.get(), N.ops, 1);
+      if (type != nullptr) {  // the call's own error wins
+        PyErr_Clear();
+        PyErr_Restore(type, value, trace);
+      } else if (!counted) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "shimstep: counters");
+        Py_XDECREF(result);
+        return nullptr;
+      }
+      return result;
     }
-    PyErr_Clear();  // no handle, session or hot path: the general path finds out why
+    PyErr_Clear();  // no handle, session or native hot path: the Python one finds out why
   }
   return PyObject_Vectorcall(self->general, argv, nargsf, kwnames);
 }
