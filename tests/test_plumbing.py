@@ -146,11 +146,39 @@ def test_outbox_coalesces_until_flush_and_ends() -> None:
 def test_outbox_sends_a_reply_held_too_long() -> None:
     async def main() -> None:
         box = Outbox(asyncio.get_running_loop())
-        box.HOLD_S = 0.0  # every reply goes at once
+        box.HOLD_S = box.GAP_S = 0.0  # every reply goes at once
         threading.Thread(target=box.put, args=(ops_pb2.SessionDown(
             fetched=ops_pb2.Fetched(id=5)),)).start()
         got = await asyncio.wait_for(box.get(), 10)
         assert [g.fetched.id for g, _ in got] == [5]
+
+    asyncio.run(main())
+
+
+def test_outbox_spaces_messages_of_a_busy_worker() -> None:
+    """A reply goes at once when none went recently; the next, within ``GAP_S`` of that,
+    waits for the worker's next flush (the end of its frames), however often it ticks."""
+    async def main() -> None:
+        box = Outbox(asyncio.get_running_loop())
+        box.HOLD_S, box.GAP_S = 0.0, 60.0
+        first = threading.Thread(target=box.put, args=(ops_pb2.SessionDown(
+            fetched=ops_pb2.Fetched(id=1)),))
+        first.start()
+        first.join()
+        got = await asyncio.wait_for(box.get(), 10)
+        assert [g.fetched.id for g, _ in got] == [1]
+
+        def held() -> None:
+            box.put(ops_pb2.SessionDown(fetched=ops_pb2.Fetched(id=2)))
+            box.tick()
+
+        second = threading.Thread(target=held)
+        second.start()
+        second.join()
+        assert not box.armed and [g.fetched.id for g, _ in box.items] == [2]
+        box.flush()
+        got = await asyncio.wait_for(box.get(), 10)
+        assert [g.fetched.id for g, _ in got] == [2]
 
     asyncio.run(main())
 
@@ -174,7 +202,7 @@ def test_outbox_counts_queued_replies_and_overflows_once() -> None:
                 n -= held.pop()
 
         box = Outbox(asyncio.get_running_loop(), charge, refund)
-        box.HOLD_S = 0.0
+        box.HOLD_S = box.GAP_S = 0.0
         told: list[str] = []
         box.on_overflow = told.append
         big = ops_pb2.SessionDown(fetched=ops_pb2.Fetched(
