@@ -633,3 +633,26 @@ def test_a_fixed_upload_whose_bytes_do_not_fit_its_meta_is_refused_as_on_the_pyt
         assert [e.code for e in errors] == ["BAD_FRAME"] and errors[0].position == 1
         downs.clear()
     assert ex.counters["native_calls"] == 0 and ex.store.pending == 0
+
+
+@pytest.mark.parametrize("op, outs", [
+    (torch.ops.aten.nonzero.default, [torch.tensor([[0], [2]])]),  # one tensor
+    (torch.ops.aten.where.default, [torch.tensor([1, 3])]),  # a list (Tensor[]) of one
+    (torch.ops.aten.where.default, []),  # an empty list still says it is one
+    (torch.ops.aten.sort.default, [torch.tensor([1.0, 2.0]), torch.tensor([1, 0])]),  # a tuple
+])
+def test_an_answer_built_in_place_is_the_encoded_result(op, outs):
+    """The native loop's answer to a call (``executor._answer``, built in place) is what the
+    codec encodes for the value the operator returned, each tensor by its id in order, with
+    every output's metadata."""
+    from rrto_plugins.torch import codec
+    from rrto_plugins.torch.executor import _answer
+
+    ids = [100 + i for i in range(len(outs))]
+    returns = op._schema.returns
+    value = (outs[0] if len(returns) == 1 and str(returns[0].type) == "Tensor"
+             else list(outs) if len(returns) == 1 else tuple(outs))
+    want = ops_pb2.OpResult(seq=0, outs=[codec.meta_of(t) for t in outs])
+    by_id = {id(t): i for t, i in zip(outs, ids, strict=True)}
+    codec.encode_value(value, want.value, lambda t: ops_pb2.TensorRef(id=by_id[id(t)]))
+    assert _answer(op, outs, ids) == want

@@ -148,31 +148,46 @@ def _new_bytes(p: PreparedCall, tensors: list[torch.Tensor], args: list[Any],
     return need
 
 
-def _returned(op: Any, outs: list[torch.Tensor]) -> Any:
-    """What ``op`` returned, from its tensors in order: one tensor, a list (``Tensor[]``) or
-    a tuple of tensors. Only for those (``answerable``)."""
-    returns = op._schema.returns
-    if len(returns) == 1:
-        return list(outs) if str(returns[0].type) == "List[Tensor]" else outs[0]
-    return tuple(outs)
+_RETURN_ONE, _RETURN_LIST, _RETURN_TUPLE = 0, 1, 2
+_RETURN_KINDS: dict[Any, int] = {}  # operator -> how it returns its tensors (``_answer``)
+
+
+def _return_kind(op: Any) -> int:
+    """One tensor, a list (``Tensor[]``) or a tuple of tensors, per operator once: its
+    schema is a new Python object at every ``_schema``."""
+    kind = _RETURN_KINDS.get(op)
+    if kind is None:
+        returns = op._schema.returns
+        kind = _RETURN_KINDS[op] = (
+            _RETURN_TUPLE if len(returns) != 1
+            else _RETURN_LIST if str(returns[0].type) == "List[Tensor]" else _RETURN_ONE)
+    return kind
 
 
 def answerable(op: Any) -> bool:
     """Whether an answer to ``op``'s call can be built from its output tensors alone
-    (``_returned``): one return, or only ``Tensor`` returns."""
+    (``_answer``): one return, or only ``Tensor`` returns."""
     returns = op._schema.returns
     return len(returns) == 1 or all(str(r.type) == "Tensor" for r in returns)
 
 
 def _answer(op: Any, outs: list[torch.Tensor], ids: list[int]) -> ops_pb2.OpResult:
     """The reply ``run_prepared`` with ``want_meta`` gives for a call that made ``outs``
-    under ``ids``: their metadata and the returned value."""
+    under ``ids`` (in order): their metadata and the returned value - the tensor, the list or
+    the tuple of them, each by its id. Built in place: it is the reply to most answered calls
+    of a detector's replay (~3.7 us against ~9 us through ``meta_of`` and ``encode_value``)."""
     reply = ops_pb2.OpResult(seq=0)
     for t in outs:
-        reply.outs.append(codec.meta_of(t))
-    id_of = {id(t): i for i, t in zip(ids, outs, strict=True)}
-    codec.encode_value(_returned(op, outs), reply.value,
-                       lambda t: ops_pb2.TensorRef(id=id_of[id(t)]))
+        codec.fill_meta(reply.outs.add(), t)
+    value = reply.value
+    kind = _return_kind(op)
+    if kind == _RETURN_ONE:
+        value.tensor.id = ids[0]
+    else:
+        items = value.list if kind == _RETURN_LIST else value.tuple
+        items.SetInParent()  # an empty one still says which
+        for i in ids:
+            items.items.add().tensor.id = i
     return reply
 
 

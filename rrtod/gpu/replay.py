@@ -938,8 +938,7 @@ class HostReplayer:
                     return
                 if what == "result":  # what the app needs to go on: its answer
                     self._send_shapes(act, emit)  # the sizes before it first: the app is behind
-                    emit(ops_pb2.SessionDown(answer=ops_pb2.ReplayAnswer(
-                        base_id=act.base, position=act.app_position(k), result=down.result)))
+                    emit(_answer_frame(act.base, act.app_position(k), down.result))
                 else:
                     emit(down)
             if merged:
@@ -1115,8 +1114,7 @@ class HostReplayer:
 
         def answer(j: int, result: ops_pb2.OpResult) -> None:
             self._send_shapes(act, emit)
-            emit(ops_pb2.SessionDown(answer=ops_pb2.ReplayAnswer(
-                base_id=base, position=act.app_position(k + j), result=result)))
+            emit(_answer_frame(base, act.app_position(k + j), result))
 
         done = self.replay.run_batch(  # type: ignore[union-attr]
             run.batch, ids, [base + i for i in run.outs], drops, writes=copy,
@@ -1454,6 +1452,16 @@ def _with_bind(ref: ops_pb2.TensorRef, bind_id: int) -> ops_pb2.TensorRef:
     out.CopyFrom(ref)
     out.bind_id = bind_id
     return out
+
+
+def _answer_frame(base: int, position: int, result: ops_pb2.OpResult) -> ops_pb2.SessionDown:
+    """The app's answer to replayed call ``position`` of inference ``base``, built in place:
+    ``result`` is copied once, not into a ``ReplayAnswer`` and that into the frame."""
+    down = ops_pb2.SessionDown()
+    answer = down.answer
+    answer.base_id, answer.position = base, position
+    answer.result.CopyFrom(result)
+    return down
 
 
 def _error(code: str, message: str, sequence: int = 0) -> ops_pb2.SessionDown:
