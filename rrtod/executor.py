@@ -160,7 +160,10 @@ class ReplayExtension(Protocol):
     # that call ran), appends to ``snapshots`` a (call, ``snapshot``-like token) per call of
     # ``writes`` (what it overwrites, copied just before it ran) and calls
     # ``on_answer(call, OpResult)`` as each call of ``answered`` ran (the reply
-    # ``run_prepared`` with ``want_meta`` gives). Calls are counted from the run's first.
+    # ``run_prepared`` with ``want_meta`` gives); ``on_answer`` may return a time
+    # (``time.monotonic``) at which, if the run still goes, it is called as ``on_answer(-1,
+    # None)`` between two calls (the transport sends replies it held), and returns the next
+    # (0.0 or None: none). Calls are counted from the run's first.
     # Optional, together: ``rows`` (a recorded call as a local operator, ``rrtod.lop.RuleOf``)
     # and ``run_rows(prepared, refs, out_ids, rule, starts, lo, hi)``, which runs rows
     # ``[lo, hi)`` of a prepared call's outputs from tensors holding their rows from

@@ -10,6 +10,7 @@ and an operator that raises leaves what ran before it and nothing of itself.
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import torch
@@ -656,3 +657,34 @@ def test_an_answer_built_in_place_is_the_encoded_result(op, outs):
     by_id = {id(t): i for t, i in zip(outs, ids, strict=True)}
     codec.encode_value(value, want.value, lambda t: ops_pb2.TensorRef(id=by_id[id(t)]))
     assert _answer(op, outs, ids) == want
+
+
+@needs_loop
+@pytest.mark.parametrize("asks", [True, False])
+def test_a_run_asks_again_between_its_calls_when_its_answers_want(tmp_path, asks):
+    """``on_answer`` returns when it wants to be asked again (the transport holds replies to
+    share a message until then): a run still going at that time calls ``on_answer(-1,
+    None)`` before its next call, stepped and native alike, and not again unless asked; a
+    hook that asks for nothing is called only for the answers."""
+    ex = make(tmp_path)
+    calls = [op_call("aten::nonzero.default", ref(1), out=10),  # answered
+             metas(op_call("aten::gt.Scalar", ref(1), ops_pb2.Value(i=0), out=11), (8,)),
+             op_call("aten::nonzero.default", ref(11), out=12)]  # answered
+    b = batch_of(ex, calls, [[0], [0], [-2]], 1)
+    for frame in range(2):  # calibrates (stepped), then native
+        ex.store.put(1, torch.tensor([1., -1, 2, -2, 3, -3, 0, 5]))
+        asked: list[int] = []
+
+        def on_answer(j, result, asked=asked):
+            asked.append(j)
+            assert (result is None) == (j < 0)
+            return time.monotonic() - 1.0 if asks and j >= 0 else 0.0
+
+        first = 100 * (frame + 1)
+        calibrations = ex.counters["native_calibrations"]
+        assert ex.run_batch(b, [1], [first, first + 1, first + 2], answered=[0, 2],
+                            on_answer=on_answer) == 3
+        assert ex.counters["native_calibrations"] == calibrations + (frame == 0)
+        assert asked == ([0, -1, 2] if asks else [0, 2])
+        for i in (first, first + 1, first + 2):
+            ex.store.pop(i)

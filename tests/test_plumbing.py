@@ -183,6 +183,25 @@ def test_outbox_spaces_messages_of_a_busy_worker() -> None:
     asyncio.run(main())
 
 
+def test_outbox_says_when_its_held_replies_must_go() -> None:
+    """``due``: none held, 0.0; else ``HOLD_S`` after the oldest held reply, and no sooner
+    than ``GAP_S`` after the last message (what a native run asks between its calls)."""
+    async def main() -> None:
+        box = Outbox(asyncio.get_running_loop())
+        box.HOLD_S, box.GAP_S = 0.25, 60.0
+        assert box.due() == 0.0
+        box.put(ops_pb2.SessionDown(fetched=ops_pb2.Fetched(id=1)))  # held: HOLD_S
+        assert box.since is not None and box.due() == box.since + 0.25
+        box.flush()
+        assert box.due() == 0.0
+        box.put(ops_pb2.SessionDown(fetched=ops_pb2.Fetched(id=2)))
+        assert box.due() == box.flushed + 60.0
+        box.tick()  # not yet: still held
+        assert [g.fetched.id for g, _ in box.items] == [1, 2]
+
+    asyncio.run(main())
+
+
 def test_outbox_counts_queued_replies_and_overflows_once() -> None:
     """Replies count from ``put`` until the stream sent them (the next ``get``); one that
     the session has no room for is dropped, as is every later one, and the stream is told

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -191,6 +192,11 @@ def _answer(op: Any, outs: list[torch.Tensor], ids: list[int]) -> ops_pb2.OpResu
     return reply
 
 
+# ``run_batch``'s answer hook: (call, its reply) after an answered call ran, (-1, None) when
+# the time it asked for came during the run; returns when to be asked again (0/None: not).
+OnAnswer = Callable[[int, ops_pb2.OpResult | None], float | None]
+
+
 class _Hooks:
     """What ``run_batch`` does around a run's calls for the replayer: copies of what the
     ``writes`` calls overwrite, taken just before each runs (``snapshots``: (call, token)),
@@ -201,7 +207,7 @@ class _Hooks:
 
     def __init__(self, b: batch_.Batch, out_ids: list[int], writes: Sequence[int],
                  answered: Sequence[int],
-                 on_answer: Callable[[int, ops_pb2.OpResult], None] | None,
+                 on_answer: OnAnswer | None,
                  snapshots: list[tuple[int, Any]] | None):
         if (answered and on_answer is None) or (writes and snapshots is None):
             raise ValueError("answered calls need on_answer, written ones snapshots")
@@ -245,12 +251,17 @@ class _Hooks:
         self.snapshots.append((j, token))
         self.taken += 1
 
-    def ran(self, j: int, made: list[torch.Tensor]) -> None:
-        """Call ``j`` ran and made ``made``: the app waits for its answer?"""
+    def ran(self, j: int, made: list[torch.Tensor]) -> float | None:
+        """Call ``j`` ran and made ``made``: the app waits for its answer? Returns what
+        ``on_answer`` does: when to be asked again (``j = -1``: the run still goes and that
+        time came), so that replies held for the stream are not held behind a long run."""
+        if j < 0:
+            return self.on_answer(-1, None)  # type: ignore[misc]
         if j in self.answered:
             b = self.batch
-            self.on_answer(j, _answer(b.calls[j].op, made,  # type: ignore[misc]
-                                      self.out_ids[b.first[j]:b.first[j + 1]]))
+            return self.on_answer(j, _answer(b.calls[j].op, made,  # type: ignore[misc]
+                                             self.out_ids[b.first[j]:b.first[j + 1]]))
+        return None
 
     def undo(self) -> None:
         """Nothing of the run is kept: what its calls wrote in place is written back."""
@@ -568,7 +579,7 @@ class TorchExecutor:
                   out_ids: list[int],
                   drops: Sequence[tuple[int, int]] = (), writes: Sequence[int] = (),
                   answered: Sequence[int] = (),
-                  on_answer: Callable[[int, ops_pb2.OpResult], None] | None = None,
+                  on_answer: OnAnswer | None = None,
                   snapshots: list[tuple[int, Any]] | None = None) -> int:
         """Run a batch with these external tensors (live ids, or refs to resolve as
         ``run_prepared`` resolves them: an upload is decoded, and bound if it names an id),
@@ -582,7 +593,9 @@ class TorchExecutor:
         to undo: what they write is copied just before they run, appended to ``snapshots`` as
         (call, ``snapshot`` token). ``answered``: calls, in order, whose result the app waits
         for: ``on_answer(call, result)`` right after each ran, as ``run_prepared`` with
-        ``want_meta`` would reply."""
+        ``want_meta`` would reply. ``on_answer`` may return when it wants to be asked again
+        (``time.monotonic``; 0 or None: not): if the run still goes then, it is called as
+        ``on_answer(-1, None)`` between two calls (replies held for the stream go out)."""
         get = self.store.get
         try:
             tensors = [get(i) if type(i) is int else self._tensor_from_ref(i, b.what)
@@ -657,7 +670,10 @@ class TorchExecutor:
         done = start
         dropping = iter([d for d in drops if d[0] >= start])
         drop = next(dropping, None)
+        due = 0.0  # as the native loop asks ``on_answer`` again (``hostloop.cpp``: ``run``)
         for j in range(start, len(b.calls)):
+            if due and time.monotonic() >= due:
+                due = hooks.ran(-1, []) or 0.0  # (None: nothing held either)
             p = b.calls[j]
             tensors = [externals[s] if s >= 0 else outs[-s - 1] for s in b.sources[j]]
             if any(t is None for t in tensors):
@@ -684,7 +700,9 @@ class TorchExecutor:
             admitted += need
             outs.extend(made)
             done += 1
-            hooks.ran(j, made)
+            asked = hooks.ran(j, made)
+            if asked is not None:
+                due = asked
             while drop is not None and drop[0] <= j:
                 if drop[1] < len(outs):
                     outs[drop[1]] = None

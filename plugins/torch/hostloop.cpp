@@ -19,6 +19,7 @@
 #include <c10/core/InferenceMode.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -121,6 +122,18 @@ c10::IValue argument(const py::handle& value, const c10::TypePtr& type) {
   return torch::jit::toIValue(value, type);
 }
 
+// Now, on the clock of Python's ``time.monotonic`` (CLOCK_MONOTONIC on Linux, as
+// ``steady_clock``), in seconds.
+double monotonic() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// A time ``on_call`` returned: a Python float, else none (0).
+double deadline(const py::object& when) {
+  return PyFloat_Check(when.ptr()) ? PyFloat_AS_DOUBLE(when.ptr()) : 0;
+}
+
 class Batch {
  public:
   // One call: the operator's schema name and overload, its arguments in schema order (Python
@@ -221,6 +234,11 @@ class Batch {
   // copied just before the call writes it in place (an abort before the call restores it), as
   // (call, tensor, copy). ``notify``: calls, in order, after which ``on_call(call, outputs)``
   // is called with the GIL (the app waits for their answer: it goes out before the run ends).
+  // ``on_call`` may return a time (seconds of CLOCK_MONOTONIC, Python's ``time.monotonic``)
+  // by which replies it holds for the stream must go: if the run is still going then, it
+  // calls ``on_call(-1, [])`` between two calls, which returns the next such time (0 or
+  // None: nothing held). So an answer held to share a message is never kept waiting behind
+  // the rest of a long run.
   std::tuple<int, std::vector<at::Tensor>, std::vector<std::tuple<int, at::Tensor, at::Tensor>>>
   run(const std::vector<at::Tensor>& externals, const std::vector<std::pair<int, int>>& drops,
       const std::vector<std::pair<int, int>>& copies, const std::vector<int>& notify,
@@ -239,7 +257,12 @@ class Batch {
     c10::InferenceMode guard(true);
     int done = 0;
     size_t next_drop = 0, next_copy = 0, next_notify = 0;
+    double due = 0;  // when ``on_call`` wants to be asked again (0: never)
     for (const Call& c : calls_) {
+      if (due > 0 && monotonic() >= due) {
+        py::gil_scoped_acquire gil;
+        due = deadline(on_call(-1, std::vector<at::Tensor>()));
+      }
       const size_t before = outs.size();
       auto tensor = [&](size_t h) -> const at::Tensor& {
         const int s = c.holes[h].source;
@@ -272,7 +295,7 @@ class Batch {
         if (notify[next_notify] < done) continue;
         py::gil_scoped_acquire gil;
         std::vector<at::Tensor> made(outs.begin() + before, outs.end());
-        on_call(done, made);  // never raises (the caller's callback catches)
+        due = deadline(on_call(done, made));  // never raises (the caller's callback catches)
       }
       for (; next_drop < drops.size() && drops[next_drop].first <= done; ++next_drop) {
         const int v = drops[next_drop].second;

@@ -75,6 +75,10 @@ class Runner(Protocol):
 
     def handle(self, frame: ops_pb2.SessionUp) -> Iterable[ops_pb2.SessionDown]: ...
 
+    # Optional, together: ``held()``, when the replies the transport holds to share a message
+    # must go (``time.monotonic``; 0.0: none held), and ``tick()``, which sends those past
+    # their time. A native run asks between its calls (``run_batch``'s ``on_answer``).
+
 
 @dataclass
 class Run:
@@ -447,6 +451,9 @@ class HostReplayer:
             self.replay, "dense_sizes", None)
         # optional (rrtod.executor): frees without a Release frame per value
         self._release: Callable[[list[int]], None] | None = getattr(self.replay, "release", None)
+        # optional (``Runner``): the transport's held replies, asked of inside a native run
+        self._held: Callable[[], float] | None = getattr(executor, "held", None)
+        self._tick: Callable[[], None] | None = getattr(executor, "tick", None)
         self.sequences: dict[int, Compiled] = {}
         self.retired: dict[int, Compiled] = {}  # dropped, oldest first (``RETIRED_KEPT``)
         self.active: Active | None = None
@@ -1112,9 +1119,13 @@ class HostReplayer:
         copy = [j - k for j in run.writes if act.app_position(j) >= act.matched]
         snapshots: list[tuple[int, Any]] = []
 
-        def answer(j: int, result: ops_pb2.OpResult) -> None:
-            self._send_shapes(act, emit)
-            emit(_answer_frame(base, act.app_position(k + j), result))
+        def answer(j: int, result: ops_pb2.OpResult | None) -> float:
+            if result is not None:
+                self._send_shapes(act, emit)
+                emit(_answer_frame(base, act.app_position(k + j), result))
+            elif self._tick is not None:  # the time the last answer asked for came
+                self._tick()
+            return self._held() if self._held is not None and self._tick is not None else 0.0
 
         done = self.replay.run_batch(  # type: ignore[union-attr]
             run.batch, ids, [base + i for i in run.outs], drops, writes=copy,

@@ -73,14 +73,15 @@ class Outbox:
     thread and the event loop), on top of the wake-up of the loop, which competes with the
     worker for the CPU. So replies that come close together share one message
     (``SessionDownBatch``): a reply waits until the worker has finished the frames it was
-    given, or at most ``HOLD_S`` (checked at every executor call), whichever comes first.
-    While the worker stays busy, messages also go at most one per ``GAP_S``: a detector's
-    replay answers ~190 calls an inference (its per-class NMS loop), one every ~0.25 ms of
-    the host's work, and a message per ``HOLD_S`` cost its GPU daemon ~11 ms of CPU an
-    inference on the I/O threads, on the core the replay computes on. An answer alone still
-    goes within ``HOLD_S``; one in a burst waits at most ``GAP_S`` for the next executor call
-    (measured, alternate replays in one daemon: Faster R-CNN 191.7 -> 187.1 ms a frame,
-    RetinaNet 197.7 -> 188.8, Keypoint R-CNN and yolov8n unchanged; docs/benchmark.md).
+    given, or at most ``HOLD_S``, whichever comes first. While the worker stays busy,
+    messages also go at most one per ``GAP_S``: a detector's replay answers ~190 calls an
+    inference (its per-class NMS loop), one every ~0.25 ms of the host's work, and a message
+    per ``HOLD_S`` cost its GPU daemon ~11 ms of CPU an inference on the I/O threads, on the
+    core the replay computes on (measured, alternate replays in one daemon: Faster R-CNN
+    191.7 -> 187.1 ms a frame, RetinaNet 197.7 -> 188.8, Keypoint R-CNN and yolov8n
+    unchanged; docs/benchmark.md). An answer alone still goes within ``HOLD_S``. The time is
+    checked at every executor call and, inside a native run, between its calls once it came
+    (``due``): a held reply waits at most for the call under way.
 
     Replies waiting here, and the message gRPC is sending, count against the session's memory
     (``charge``/``refund``: its ``reply_memory``'s ``charge_reply``/``refund_reply``). A reply that
@@ -135,7 +136,15 @@ class Outbox:
             self.flush()
 
     def _due(self, now: float) -> bool:
-        return now - self.since >= self.HOLD_S and now - self.flushed >= self.GAP_S  # type: ignore[operator]
+        return now >= self.due()
+
+    def due(self) -> float:
+        """When the replies held now must go (``time.monotonic``), 0.0 if none is held. A
+        native run asks between its calls once that time came (``tick``): a reply held to
+        share a message does not wait behind the rest of a long run."""
+        if self.since is None:
+            return 0.0
+        return max(self.since + self.HOLD_S, self.flushed + self.GAP_S)
 
     def flush(self) -> None:
         self.since = None
@@ -188,6 +197,14 @@ class _Paced:
 
     def handle(self, frame: ops_pb2.SessionUp) -> Any:
         return self._run(self._handle, frame)
+
+    def held(self) -> float:
+        """When the replies the outbox holds must go (``Outbox.due``; 0.0: none held)."""
+        return self._outbox.due()
+
+    def tick(self) -> None:
+        """Send the replies held past their time (``Outbox.tick``)."""
+        self._outbox.tick()
 
     def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         self._outbox.tick()
