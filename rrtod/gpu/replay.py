@@ -452,8 +452,8 @@ class HostReplayer:
         # optional (rrtod.executor): frees without a Release frame per value
         self._release: Callable[[list[int]], None] | None = getattr(self.replay, "release", None)
         # optional (``Runner``): the transport's held replies, asked of inside a native run
-        self._held: Callable[[], float] | None = getattr(executor, "held", None)
-        self._tick: Callable[[], None] | None = getattr(executor, "tick", None)
+        self._pace = executor if hasattr(executor, "held") and hasattr(executor, "tick") \
+            else None
         self.sequences: dict[int, Compiled] = {}
         self.retired: dict[int, Compiled] = {}  # dropped, oldest first (``RETIRED_KEPT``)
         self.active: Active | None = None
@@ -1123,9 +1123,9 @@ class HostReplayer:
             if result is not None:
                 self._send_shapes(act, emit)
                 emit(_answer_frame(base, act.app_position(k + j), result))
-            elif self._tick is not None:  # the time the last answer asked for came
-                self._tick()
-            return self._held() if self._held is not None and self._tick is not None else 0.0
+            elif self._pace is not None:  # the time the last answer asked for came
+                self._pace.tick()  # type: ignore[attr-defined]
+            return self._pace.held() if self._pace is not None else 0.0  # type: ignore[attr-defined]
 
         done = self.replay.run_batch(  # type: ignore[union-attr]
             run.batch, ids, [base + i for i in run.outs], drops, writes=copy,

@@ -128,15 +128,13 @@ class Outbox:
         now = time.monotonic()
         if self.since is None:
             self.since = now
-        if reply is None or self._due(now):
+        if reply is None or now >= self.due():
             self.flush()
 
     def tick(self) -> None:
-        if self.since is not None and self._due(time.monotonic()):
+        due = self.due()
+        if due and time.monotonic() >= due:
             self.flush()
-
-    def _due(self, now: float) -> bool:
-        return now >= self.due()
 
     def due(self) -> float:
         """When the replies held now must go (``time.monotonic``), 0.0 if none is held. A
