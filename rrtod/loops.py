@@ -209,13 +209,16 @@ def guards(d: ops_pb2.SequenceDef, count: int) -> list[list[int]]:
     return [[name(g, i) for g in loop.guards] for i in range(count)]
 
 
-def guard_locals(d: ops_pb2.SequenceDef, count: int) -> list[list[int]]:
+def guard_locals(d: ops_pb2.SequenceDef, count: int,
+                 layout: Layout | None = None) -> list[list[int]]:
     """Per iteration of ``d``'s first loop unrolled ``count`` times, the local indices of its
     guards in ``bodies(d, count)`` (and so in every unrolling with the bodies first), worked
     out as ``unroll`` lays its local ids out (the head's, then each iteration's own), without
-    unrolling: the shim asks for them every frame whose count is new to its sequence. -1: a
-    guard that is no local value of an iteration."""
-    before, every = _iteration_ids(d)
+    unrolling: each end asks for them every frame whose count is new to its sequence. -1: a
+    guard that is no local value of an iteration. ``layout``: ``d``'s ``layout_of``, if the
+    caller keeps it (walking the calls before Mask R-CNN's loop for the ids was 7 ms of each
+    of its frames on the host)."""
+    before, every = (layout.before, layout.own) if layout is not None else _iteration_ids(d)
     local = set(d.local_ids)
     own = [r for r in every if r in local]
     head = sum(1 for r in d.local_ids if r in before)
@@ -260,22 +263,27 @@ def layout_of(d: ops_pb2.SequenceDef) -> Layout:
 
 
 def shared_calls(d: ops_pb2.SequenceDef, prefix: ops_pb2.SequenceDef, slots: list[int],
-                 out_local: list[list[int | None]]) -> int:
+                 out_local: list[list[int | None]], copied: int = 0) -> int:
     """How many first calls of ``d`` are ``prefix``'s own: the same call, reading the same
     sources, among the same first local ids, making no id ``d`` makes beyond them. Each
     replay end compiles an unrolling on its compiled head this far (an unrolled loop begins
     with the calls its head, and bodies, ran). ``slots`` and ``out_local``: per call of
     ``prefix``, its number of tensor arguments and its outputs' local indices (None: not one
-    of its ids), as its compile has them."""
+    of its ids), as its compile has them. ``copied``: ``d``'s first calls and their sources
+    are a copy of ``prefix``'s this far (``unroll``'s ``bodies``): not compared again."""
     ids = len(prefix.local_ids)
     if list(d.local_ids[:ids]) != list(prefix.local_ids):
         return 0
-    new_ids = set(d.local_ids[ids:])
     shared, slot, limit = 0, 0, min(len(d.calls), len(prefix.calls))
+    if copied == len(prefix.calls) <= len(d.calls):
+        # all of them, by ``unroll`` (``bodies``): the ids it adds past the prefix's are a
+        # variant's, renamed per iteration, and those the calls after the loop make first
+        return copied
+    new_ids = set(d.local_ids[ids:])
     while shared < limit:
         call, n = d.calls[shared], slots[shared]
-        if call != prefix.calls[shared] or \
-                d.sources[slot:slot + n] != prefix.sources[slot:slot + n]:
+        if shared >= copied and (call != prefix.calls[shared]
+                                 or d.sources[slot:slot + n] != prefix.sources[slot:slot + n]):
             break
         if new_ids and any(i is None and r in new_ids for r, i in zip(
                 call.out_ids, out_local[shared], strict=True)):
@@ -307,17 +315,26 @@ def bodies(d: ops_pb2.SequenceDef, count: int) -> ops_pb2.SequenceDef:
 def samples(d: ops_pb2.SequenceDef) -> list[ops_pb2.SequenceDef]:
     """``d``'s first loop unrolled with no iteration, one and two, each variant at least once
     in each order: what a replay end compiles when it is defined, so that a definition that
-    cannot run fails then and not when an inference reaches its loop."""
+    cannot run fails then and not when an inference reaches its loop. ``d`` is checked and
+    laid out once for all of them (each on its own was a third of a Mask R-CNN definition's
+    time on the host, ten samples for three variants)."""
     if not d.loops:
         return [d]
+    check(d)
+    layout = layout_of(d)
+
+    def sample(count: int, choices: list[int] | None = None,
+               bodies_first: bool = False) -> ops_pb2.SequenceDef:
+        return unroll(d, count, choices=choices, bodies_first=bodies_first, checked=True,
+                      layout=layout)
+
     k = len(d.loops[0].variants)
     if not k:
-        return [unroll(d, n) for n in (0, 1, 2)]
-    out = [unroll(d, 0, choices=[])]
+        return [sample(n) for n in (0, 1, 2)]
+    out = [sample(0, [])]
     for v in range(k):
         pair = [v, (v + 1) % k]
-        out += [unroll(d, 1, choices=[v]), unroll(d, 2, choices=pair),
-                unroll(d, 2, choices=pair, bodies_first=True)]
+        out += [sample(1, [v]), sample(2, pair), sample(2, pair, bodies_first=True)]
     return out
 
 
@@ -369,7 +386,8 @@ def counted_by(d: ops_pb2.SequenceDef) -> tuple[int, int] | None:
 
 def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
            choices: list[int] | None = None, bodies_first: bool = False,
-           checked: bool = False, layout: Layout | None = None) -> ops_pb2.SequenceDef:
+           checked: bool = False, layout: Layout | None = None,
+           bodies: ops_pb2.SequenceDef | None = None) -> ops_pb2.SequenceDef:
     """``d`` with its first loop run ``count`` times (its other loops moved along, still to be
     unrolled). A loop with variants needs ``choices``, the variant of each iteration
     (``choose``); with ``bodies_first`` the bodies of all iterations come before all their
@@ -379,7 +397,10 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
     fails ``check`` (not done again when ``checked``: an unrolling for an inference, of a
     definition checked when it was defined; it was a quarter of Mask R-CNN's unrolling) or
     the result would name more local ids than an inference's range holds. ``layout``: ``d``'s
-    ``layout_of``, if the caller keeps it."""
+    ``layout_of``, if the caller keeps it. ``bodies``: ``bodies(d, count)``, if the caller
+    has it (the host, which ran it): with the bodies first and ``choices``, the result is a
+    copy of it and the variants and the calls after the loop (building its calls again was
+    most of each Mask R-CNN frame's unrolling on the host)."""
     if not checked:
         check(d)
     if not d.loops:
@@ -425,16 +446,30 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
     for sym in d.symbols:
         symbols.setdefault(sym.call, []).append(sym)
     n_pre, n_body = layout.prefix_slots, layout.body_slots
-    out = ops_pb2.SequenceDef(id=d.id, thread=d.thread, calls=prefix,
-                              sources=list(d.sources[:n_pre]),
-                              symbols=[sym for sym in d.symbols if sym.call < s])
-    for c in loop.scatters:  # one output per iteration
-        call = out.calls[c]
-        meta = list(call.out_meta[:1]) * count
-        call.out_ids[:] = [name(call.out_ids[0], i) for i in range(count)]
-        del call.out_meta[:]
-        call.out_meta.extend(meta)
-    came = list(range(n_pre))  # per slot of the result: the slot of ``d`` it comes from
+    local = set(d.local_ids)
+    own_local = [r for r in own if r in local]
+    from_bodies = bodies is not None and bodies_first and choices is not None
+    if from_bodies:  # the head, the bodies, their sources, symbols and ids: as ``bodies``
+        assert bodies is not None
+        if (len(bodies.calls) != s + count * b or len(bodies.sources) != n_pre + count * n_body
+                or len(bodies.local_ids) != len(before & local)
+                + count * len(own_local) or bodies.outputs or bodies.loops):
+            raise ValueError(f"sequence {d.id}: not its bodies of {count} iterations")
+        out = ops_pb2.SequenceDef()
+        out.CopyFrom(bodies)
+        # per slot of the result: the slot of ``d`` it comes from
+        came = [*range(n_pre), *list(range(n_pre, n_pre + n_body)) * count]
+    else:
+        out = ops_pb2.SequenceDef(id=d.id, thread=d.thread, calls=prefix,
+                                  sources=list(d.sources[:n_pre]),
+                                  symbols=[sym for sym in d.symbols if sym.call < s])
+        for c in loop.scatters:  # one output per iteration
+            call = out.calls[c]
+            meta = list(call.out_meta[:1]) * count
+            call.out_ids[:] = [name(call.out_ids[0], i) for i in range(count)]
+            del call.out_meta[:]
+            call.out_meta.extend(meta)
+        came = list(range(n_pre))
     first_slot = [VARIANT_SLOTS + (len(d.loops) << 24)]  # of each variant, in ``origins``
     for v in variants[:-1]:
         first_slot.append(first_slot[-1] + len(v.sources))
@@ -481,7 +516,7 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
             lambda r: vname(k, r, i), i)
 
     if bodies_first:
-        for i in range(count):
+        for i in range(count if not from_bodies else 0):
             add_body(i)
         if not only_bodies:
             for i in range(count):
@@ -492,9 +527,9 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
             if variants:
                 add_variant(i)
     shift = len(out.calls) - len(prefix) - b  # where the calls after the loop move
-    local = set(d.local_ids)
-    out.local_ids.extend(r for r in d.local_ids if r in before)
-    out.local_ids.extend(name(r, i) for i in range(count) for r in own if r in local)
+    if not from_bodies:
+        out.local_ids.extend(r for r in d.local_ids if r in before)
+        out.local_ids.extend(name(r, i) for i in range(count) for r in own_local)
     out.local_ids.extend(vname(c, r, i) for i, c in enumerate(choices or ())
                          for r in variants[c].local_ids)
     if only_bodies:

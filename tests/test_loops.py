@@ -300,7 +300,7 @@ def test_the_guards_local_indices_are_worked_out_without_unrolling():
     for count in range(6):
         local = {rid: i for i, rid in enumerate(bodies(d, count).local_ids)}
         want = [[local.get(g, -1) for g in gs] for gs in guards(d, count)]
-        assert guard_locals(d, count) == want
+        assert guard_locals(d, count) == want == guard_locals(d, count, layout_of(d))
         assert all(i >= 0 for gs in want for i in gs)
     d.loops[0].guards.append(d.calls[0].out_ids[0])  # a value of the head: no iteration's
     assert all(gs[-1] == -1 for gs in guard_locals(d, 3))
@@ -379,11 +379,29 @@ def test_an_unrolling_compiled_on_its_head_is_the_one_compiled_whole(make):
             prefix = compile_sequence(before)
             whole, shared = compile_sequence(u), compile_sequence(u, prefix=prefix)
             assert not _same_compiled(whole, shared), _same_compiled(whole, shared)
+            if "choices" in how:  # the host's way: a copy of the bodies, compiled on them
+                copy = unroll(d, n, layout=layout_of(d), bodies=before, **how)
+                assert copy == u
+                on = compile_sequence(copy, prefix=prefix, copied=len(before.calls))
+                assert not _same_compiled(whole, on), _same_compiled(whole, on)
+                assert on.shared == len(before.calls)
             same = 0
             while same < min(len(u.calls), len(before.calls)) and \
                     u.calls[same] == before.calls[same]:
                 same += 1
             assert shared.shared == same and whole.shared == 0
+
+
+def test_bodies_of_another_count_are_not_copied():
+    """``unroll(bodies=)`` continues from the bodies the caller ran only when they are
+    ``bodies(d, count)``: bodies of another count are refused, not unrolled wrong."""
+    d = branched()
+    for other in (2, 4):
+        with pytest.raises(ValueError, match="not its bodies"):
+            unroll(d, 3, choices=[0, 1, 0], bodies_first=True, bodies=bodies(d, other))
+    done = unroll(d, 3, choices=[0, 1, 0], bodies_first=True)
+    with pytest.raises(ValueError, match="not its bodies"):  # a whole unrolling, not bodies
+        unroll(d, 3, choices=[0, 1, 0], bodies_first=True, bodies=done)
 
 
 def test_a_prefix_that_differs_is_not_shared():

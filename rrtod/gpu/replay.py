@@ -193,6 +193,10 @@ class Compiled:
     # the call it is at (``runs_from``: an unrolling is entered where its head ended)
     runs: dict[int, Run] | None = None
     runs_from: int = 0
+    # the ids its calls output, and per local index the first call that makes it: what a
+    # sequence compiled on this one as its prefix continues from (``compile_sequence``)
+    produced: frozenset[int] = frozenset()
+    made_at: dict[int, int] = field(default_factory=dict)
 
     def bound(self, slot: int) -> ops_pb2.TensorRef | None:
         """The weight or constant bound for ``slot`` (``sticky``), if any."""
@@ -204,7 +208,7 @@ def compile_sequence(d: ops_pb2.SequenceDef,
                      viewed: Callable[[ops_pb2.OpCall], list[int]] | None = None,
                      robot: frozenset[int] = frozenset(),
                      merges: dict[int, list[tuple[int, int]]] | None = None,
-                     prefix: Compiled | None = None) -> Compiled:
+                     prefix: Compiled | None = None, copied: int = 0) -> Compiled:
     """Index a definition for replay; ValueError if it is inconsistent (never trusted blindly:
     a bad definition must fail here, not halfway through an inference). ``written``: the ids
     of arguments a call writes in place without returning them (from the executor).
@@ -212,18 +216,25 @@ def compile_sequence(d: ops_pb2.SequenceDef,
     ``merges``: per call, (tensor argument, local index) of values of a split region it reads
     whole, put together from the robot's band (its INPUT there) and this host's (``lop``).
     ``prefix``: a compiled sequence whose first calls ``d`` may begin with (the head an
-    unrolling continues): what those calls alone decide is taken from it (``_shared``)."""
+    unrolling continues): what those calls alone decide is taken from it (``_shared``);
+    ``copied``: ``d``'s first calls are a copy of its definition's this far (not compared)."""
     if len(d.local_ids) > SPAN:  # inference k's ids are base + index: they would reach k+1's
         raise ValueError(f"sequence {d.id}: {len(d.local_ids)} local ids, more than an "
                          f"inference's id range holds ({SPAN}, rrtod.wire.SPAN)")
     local = {rid: i for i, rid in enumerate(d.local_ids)}
-    shared = _shared(d, prefix) if prefix is not None and not robot and not merges else 0
-    counts = [len(prefix.refs[k]) if k < shared else len(iter_tensor_refs(call))  # type: ignore
-              for k, call in enumerate(d.calls)]
+    shared = _shared(d, prefix, copied) if prefix is not None and not robot and not merges \
+        else 0
+    # The first ``shared`` calls are the prefix's (``p``): their per-call parts are taken from
+    # it, and only the calls after them are worked out (an unrolling at each Mask R-CNN frame)
+    p = prefix if shared else None
+    rest = list(d.calls[shared:])
+    rest_refs = [iter_tensor_refs(call) for call in rest]
+    counts = [len(r) for r in _first_calls(p, "refs", shared)] + [len(r) for r in rest_refs]
     if sum(counts) != len(d.sources):
         raise ValueError(f"sequence {d.id}: {len(d.sources)} sources for {sum(counts)} "
                          "tensor arguments")
-    for src in d.sources:
+    first_slot = sum(counts[:shared])  # the prefix's sources are its own, checked there
+    for src in d.sources[first_slot:]:
         if src.kind == SRC.PRODUCED and src.id not in local:
             raise ValueError(f"sequence {d.id}: produced source {src.id} is not a local id")
     if any(o not in local for o in d.outputs):
@@ -232,25 +243,18 @@ def compile_sequence(d: ops_pb2.SequenceDef,
         raise ValueError(f"sequence {d.id} cannot be split: {partition.why_not_split(d)}")
     if robot and max(robot) >= len(d.calls):
         raise ValueError(f"sequence {d.id}: a robot call is not one of its calls")
-    inputs, writes, mutates, binding, n = [], [], [], [], 0
-    refs_of: list[list[ops_pb2.TensorRef]] = []
-    written_of: list[list[int]] = []
-    produced: set[int] = set()
+    inputs, writes, mutates, binding, refs_of, written_of = (
+        _first_calls(p, name, shared)
+        for name in ("inputs", "writes", "mutates", "binding", "refs", "written_of"))
+    n = first_slot
+    # ids the calls so far output (the same call, sources and ids as the prefix's up to
+    # ``shared``)
+    produced: set[int] = set(p.produced) if p is not None and shared == len(p.refs) else {
+        r for call in d.calls[:shared] for r in call.out_ids}
     robot_made: set[int] = set()  # ids only the robot has
-    for k, (call, count) in enumerate(zip(d.calls, counts, strict=True)):
-        own = list(range(n, n + count))
-        n += count
-        if k < shared:  # the same call, sources and ids as the prefix's
-            p: Compiled = prefix  # type: ignore[assignment]
-            refs_of.append(p.refs[k])
-            written_of.append(p.written_of[k])
-            binding.append(p.binding[k])
-            inputs.append(p.inputs[k])
-            writes.append(p.writes[k])
-            mutates.append(p.mutates[k])
-            produced.update(call.out_ids)
-            continue
-        refs = iter_tensor_refs(call)
+    for k, (call, refs) in enumerate(zip(rest, rest_refs, strict=True), start=shared):
+        own = list(range(n, n + len(refs)))
+        n += len(refs)
         refs_of.append(refs)
         written_of.append(written(call) if written is not None else [])
         if k in robot:  # the robot runs it: nothing to wait for, run, snapshot or check
@@ -283,14 +287,14 @@ def compile_sequence(d: ops_pb2.SequenceDef,
         raise ValueError(f"sequence {d.id}: an output is made by the robot")
     outputs = {local[o] for o in d.outputs if o in local}
     # an output is pushed once nothing writes its storage any more (a view of it included)
-    viewed_of = [prefix.viewed_of[k] if k < shared else  # type: ignore[union-attr]
-                 viewed(call) if viewed is not None else [] for k, call in enumerate(d.calls)]
+    viewed_of = _first_calls(p, "viewed_of", shared) + [
+        viewed(call) if viewed is not None else [] for call in rest]
     last_writer = final_writes_of(d, written_of, viewed_of)
     pushes = _grouped(len(d.calls), ((last_writer[i], i) for i in sorted(outputs)))
     last_use = dict(last_writer)
     for k, plan in enumerate(binding):
-        for _slot, _ref, _kind, bind, produced in plan:
-            for i in (bind, produced):
+        for _slot, _ref, _kind, bind, source in plan:
+            for i in (bind, source):
                 if i is not None:
                     last_use[i] = max(last_use.get(i, k), k)
     for k, pairs in (merges or {}).items():
@@ -306,11 +310,13 @@ def compile_sequence(d: ops_pb2.SequenceDef,
         if src.kind == SRC.CONSTANT:
             constants.setdefault(src.id, []).append(slot)
     constant_slots = {slot for slots in constants.values() for slot in slots}
-    constants_at = [tuple(p[0] for p in plan if p[0] in constant_slots) if constant_slots
-                    else () for plan in binding]
+    constants_at = [tuple(arg[0] for arg in plan if arg[0] in constant_slots)
+                    if constant_slots else () for plan in binding]
     symbols: dict[int, list[tuple[list[Any], int, int, int]]] = {}
-    made_at: dict[int, int] = {}  # local index -> the first call that makes it
-    for k, call in enumerate(d.calls):
+    # local index -> the first call that makes it
+    whole = p is not None and shared == len(p.refs)
+    made_at: dict[int, int] = dict(p.made_at) if whole else {}  # type: ignore[union-attr]
+    for k, call in enumerate(rest if whole else d.calls, start=shared if whole else 0):
         for r in call.out_ids:
             if r in local:
                 made_at.setdefault(local[r], k)
@@ -331,15 +337,23 @@ def compile_sequence(d: ops_pb2.SequenceDef,
             raise ValueError(f"sequence {d.id}: call {sym.call} uses a size of a tensor made "
                              "after it")
     first = d.varies_from if d.HasField("varies_from") else len(d.calls)
-    answered = frozenset(k for k, call in enumerate(d.calls) if call.want_meta)
+    answered = frozenset(k for k in (p.answered if p is not None else ()) if k < shared) | {
+        k for k, call in enumerate(rest, start=shared) if call.want_meta}
     varying = frozenset(range(first, len(d.calls))) | answered
-    out_local = [prefix.out_local[k] if k < shared  # type: ignore[union-attr]
-                 else [local.get(r) for r in call.out_ids] for k, call in enumerate(d.calls)]
+    out_local = _first_calls(p, "out_local", shared) + [
+        [local.get(r) for r in call.out_ids] for call in rest]
     return Compiled(d, local, inputs, outputs, pushes, writes, mutates, binding, out_local,
                     last_use, free_after, written=written, constants=constants,
                     constants_at=constants_at, symbols=symbols, varying=varying,
                     answered=answered, robot=robot, merges=merges or {}, refs=refs_of,
-                    written_of=written_of, viewed_of=viewed_of, shared=shared)
+                    written_of=written_of, viewed_of=viewed_of, shared=shared,
+                    produced=frozenset(produced), made_at=made_at)
+
+
+def _first_calls(prefix: Compiled | None, name: str, shared: int) -> list[Any]:
+    """A per-call list of ``prefix`` (``Compiled``'s field ``name``) for its first ``shared``
+    calls, to be extended; empty without a prefix."""
+    return list(getattr(prefix, name)[:shared]) if prefix is not None else []
 
 
 def _grouped(n: int, pairs: Iterable[tuple[int, int]]) -> list[tuple[int, ...]]:
@@ -352,14 +366,14 @@ def _grouped(n: int, pairs: Iterable[tuple[int, int]]) -> list[tuple[int, ...]]:
     return [tuple(by[k]) if k in by else () for k in range(n)]
 
 
-def _shared(d: ops_pb2.SequenceDef, prefix: Compiled) -> int:
+def _shared(d: ops_pb2.SequenceDef, prefix: Compiled, copied: int = 0) -> int:
     """How many first calls of ``d`` take ``prefix``'s compile (``loops.shared_calls``):
     compiling an unrolling's head again each inference was most of its cost (Mask R-CNN: 714
     calls of a frame's 740 to 956)."""
     p = prefix.definition
     if p.loops or prefix.robot or prefix.merges or prefix.split:
         return 0
-    return loops.shared_calls(d, p, [len(r) for r in prefix.refs], prefix.out_local)
+    return loops.shared_calls(d, p, [len(r) for r in prefix.refs], prefix.out_local, copied)
 
 
 def pinned_by(seq: Compiled) -> str | None:
@@ -718,7 +732,7 @@ class HostReplayer:
         seq.plans.append(plan)
 
     def _compile(self, d: ops_pb2.SequenceDef, check: bool = True,
-                 prefix: Compiled | None = None) -> Compiled:
+                 prefix: Compiled | None = None, copied: int = 0) -> Compiled:
         """``compile_sequence`` with this executor's aliasing; a definition with loops compiles
         to its head. ``check``: it is also compiled unrolled (``loops.samples``: no iteration,
         one, two, each variant), so that a definition that cannot run fails here and not when
@@ -728,18 +742,18 @@ class HostReplayer:
         loop compiled Mask R-CNN's per-box loop 102 times). An unrolling at replay time is of
         a definition checked so when it was defined: not checked again (it was 34 compiles of
         the whole inference per frame). ``prefix``: the compiled head an unrolling continues
-        (``compile_sequence``)."""
+        (``compile_sequence``, with ``copied``)."""
         replay = self.replay
         written = replay.written_ids if replay is not None else None
         viewed = replay.viewed_ids if replay is not None else None
         if not d.loops:
-            return compile_sequence(d, written, viewed, prefix=prefix)
+            return compile_sequence(d, written, viewed, prefix=prefix, copied=copied)
         why = None
-        if check:  # (each sample compiled once: its ``pinned_by`` is read off it too)
-            for n, u in enumerate(loops.samples(d)):
-                sample = self._compile(u, check=n == 1)
-                why = why or (sample.pinned if n == 1 and u.loops else pinned_by(sample))
         seq = compile_sequence(loops.head(d), written, viewed, prefix=prefix)
+        if check:  # (each sample compiled once, on the head: its ``pinned_by`` is read off it)
+            for n, u in enumerate(loops.samples(d)):
+                sample = self._compile(u, check=n == 1, prefix=seq)
+                why = why or (sample.pinned if n == 1 and u.loops else pinned_by(sample))
         seq.folded, seq.counted, seq.checked, seq.pinned = d, loops.counted_by(d), check, why
         seq.layout = loops.layout_of(d)
         return seq
@@ -1179,18 +1193,23 @@ class HostReplayer:
             variants = bool(folded.loops[0].variants)
             choices = None
             if variants and seq.bodies_of is not None:  # the bodies ran: their guards choose
+                where = loops.guard_locals(folded, n, seq.layout)
+                if any(i < 0 for gs in where for i in gs):
+                    raise ValueError("a guard of its loop is not a local value")
                 choices = loops.choose(folded.loops[0], [
-                    tuple(self._scalar(act, seq.local[g]) for g in gs)
-                    for gs in loops.guards(folded, n)])
+                    tuple(self._scalar(act, i) for i in gs) for gs in where])
             key: Any = (n if not variants else ("bodies", n) if choices is None
                         else (n, tuple(choices)))
             u = seq.unrolled.get(key)
             if u is None:
                 origins: list[int] = []
+                # after the bodies (``seq``), the unrolling is a copy of them and the rest
+                bodies = seq.definition if choices is not None else None
                 u = self._compile(loops.unroll(folded, n, origins, choices=choices,
                                                bodies_first=variants, checked=seq.checked,
-                                               layout=seq.layout),
-                                  check=False, prefix=seq)
+                                               layout=seq.layout, bodies=bodies),
+                                  check=False, prefix=seq,
+                                  copied=len(bodies.calls) if bodies is not None else 0)
                 # The calls it begins with are those ``seq`` ran (the head, or the head and
                 # the bodies): their compiled and prepared forms are kept, each compared
                 # first (a scattered call's outputs differ with the count).
