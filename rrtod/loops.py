@@ -387,7 +387,8 @@ def counted_by(d: ops_pb2.SequenceDef) -> tuple[int, int] | None:
 def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
            choices: list[int] | None = None, bodies_first: bool = False,
            checked: bool = False, layout: Layout | None = None,
-           bodies: ops_pb2.SequenceDef | None = None) -> ops_pb2.SequenceDef:
+           bodies: ops_pb2.SequenceDef | None = None,
+           made_from: list[Any] | None = None) -> ops_pb2.SequenceDef:
     """``d`` with its first loop run ``count`` times (its other loops moved along, still to be
     unrolled). A loop with variants needs ``choices``, the variant of each iteration
     (``choose``); with ``bodies_first`` the bodies of all iterations come before all their
@@ -400,12 +401,19 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
     ``layout_of``, if the caller keeps it. ``bodies``: ``bodies(d, count)``, if the caller
     has it (the host, which ran it): with the bodies first and ``choices``, the result is a
     copy of it and the variants and the calls after the loop (building its calls again was
-    most of each Mask R-CNN frame's unrolling on the host)."""
+    most of each Mask R-CNN frame's unrolling on the host). ``made_from``, if given, receives
+    per call of the result the recorded call it is made from, the same key for the same
+    call whatever its ids: ``("body", q)``, ``("variant", k, q)`` (with the iteration where
+    the loop's index is one of its arguments), ``("after", j, count)``; None for a call of the
+    head or of the copied bodies (a scattered call's outputs follow the count). The host
+    keeps one decoded form of each (``HostReplayer._unroll``)."""
     if not checked:
         check(d)
     if not d.loops:
         if origins is not None:
             origins[:] = range(len(d.sources))
+        if made_from is not None:
+            made_from[:] = [None] * len(d.calls)
         return d
     if not 0 <= count <= MAX_COUNT:
         raise ValueError(f"sequence {d.id}: a loop count of {count}")
@@ -459,6 +467,7 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
         out.CopyFrom(bodies)
         # per slot of the result: the slot of ``d`` it comes from
         came = [*range(n_pre), *list(range(n_pre, n_pre + n_body)) * count]
+        made_of: list[Any] = [None] * len(bodies.calls)
     else:
         out = ops_pb2.SequenceDef(id=d.id, thread=d.thread, calls=prefix,
                                   sources=list(d.sources[:n_pre]),
@@ -470,14 +479,17 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
             del call.out_meta[:]
             call.out_meta.extend(meta)
         came = list(range(n_pre))
+        made_of = [None] * len(prefix)
     first_slot = [VARIANT_SLOTS + (len(d.loops) << 24)]  # of each variant, in ``origins``
     for v in variants[:-1]:
         first_slot.append(first_slot[-1] + len(v.sources))
 
     def add(templates: list[ops_pb2.OpCall], sources: Any, slot0: int, syms: Any,
-            rename: Callable[[int], int], i: int) -> None:
+            rename: Callable[[int], int], i: int, tag: tuple[Any, ...]) -> None:
         slot = 0
         for q, template in enumerate(templates):
+            at = syms.get(q, ())
+            made_of.append((*tag, q, i) if any(sym.index for sym in at) else (*tag, q))
             call = out.calls.add()
             call.CopyFrom(template)
             call.out_ids[:] = [rename(r) for r in template.out_ids]
@@ -492,7 +504,7 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
                     ref.id = rename(ref.id)
                 elif ref.WhichOneof("ref") == "upload" and ref.bind_id:
                     ref.bind_id = rename(ref.bind_id)
-            for sym in syms.get(q, ()):
+            for sym in at:
                 if sym.index:
                     int_arg(call, sym).i = i
                 else:
@@ -508,12 +520,12 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
 
     def add_body(i: int) -> None:
         add(body, d.sources[n_pre: n_pre + n_body], n_pre, body_syms,
-            lambda r: name(r, i), i)
+            lambda r: name(r, i), i, ("body",))
 
     def add_variant(i: int) -> None:
         k = choices[i]  # type: ignore[index]
         add(list(variants[k].calls), variants[k].sources, first_slot[k], var_syms[k],
-            lambda r: vname(k, r, i), i)
+            lambda r: vname(k, r, i), i, ("variant", k))
 
     if bodies_first:
         for i in range(count if not from_bodies else 0):
@@ -536,6 +548,8 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
         out.varies_from = min(d.varies_from, s) if d.HasField("varies_from") else s
         if origins is not None:
             origins[:] = came
+        if made_from is not None:
+            made_from[:] = made_of
         return out
     gathers: dict[int, set[tuple[object, ...]]] = {}
     for g in loop.gathers:
@@ -543,6 +557,7 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
     of_one = set(rank) | {r for v in variants for r in v.local_ids}
     slot = n_pre + n_body
     for k, template in enumerate(suffix, start=s + b):
+        made_of.append(("after", k, count))
         call = out.calls.add()
         call.CopyFrom(template)
         wanted = gathers.get(k, set())
@@ -584,6 +599,8 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
         out.varies_from = v if v < s else s + (v - s if count else 0) if v < s + b else v + shift
     if origins is not None:
         origins[:] = came
+    if made_from is not None:
+        made_from[:] = made_of
     for lp in later:
         moved = out.loops.add()
         moved.CopyFrom(lp)

@@ -392,6 +392,38 @@ def test_an_unrolling_compiled_on_its_head_is_the_one_compiled_whole(make):
             assert shared.shared == same and whole.shared == 0
 
 
+def test_each_unrolled_call_names_the_recorded_call_it_is_made_from():
+    """``made_from``: the host keeps one decoded form per recorded call for all unrollings,
+    so the key must be the same exactly for the same call whatever its ids: the loop's index
+    among its arguments is part of it, and a call after the loop carries the count (a
+    gathered list has one item per iteration)."""
+    d = branched()
+    made: list = []
+    u = unroll(d, 3, choices=[0, 1, 0], made_from=made)
+    assert made == [None, ("body", 0, 0), ("body", 1), ("variant", 0, 0),
+                    ("body", 0, 1), ("body", 1), ("variant", 1, 0), ("variant", 1, 1),
+                    ("body", 0, 2), ("body", 1), ("variant", 0, 0), ("after", 3, 3)]
+    for key in {k for k in made if k is not None}:
+        calls = [c for k, c in zip(made, u.calls, strict=True) if k == key]
+        for c in calls:  # the same call but for its ids
+            for c2 in calls:
+                a, b = ops_pb2.OpCall(), ops_pb2.OpCall()
+                a.CopyFrom(c)
+                b.CopyFrom(c2)
+                for x in (a, b):
+                    del x.out_ids[:]
+                    for ref in iter_tensor_refs(x):
+                        ref.id = 0
+                assert a == b, key
+    first = bodies(d, 3)
+    host: list = []
+    copy = unroll(d, 3, choices=[0, 1, 0], bodies_first=True, bodies=first, made_from=host)
+    assert host[:len(first.calls)] == [None] * len(first.calls)
+    assert sorted(map(str, host[len(first.calls):])) == sorted(
+        map(str, [k for k in made if k is not None and k[0] != "body"]))
+    assert len(host) == len(copy.calls)
+
+
 def test_bodies_of_another_count_are_not_copied():
     """``unroll(bodies=)`` continues from the bodies the caller ran only when they are
     ``bodies(d, count)``: bodies of another count are refused, not unrolled wrong."""

@@ -54,6 +54,8 @@ from rrtod.wire import (
 Emit = Callable[[ops_pb2.SessionDown], None]
 SRC = ops_pb2.SeqSource
 MAX_UNROLLED = 64  # counts a sequence with a loop keeps compiled
+MAX_TEMPLATES = 4096  # decoded calls its unrollings share (``HostReplayer._prepared``)
+MAX_BATCHES = 1024  # native runs a session keeps built for reuse (``HostReplayer._run_of``)
 # Replays of each plan of a sequence that are timed call by call, then reported to the robot
 # (``SequenceProfile``): what a scheduler places with. A timed call waits for the device, so
 # only these few are timed.
@@ -197,6 +199,9 @@ class Compiled:
     # sequence compiled on this one as its prefix continues from (``compile_sequence``)
     produced: frozenset[int] = frozenset()
     made_at: dict[int, int] = field(default_factory=dict)
+    # A head with a loop: per recorded call of its unrollings (``loops.unroll``'s
+    # ``made_from``), the executor's decoded form, shared by all of them (``_prepared``)
+    templates: dict[Any, Any] = field(default_factory=dict)
 
     def bound(self, slot: int) -> ops_pb2.TensorRef | None:
         """The weight or constant bound for ``slot`` (``sticky``), if any."""
@@ -470,6 +475,8 @@ class HostReplayer:
             else None
         self.sequences: dict[int, Compiled] = {}
         self.retired: dict[int, Compiled] = {}  # dropped, oldest first (``RETIRED_KEPT``)
+        # native runs built, by their decoded calls and dataflow (``_run_of``), oldest first
+        self._batches: dict[Any, Any] = {}
         self.active: Active | None = None
         # A replay the host completed ahead of the app: it may still be aborted, until the app
         # shows it matched to the end (a new start, or a forwarded call).
@@ -757,6 +764,23 @@ class HostReplayer:
         seq.folded, seq.counted, seq.checked, seq.pinned = d, loops.counted_by(d), check, why
         seq.layout = loops.layout_of(d)
         return seq
+
+    def _prepared(self, templates: dict[Any, Any], key: Any, call: ops_pb2.OpCall) -> Any:
+        """``_prepare(call)``, kept in ``templates`` under ``key`` (the recorded call it was
+        unrolled from: ``loops.unroll``'s ``made_from``, None for none) for every unrolling of
+        the same definition: each Mask R-CNN frame unrolls its own count and variants, and
+        decoding their calls anew, then trying each in the native loop and building its runs
+        again, was ~10 ms of every frame. One decoded form per recorded call also lets the
+        runs built of them be kept (``_run_of``)."""
+        p = templates.get(key) if key is not None else None
+        if p is not None and getattr(p, "what", None) == f"{call.op} (replayed)":
+            return p
+        p = self._prepare(call)
+        if key is not None and p is not None:
+            if len(templates) >= MAX_TEMPLATES:
+                templates.clear()
+            templates[key] = p
+        return p
 
     def _prepare(self, call: ops_pb2.OpCall) -> Any:
         """The executor's decoded form of ``call`` (its replay extension's ``prepare``): a
@@ -1057,9 +1081,18 @@ class HostReplayer:
             for i in seq.out_local[k]:
                 made[i] = len(outs)  # type: ignore[index]
                 outs.append(i)  # type: ignore[arg-type]
-        batch = make([seq.prepared[k] for k in range(start, end)], sources, len(externals))
+        calls = [seq.prepared[k] for k in range(start, end)]
+        # The same decoded calls on the same dataflow (another unrolling's iteration: the
+        # same ``_prepared`` forms) are the same run: built and calibrated once, kept
+        key = (tuple(map(id, calls)), tuple(map(tuple, sources)), len(externals))
+        batch = self._batches.get(key)
         if batch is None:
-            return None
+            batch = make(calls, sources, len(externals))
+            if batch is None:
+                return None
+            if len(self._batches) >= MAX_BATCHES:
+                self._batches.pop(next(iter(self._batches)))
+            self._batches[key] = batch
         constants = frozenset(s for k in range(start, end) for s in seq.constants_at[k])
         return Run(end, batch, externals, frozenset(slots), constants, outs,
                    [k for k in range(start, end) for _ in seq.out_local[k]],
@@ -1203,11 +1236,13 @@ class HostReplayer:
             u = seq.unrolled.get(key)
             if u is None:
                 origins: list[int] = []
+                made_from: list[Any] = []
                 # after the bodies (``seq``), the unrolling is a copy of them and the rest
                 bodies = seq.definition if choices is not None else None
                 u = self._compile(loops.unroll(folded, n, origins, choices=choices,
                                                bodies_first=variants, checked=seq.checked,
-                                               layout=seq.layout, bodies=bodies),
+                                               layout=seq.layout, bodies=bodies,
+                                               made_from=made_from),
                                   check=False, prefix=seq,
                                   copied=len(bodies.calls) if bodies is not None else 0)
                 # The calls it begins with are those ``seq`` ran (the head, or the head and
@@ -1217,7 +1252,7 @@ class HostReplayer:
                 shared = min(u.shared, len(ready))
                 u.prepared = ready[:shared] + [
                     ready[k] if k < len(done) and k < len(ready) and call == done[k]
-                    else self._prepare(call)
+                    else self._prepared(seq.templates, made_from[k], call)
                     for k, call in enumerate(u.definition.calls[shared:], start=shared)]
                 u.sticky, u.latest, u.gone = seq.sticky, seq.latest, seq.gone
                 root = seq.canon if seq.bodies_of is None else seq.folded_canon
@@ -1226,6 +1261,7 @@ class HostReplayer:
                 if variants and choices is None:  # the bodies: the guards come next
                     u.folded, u.counted, u.unrolled, u.bodies_of = folded, seq.counted, \
                         seq.unrolled, n
+                    u.templates = seq.templates
                     u.layout = seq.layout
                     u.checked = seq.checked
                     u.folded_canon = seq.canon
