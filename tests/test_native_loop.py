@@ -347,6 +347,26 @@ def test_an_output_that_follows_the_data_steps_the_run_on_from_where_it_differs(
 
 
 @needs_loop
+def test_a_run_whose_inputs_take_other_sizes_each_inference_runs_bounded(tmp_path):
+    """A calibrated run whose external tensor comes with other sizes (a mask head's boxes,
+    every frame their own number) runs nothing natively and is stepped; from then on its
+    sizes follow the data and it runs *bounded*, not stepped (and calibrated) every time."""
+    ex = make(tmp_path)
+    calls = [metas(op_call("aten::relu.default", ref(1), out=10), (3,)),
+             metas(op_call("aten::neg.default", ref(10), out=11), (3,)),
+             metas(op_call("aten::exp.default", ref(11), out=12), (3,))]
+    b = batch_of(ex, calls, [[0], [-1], [-2]], 1)
+    for first, n, varies in ((10, 3, False), (20, 5, True), (30, 4, True), (40, 5, True)):
+        x = torch.randn(n)
+        ex.store.put(1, x)
+        assert ex.run_batch(b, [1], [first, first + 1, first + 2]) == 3
+        assert torch.equal(ex.store.get(first + 2), torch.exp(-torch.relu(x)))
+        assert b.varies is varies and ex.store.pending == 0
+    assert ex.counters["native_calibrations"] == 2  # the first, and the one that met 5
+    assert ex.counters["bounded_runs"] == 2  # 4 and 5 again: within what 5 took
+
+
+@needs_loop
 def test_a_bounded_run_stops_before_a_call_that_takes_more_than_it_ever_did(tmp_path):
     """A count above any stepped one: the bounded run keeps the calls before the first whose
     new outputs take more than its cap (``neg`` of 7 elements, against 5 before), and the

@@ -17,8 +17,9 @@ their tensors, each admitted before it runs - and admitted as a whole before eac
 which the loop only starts when every external tensor has the sizes, strides, dtype and device
 it was calibrated with, and stops before any call whose output differs from its calibrated
 layout; from there the run is *stepped* (each call admitted for its own sizes, then run alone).
-A run whose sizes follow the data (its calibrated run kept meeting other sizes: a detector's
-per-class loop, every frame other counts) would be stepped every time, ~30 us of Python around
+A run whose sizes follow the data (its calibrated run met other sizes, within it or in its
+external tensors: a detector's per-class loop, a mask head's boxes, every frame other counts)
+would be stepped every time, ~30 us of Python around
 each call; it runs *bounded* instead: the most each call allocated when stepped (its cap) is
 admitted for the whole run, the loop takes any sizes, and it stops before a call whose new
 outputs took more than its cap - one call past what was admitted, as a calibrated run's call

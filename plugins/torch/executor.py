@@ -606,7 +606,8 @@ class TorchExecutor:
             return 0  # released or poisoned: the Python path says so
         hooks = _Hooks(b, out_ids, writes, answered, on_answer, snapshots)
         admitted, done, outs = 0, 0, []
-        if b.loop.calibrated() and not b.varies:
+        tried = b.loop.calibrated() and not b.varies
+        if tried:
             try:
                 admitted, done, outs = self._run_loop(b, b.total, tensors, drops, hooks,
                                                       answered)
@@ -622,7 +623,11 @@ class TorchExecutor:
                 if done:
                     self.counters["bounded_runs"] += 1
         if done < len(b.calls):
-            stopped = done > 0  # a calibrated run met other sizes (or a failing call) within
+            # A calibrated run met other sizes: within (or a failing call), or in its external
+            # tensors, when it ran nothing (Mask R-CNN's mask head and paste loop: each frame
+            # its own number of boxes, every run stepped ~100 times in 30 frames, 4 s of the
+            # host's CPU, until that too made them bounded)
+            stopped = tried
             stepped, done, outs = self._step(b, tensors, drops, done, outs, hooks)
             admitted += stepped
             if done == len(b.calls):
