@@ -21,6 +21,11 @@ peer_session       the GPU daemon's Session stream (SessionOpen, then     none e
 codec              plugins/torch/codec decode_value, from_tensor_data      CodecError
 replay_defs        gpu.replay.compile_sequence, then HostReplayer         ValueError/KeyError
                    replays of the definition with a TorchExecutor          (compile); none after
+loop_defs          rrtod.loops check and unroll (copied from the bodies,   ValueError (check,
+                   with made_from) and compile_sequence on the bodies, of  unroll), ValueError/
+                   a looped definition with fuzzed ids, integers, loop     KeyError (compile);
+                   fields and variants: equal to unrolling and compiling   copy == whole
+                   it whole
 native_runs        a definition replayed in the host's native runs         none escape:
                    (plugins/torch/hostloop.cpp) with fuzzed integer        SessionDown(error)
                    arguments, output layouts and input sizes
@@ -65,7 +70,7 @@ from rrto_plugins.torch.journal import Journal
 from rrto_plugins.torch.metadata import OpInfo
 from rrto_plugins.torch.replay import Active, ReplayClient, Sequence, Step, decode_answer
 from rrto_plugins.torch.schemas import schema_hash
-from rrtod import partition, shared_uploads
+from rrtod import loops, partition, shared_uploads
 from rrtod.config import SocketLimitsConfig
 from rrtod.executor import ExecutorContext
 from rrtod.framing import ByteBudget, FrameError, FrameReader, encode, read_frame
@@ -805,6 +810,63 @@ def robot_scheduling(data: bytes) -> None:
                 d = placed
 
 
+def loop_defs(data: bytes) -> None:
+    """A definition with a loop of variants, as the robot sends it, with fuzzed integers,
+    ids, sources, loop fields and variants, unrolled for a fuzzed count and choice of
+    variants: where ``loops.check`` accepts it, the host's unrolling copied from its bodies
+    (``unroll(bodies=)``, with ``made_from``) equals the one built whole, and compiled on
+    the bodies (``compile_sequence(copied=)``) equals a whole compile, field for field."""
+    from tests.test_loops import _same_compiled, branched
+
+    fdp = atheris.FuzzedDataProvider(data)
+    d = branched()
+    loop = d.loops[0]
+    ints: list[ops_pb2.Value] = []
+    for call in (*d.calls, *(c for v in loop.variants for c in v.calls)):
+        for v in call.args:
+            _int_values(v, ints)
+    ids = [*d.local_ids, *(r for v in loop.variants for r in v.local_ids)]
+    for _ in range(fdp.ConsumeIntInRange(0, 4)):
+        what = fdp.ConsumeIntInRange(0, 5)
+        if what == 0 and ints:
+            ints[fdp.ConsumeIntInRange(0, len(ints) - 1)].i = fdp.ConsumeIntInRange(-3, 5)
+        elif what == 1:
+            loop.start, loop.body = fdp.ConsumeIntInRange(0, 4), fdp.ConsumeIntInRange(0, 4)
+        elif what == 2:
+            loop.variants[fdp.ConsumeIntInRange(0, 1)].when[:] = [float(fdp.ConsumeBool())]
+        elif what == 3:
+            src = d.sources[fdp.ConsumeIntInRange(0, len(d.sources) - 1)]
+            src.id = ids[fdp.ConsumeIntInRange(0, len(ids) - 1)]
+        elif what == 4:
+            call = d.calls[fdp.ConsumeIntInRange(0, len(d.calls) - 1)]
+            call.out_ids[:] = [ids[fdp.ConsumeIntInRange(0, len(ids) - 1)]]
+        else:
+            loop.guards[:] = [ids[fdp.ConsumeIntInRange(0, len(ids) - 1)]]
+    count = fdp.ConsumeIntInRange(0, 5)
+    choices = [fdp.ConsumeIntInRange(0, len(loop.variants) - 1) for _ in range(count)]
+    try:
+        loops.check(d)
+        layout = loops.layout_of(d)
+        first = loops.bodies(d, count)
+        whole_origins: list[int] = []
+        whole = loops.unroll(d, count, whole_origins, choices=choices, bodies_first=True,
+                             checked=True, layout=layout)
+    except ValueError:
+        return
+    origins: list[int] = []
+    made: list[Any] = []
+    copy = loops.unroll(d, count, origins, choices=choices, bodies_first=True, checked=True,
+                        layout=layout, bodies=first, made_from=made)
+    assert copy == whole and origins == whole_origins and len(made) == len(copy.calls)
+    try:  # as the host does: the bodies first (a failure there is the replay's, reported)
+        ran = compile_sequence(first)
+        alone = compile_sequence(whole)
+    except (ValueError, KeyError):
+        return
+    on = compile_sequence(copy, prefix=ran, copied=len(first.calls))
+    assert not _same_compiled(alone, on), _same_compiled(alone, on)
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "frames": frames,
     "local_socket": local_socket,
@@ -812,6 +874,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "codec": codec_values,
     "replay_defs": replay_defs,
     "native_runs": native_runs,
+    "loop_defs": loop_defs,
     "shim_down": shim_down,
     "robot_replayed": robot_replayed,
     "robot_placement": robot_placement,
