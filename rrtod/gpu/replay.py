@@ -232,6 +232,7 @@ def compile_sequence(d: ops_pb2.SequenceDef,
     # The first ``shared`` calls are the prefix's (``p``): their per-call parts are taken from
     # it, and only the calls after them are worked out (an unrolling at each Mask R-CNN frame)
     p = prefix if shared else None
+    whole = p is not None and shared == len(p.refs)  # every call of the prefix: its state too
     rest = list(d.calls[shared:])
     rest_refs = [iter_tensor_refs(call) for call in rest]
     counts = [len(r) for r in _first_calls(p, "refs", shared)] + [len(r) for r in rest_refs]
@@ -254,7 +255,7 @@ def compile_sequence(d: ops_pb2.SequenceDef,
     n = first_slot
     # ids the calls so far output (the same call, sources and ids as the prefix's up to
     # ``shared``)
-    produced: set[int] = set(p.produced) if p is not None and shared == len(p.refs) else {
+    produced: set[int] = set(p.produced) if whole else {  # type: ignore[union-attr]
         r for call in d.calls[:shared] for r in call.out_ids}
     robot_made: set[int] = set()  # ids only the robot has
     for k, (call, refs) in enumerate(zip(rest, rest_refs, strict=True), start=shared):
@@ -319,7 +320,6 @@ def compile_sequence(d: ops_pb2.SequenceDef,
                     if constant_slots else () for plan in binding]
     symbols: dict[int, list[tuple[list[Any], int, int, int]]] = {}
     # local index -> the first call that makes it
-    whole = p is not None and shared == len(p.refs)
     made_at: dict[int, int] = dict(p.made_at) if whole else {}  # type: ignore[union-attr]
     for k, call in enumerate(rest if whole else d.calls, start=shared if whole else 0):
         for r in call.out_ids:
