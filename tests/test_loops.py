@@ -5,7 +5,6 @@ unrolled definition's first calls exactly; what a loop may read is checked."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import pytest
 
@@ -26,16 +25,9 @@ from rrtod.loops import (
     unroll,
 )
 from rrtod.wire import iter_tensor_refs
+from testkit.loopdefs import branched, call, same_compiled, tensor
 
 SRC = ops_pb2.SeqSource
-
-
-def tensor(i: int) -> ops_pb2.Value:
-    return ops_pb2.Value(tensor=ops_pb2.TensorRef(id=i))
-
-
-def call(op: str, outs: list[int], *args: ops_pb2.Value) -> ops_pb2.OpCall:
-    return ops_pb2.OpCall(op=op, out_ids=outs, args=list(args))
 
 
 def looped() -> ops_pb2.SequenceDef:
@@ -212,36 +204,6 @@ def test_a_scatter_that_cannot_be_unrolled_is_refused(breaks):
         check(d)
 
 
-def branched() -> ops_pb2.SequenceDef:
-    """keep = nonzero(x) -> 10;  for i in range(len(keep)):  row = keep.select(0, i) -> 20;
-    pos = row > 0 -> 21 (the app reads it: a guard);  if pos: y = row * 2 -> 30;  else:
-    n = -row -> 31, y = n + 1 -> 32;  then total = keep.sum() -> 40.  Outputs: the guard, each
-    iteration's y, and total."""
-    d = ops_pb2.SequenceDef(id=7, thread=1, local_ids=[10, 20, 21, 40], outputs=[21, 40])
-    x = ops_pb2.Value(tensor=ops_pb2.TensorRef(upload=ops_pb2.TensorData(
-        meta=ops_pb2.TensorMeta(dtype="float32", shape=[4]))))
-    d.calls.extend([
-        call("aten::nonzero", [10], x),
-        call("aten::select.int", [20], tensor(10), ops_pb2.Value(i=0), ops_pb2.Value(i=0)),
-        call("aten::gt.Scalar", [21], tensor(20), ops_pb2.Value(i=0)),
-        call("aten::sum", [40], tensor(10)),
-    ])
-    d.sources.add(kind=SRC.INPUT)
-    for rid in (10, 20, 10):
-        d.sources.add(kind=SRC.PRODUCED, id=rid)
-    d.symbols.add(call=1, arg=2, index=True)
-    loop = d.loops.add(start=1, body=2, tensor=10, dim=0, guards=[21])
-    pos = loop.variants.add(when=[1.0], local_ids=[30], outputs=[30])
-    pos.calls.append(call("aten::mul.Scalar", [30], tensor(20), ops_pb2.Value(i=2)))
-    pos.sources.add(kind=SRC.PRODUCED, id=20)
-    neg = loop.variants.add(when=[0.0], local_ids=[31, 32], outputs=[32])
-    neg.calls.extend([call("aten::neg", [31], tensor(20)),
-                      call("aten::add.Scalar", [32], tensor(31), ops_pb2.Value(i=1))])
-    neg.sources.add(kind=SRC.PRODUCED, id=20)
-    neg.sources.add(kind=SRC.PRODUCED, id=31)
-    return d
-
-
 def test_each_iteration_makes_its_body_then_the_variant_its_guards_chose():
     d = branched()
     check(d)
@@ -353,12 +315,6 @@ def test_each_call_of_the_hosts_order_knows_its_place_in_the_apps():
         compile_sequence(u)
 
 
-def _same_compiled(a: Any, b: Any) -> list[str]:
-    """The fields in which two compiled sequences differ (how much they shared aside)."""
-    return [f.name for f in dataclasses.fields(a)
-            if f.name != "shared" and getattr(a, f.name) != getattr(b, f.name)]
-
-
 @pytest.mark.parametrize("make", [looped, scattered, branched])
 def test_an_unrolling_compiled_on_its_head_is_the_one_compiled_whole(make):
     """``compile_sequence(prefix=)``: an unrolling begins with the calls its head (or its
@@ -378,12 +334,12 @@ def test_an_unrolling_compiled_on_its_head_is_the_one_compiled_whole(make):
             assert u == unroll(d, n, **how)  # the layout is what ``unroll`` works out
             prefix = compile_sequence(before)
             whole, shared = compile_sequence(u), compile_sequence(u, prefix=prefix)
-            assert not _same_compiled(whole, shared), _same_compiled(whole, shared)
+            assert not same_compiled(whole, shared), same_compiled(whole, shared)
             if "choices" in how:  # the host's way: a copy of the bodies, compiled on them
                 copy = unroll(d, n, layout=layout_of(d), bodies=before, **how)
                 assert copy == u
                 on = compile_sequence(copy, prefix=prefix, copied=len(before.calls))
-                assert not _same_compiled(whole, on), _same_compiled(whole, on)
+                assert not same_compiled(whole, on), same_compiled(whole, on)
                 assert on.shared == len(before.calls)
             same = 0
             while same < min(len(u.calls), len(before.calls)) and \

@@ -83,6 +83,7 @@ from rrtod.robot.recorder import Recorder
 from rrtod.robot.relay import AppRelay, AppSession
 from rrtod.robot.scheduling import Scheduling
 from rrtod.wire import HEADER, REPLAY_BASE, SPAN, iter_tensor_refs
+from testkit.loopdefs import branched, same_compiled
 
 from . import TARGET_NAMES
 from .protogen import Builder
@@ -816,8 +817,6 @@ def loop_defs(data: bytes) -> None:
     variants: where ``loops.check`` accepts it, the host's unrolling copied from its bodies
     (``unroll(bodies=)``, with ``made_from``) equals the one built whole, and compiled on
     the bodies (``compile_sequence(copied=)``) equals a whole compile, field for field."""
-    from tests.test_loops import _same_compiled, branched
-
     fdp = atheris.FuzzedDataProvider(data)
     d = branched()
     loop = d.loops[0]
@@ -864,7 +863,7 @@ def loop_defs(data: bytes) -> None:
     except (ValueError, KeyError):
         return
     on = compile_sequence(copy, prefix=ran, copied=len(first.calls))
-    assert not _same_compiled(alone, on), _same_compiled(alone, on)
+    assert not same_compiled(alone, on), same_compiled(alone, on)
 
 
 TARGETS: dict[str, Callable[[bytes], None]] = {
