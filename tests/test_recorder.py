@@ -302,6 +302,47 @@ def test_the_session_counts_replays_of_a_sequence_dropped_since(tmp_path):
     asyncio.run(main())
 
 
+def test_a_replaced_sequence_stays_in_use_until_the_host_accepts_what_replaces_it(tmp_path):
+    """A search that left a sequence with loop variants finds one with more (``replaces``):
+    the old one is dropped only once the host has accepted the new one, its drop then
+    following the new definition to the shim (``superseded``), so that the app's thread is
+    never without a sequence while the host defines the new one (Mask R-CNN: a frame or two
+    forwarded whole each time a variant was learnt). A refused replacement leaves the old one
+    in use, and so does a replacement dropped before the host answered."""
+    def replacement(rec: Recorder, old: ops_pb2.SequenceDef) -> ops_pb2.SequenceDef:
+        new = ops_pb2.SequenceDef()
+        new.CopyFrom(old)
+        new.id = old.id + 1
+        # as ``search_now`` records a sequence found with more of ``old``'s loop variants
+        rec._adopt(new, {**rec.sequences[old.id], "id": new.id, "replaces": old.id})
+        rec._replacing[new.id] = old.id
+        rec.offered(new)
+        return new
+
+    async def main() -> None:
+        rec, d = await _found_cnn(tmp_path)
+        assert rec.acknowledged(ops_pb2.SequenceAck(id=d.id, accepted=True)) is d
+        assert rec.superseded() == []
+        new = replacement(rec, d)
+        assert rec.superseded() == [] and set(rec.sequences) == {d.id, new.id}
+        assert rec.acknowledged(ops_pb2.SequenceAck(id=new.id, accepted=True)) is new
+        (gone,) = rec.superseded()
+        assert gone.id == d.id and not gone.calls and list(rec.sequences) == [new.id]
+        assert rec.superseded() == [] and 0 in rec.active_threads
+
+        refused = replacement(rec, new)
+        assert rec.acknowledged(ops_pb2.SequenceAck(id=refused.id, accepted=False)) is None
+        assert rec.superseded() == [] and list(rec.sequences) == [new.id]
+
+        flushed = replacement(rec, new)
+        rec.drop(flushed.id)  # (``rrtoctl flush`` drops all, this one first)
+        assert rec.acknowledged(ops_pb2.SequenceAck(id=flushed.id, accepted=True)) is None
+        assert rec.superseded() == [] and list(rec.sequences) == [new.id]
+        rec.close()
+
+    asyncio.run(main())
+
+
 def test_state_written_in_place_then_read_is_a_constant_the_host_accepts(tmp_path):
     """A buffer updated in place every inference and read after its update (``calls.add_(1)``
     then ``y + calls``; an EMA copy's ``mul_``/``add_`` then its forward): the read's latest

@@ -566,9 +566,15 @@ class Recorder:
         self._keys: dict[int, tuple[Any, ...]] = {}  # sequence -> its ``_signature``
         # A sequence whose loop has variants: the log it was found from (entries, inference
         # starts). An inference that left it for values no variant has is searched with that
-        # log (``search_now``): the sequence found has every variant, and replaces it
-        # (``_superseded``, dropped once the new one is pushed).
+        # log (``search_now``): the sequence found has every variant, and replaces it once the
+        # host has accepted it (``_replacing``: new id -> the id it replaces; ``acknowledged``
+        # moves that one to ``_superseded``, which ``superseded`` drops). Until then the shim
+        # replays the old one: dropped as the new one went to the host, it left the thread no
+        # sequence for as long as the host took to define the new one, and Mask R-CNN's
+        # frames meanwhile were forwarded whole (~100 round trips each, one or two frames
+        # every time a variant was learnt).
         self._found_from: dict[int, tuple[list[LoggedCall], list[int]]] = {}
+        self._replacing: dict[int, int] = {}
         self._superseded: list[int] = []
         # thread -> ((log cleared, marks), searches with the log kept since that mark)
         self._merge_tries: dict[int, tuple[tuple[int, int] | None, int]] = {}
@@ -699,9 +705,11 @@ class Recorder:
         return True
 
     def _merge_base(self, thread: int) -> int | None:
-        """A sequence of ``thread`` in use whose loop has variants (its log kept)."""
-        return next((i for i in self._found_from
-                     if self.sequences.get(i, {}).get("thread") == thread), None)
+        """A sequence of ``thread`` in use whose loop has variants (its log kept), not one
+        that a sequence on its way to the host replaces (that one has more variants)."""
+        replaced = set(self._replacing.values())
+        return next((i for i in self._found_from if i not in replaced
+                     and self.sequences.get(i, {}).get("thread") == thread), None)
 
     def _arg(self, r: _Replaying, arg: ops_pb2.ReplayArg) -> None:
         """What the app sent for a slot of the replay in progress (a repeat by ``same_as`` is
@@ -830,11 +838,7 @@ class Recorder:
                 self._rerun = False
                 d = await asyncio.to_thread(self.search_now)
                 if d is not None:
-                    await push(d)
-                while self._superseded:  # the one it replaces, after it: no gap in replay
-                    gone = self.drop(self._superseded.pop(), forget=True)
-                    if gone is not None:
-                        await push(gone)
+                    await push(d)  # (one it replaces goes once the host accepted it)
                 if d is not None or not self._rerun:
                     break
         except Exception:  # a search bug costs replay, never the session
@@ -953,7 +957,7 @@ class Recorder:
                 # from. Other calls (the inference went another way before or after the loop
                 # too) make it a variant next to that one, which is kept.
                 summary["replaces"] = merged
-                self._superseded.append(merged)
+                self._replacing[seq_id] = merged
             if thread in self.variant_threads:  # found next to the one it branched off
                 summary["variant"] = True
                 self.variant_threads.discard(thread)
@@ -978,6 +982,7 @@ class Recorder:
         restarted app does not start from it again."""
         summary = self.sequences.pop(seq_id, None)
         self._pending.pop(seq_id, None)
+        self._replacing.pop(seq_id, None)  # (a replacement dropped: the old one stays)
         d = self.definitions.pop(seq_id, None)
         if d is not None:
             self._retired[seq_id] = d
@@ -1004,12 +1009,25 @@ class Recorder:
         """The host's answer to a definition: the definition to pass on to the shim if it was
         accepted and is still wanted, else None (refused: dropped and forgotten)."""
         d = self._pending.pop(ack.id, None)
+        replaced = self._replacing.pop(ack.id, None)
         if ack.accepted:
-            return d if ack.id in self.sequences else None
+            if ack.id not in self.sequences:
+                return None
+            if replaced is not None:
+                self._superseded.append(replaced)  # dropped after this reached the shim
+            return d
         log.warning("GPU host refused sequence", session=self.session, app=self.app,
                     sequence=ack.id, reason=ack.reason)
-        self.drop(ack.id, forget=True)
+        self.drop(ack.id, forget=True)  # (the one it would have replaced stays in use)
         return None
+
+    def superseded(self) -> list[ops_pb2.SequenceDef]:
+        """The sequences replaced by ones the host has accepted (``acknowledged``), dropped
+        here and forgotten by the store: their drops, for the host and the shim, sent after
+        the shim got the definitions that replace them, so that it is never without one."""
+        gone = [self.drop(seq_id, forget=True) for seq_id in self._superseded]
+        self._superseded.clear()
+        return [d for d in gone if d is not None]
 
     def describe(self) -> dict[str, Any]:
         return {"log_length": len(self.log), "replays": self.replays,

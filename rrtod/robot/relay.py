@@ -603,6 +603,8 @@ class AppRelay:
                 await writer.drain()
                 if framing.TRACING:
                     framing.hop("robot.down.written")
+            for gone in rec.superseded() if rec is not None else ():
+                await self.push_sequence(gone)  # after what replaces it, on both ends
 
     def _profile_later(self, profile: ops_pb2.SequenceProfile, robot_side: bool) -> None:
         """A profile of a replayed sequence (``SequenceProfile``): the scheduler places it
