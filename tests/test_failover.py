@@ -391,3 +391,37 @@ def test_an_inference_the_host_could_not_replay_is_finished_here(tmp_path):
     with offloaded(tmp_path / "strict", fallback="error") as itc, torch.no_grad():
         m(x)
         assert not itc.session.finish_here("replay")  # nothing may run here
+
+
+class LostOnUpload(Stallable):
+    """A host lost as the app uploads its second weight (a slow link's first upload of a
+    model's weights, behind which the robot daemon's pings went unanswered)."""
+
+    def __init__(self, inner) -> None:
+        super().__init__(inner)
+        self.blobs = 0
+
+    def send(self, frames) -> None:
+        self.blobs += sum(f.WhichOneof("msg") == "blob" for f in frames)
+        if self.blobs >= 2 and not self.inner.lost:
+            self.inner.lose("no answer to 2 pings in 2.0 s")
+        self.inner.send(frames)
+
+
+@pytest.mark.parametrize("fallback", ["local", "error"])
+def test_a_host_lost_while_the_weights_go_up_is_no_error(fallback, tmp_path):
+    """The first forward offers and uploads the module's weights; the host is lost in the
+    middle. Under ``fallback: local`` the weights stay the app's own (their proxies keep them)
+    and the forward runs here, equal to local; under ``fallback: error`` the app is told."""
+    m, x = mlp(), torch.randn(2, 8)
+    with torch.no_grad():
+        ref = m(x)
+    with offloaded(tmp_path, channel=LostOnUpload, fallback=fallback) as itc:
+        if fallback == "error":
+            with pytest.raises(HostLost, match="no answer to 2 pings"), torch.no_grad():
+                m(x)
+            return
+        with torch.no_grad():
+            y, again = m(x), m(x)
+        assert itc.session.channel.blobs >= 2 and itc.session.lost is not None
+        assert type(y) is torch.Tensor and torch.equal(y, ref) and torch.equal(again, ref)

@@ -549,7 +549,12 @@ class RemoteSession:
 
     # -- persistent tensors ------------------------------------------------------------------
     def persist(self, tensors: list[torch.Tensor]) -> list[RemoteTensor]:
-        """Proxies for persistent tensors: offered by content hash, uploaded only if missing."""
+        """Proxies for persistent tensors: offered by content hash, uploaded only if missing.
+        A host lost meanwhile (under ``fallback: local``) leaves them as after a loss: each
+        proxy keeps the app's own copy, which the calls then run on, and a host that comes
+        back is offered them (``Reconnect``). A slow link's first upload of a model's weights
+        (resnet50's 100 MB on the benchmark's outdoor trace) once lost the host on pings
+        queued behind it, and the app's first forward raised."""
         hashes, datas = [], []
         for t in tensors:
             data = codec.tensor_data(t)
@@ -557,16 +562,11 @@ class RemoteSession:
             hashes.append(content_hash(data.meta.dtype, list(data.meta.shape), data.data))
         uniq = list(dict.fromkeys(hashes))
         if uniq and self.lost is None:  # after a loss, a new host is offered them (Reconnect)
-            reply = self.submit(ops_pb2.SessionUp(query=ops_pb2.BlobQuery(hashes=uniq)),
-                                query=True)
-            missing = set(reply.missing)
-            sent = set()
-            for h, data in zip(hashes, datas, strict=True):
-                if h in missing and h not in sent:
-                    sent.add(h)
-                    self.submit(ops_pb2.SessionUp(blob=ops_pb2.BlobPut(hash=h, tensor=data)))
-                    self.counters["blob_bytes_up"] += len(data.data)
-            self.counters["blob_hits"] += len(uniq) - len(sent)
+            try:
+                self._offer(uniq, hashes, datas)
+            except HostLost:
+                if self.fallback != "local":
+                    raise
         out = []
         for t, h in zip(tensors, hashes, strict=True):
             handle = Handle(self, next(self._ids), hash=h, local=t.detach())
@@ -574,6 +574,19 @@ class RemoteSession:
             out.append(RemoteTensor(handle, t.shape, t.stride(), t.storage_offset(), t.dtype,
                                     t.device, requires_grad=t.requires_grad))
         return out
+
+    def _offer(self, uniq: list[bytes], hashes: list[bytes],
+               datas: list[ops_pb2.TensorData]) -> None:
+        """Offer ``uniq`` by hash; upload the ones the host lacks (HostLost if it is lost)."""
+        reply = self.submit(ops_pb2.SessionUp(query=ops_pb2.BlobQuery(hashes=uniq)), query=True)
+        missing = set(reply.missing)
+        sent = set()
+        for h, data in zip(hashes, datas, strict=True):
+            if h in missing and h not in sent:
+                sent.add(h)
+                self.submit(ops_pb2.SessionUp(blob=ops_pb2.BlobPut(hash=h, tensor=data)))
+                self.counters["blob_bytes_up"] += len(data.data)
+        self.counters["blob_hits"] += len(uniq) - len(sent)
 
     # -- downloads ---------------------------------------------------------------------------
     def download(self, proxy: RemoteTensor) -> torch.Tensor:
