@@ -167,6 +167,35 @@ def test_a_down_transition_calls_back_once_within_the_bound(interval, timeout, d
     asyncio.run(main())
 
 
+def test_pings_unanswered_while_session_data_moves_are_not_lost():
+    """A slow link's pings wait behind the sessions' data (a model's first upload of its
+    weights): unanswered while that data moves (``note_progress``, as the relay says after
+    each write and read), the link stays up; once nothing moves, it is down within the bound,
+    counted from the last move."""
+    health = HealthConfig(interval=0.1, timeout=0.1, down_after=2)
+
+    async def main() -> None:
+        link, stub = link_with(health)
+        calls: list[float] = []
+        link.on_down.append(lambda lk, why: calls.append(time.monotonic()))
+        link.start()
+        try:
+            await until(lambda: link.state == "up", 5)
+            stub.stalled = True
+            busy_until = time.monotonic() + 1.0  # ten intervals, each lost ping forgiven
+            while time.monotonic() < busy_until:
+                link.note_progress()
+                await asyncio.sleep(0.02)
+            last = time.monotonic()
+            assert not calls and link.state == "up" and stub.lost >= 5
+            await until(lambda: calls, detection_bound(health) + 1.0)
+            assert link.state == "down" and calls[0] - last <= detection_bound(health) + 0.1
+        finally:
+            await link.close()
+
+    asyncio.run(main())
+
+
 def test_a_failing_callback_does_not_stop_the_others_or_the_ping_loop():
     health = HealthConfig(interval=0.05, timeout=0.05, down_after=1)
 

@@ -17,6 +17,14 @@ and at most one ``interval`` more after it stalled (``detection_bound``): with t
 (interval 1 s, timeout 1 s, down_after 2), 2 s after the first lost ping, 3 s after the stall.
 A refused connection (the daemon exited) fails a ping at once instead of after ``timeout``; its
 sessions' streams end by themselves then.
+
+A ping that goes unanswered while a session stream of the link moved data since it was sent
+(``note_progress``: a write the host's flow control let through, a message from the host) is
+not lost: the link is busy, not down. On a slow link a ping waits behind what is queued ahead
+of it (resnet50's 100 MB of weights take 16 s at 50 Mbit/s), and the benchmark's trace links
+once lost their host that way in the middle of a model's first upload. A stalled host takes
+nothing: its streams stop moving once its flow-control windows are full, and the bound above
+runs from then.
 """
 
 from __future__ import annotations
@@ -79,6 +87,7 @@ class HostLink:
         self.remote_version: str | None = None
         self.on_down: list[OnDown] = []  # called on each up -> down transition
         self._lost = 0  # lost pings in a row
+        self.progressed = 0.0  # when a session stream last moved data (time.monotonic)
         self._lost_since = 0.0  # when the first of them was sent (time.monotonic)
         self._task: asyncio.Task[None] | None = None
         # The link's throughput (``probe_throughput``): the best of the probes (monotonic
@@ -94,6 +103,10 @@ class HostLink:
     @property
     def rtt_ms(self) -> float | None:
         return statistics.median(self.rtts) * 1e3 if self.rtts else None
+
+    def note_progress(self) -> None:
+        """A session stream on this link moved data (the relay, after each write and read)."""
+        self.progressed = time.monotonic()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._monitor(), name=f"host:{self.name}")
@@ -201,6 +214,11 @@ class HostLink:
                 self._lost = 0
                 self._set_state("up")
             except grpc.aio.AioRpcError as exc:
+                if self.state == "up" and self.progressed >= started:
+                    self._lost = 0  # queued behind the sessions' data, which the host takes
+                    await asyncio.sleep(max(0.0, started + self.health.interval
+                                            - time.monotonic()))
+                    continue
                 if self._lost == 0:
                     self._lost_since = started
                 self._lost += 1

@@ -161,11 +161,22 @@ class _Routed:
         await self.relay._observe_up(seen)
 
 
-async def _write(call: grpc.aio.StreamStreamCall, frames: list[ops_pb2.SessionUp]) -> None:
-    """``frames`` as one gRPC message (a ``SessionUpBatch`` when several)."""
+async def _write(call: grpc.aio.StreamStreamCall, frames: list[ops_pb2.SessionUp],
+                 link: Any = None) -> None:
+    """``frames`` as one gRPC message (a ``SessionUpBatch`` when several); ``link``'s data
+    moved once the host's flow control took it."""
     if frames:
         await call.write(frames[0] if len(frames) == 1 else ops_pb2.SessionUp(
             batch=ops_pb2.SessionUpBatch(frames=frames)))
+        _moved(link)
+
+
+def _moved(link: Any) -> None:
+    """Session data moved on ``link`` (``HostLink.note_progress``: a ping queued behind it is
+    not a lost one); a stand-in link in a test may lack it."""
+    note = getattr(link, "note_progress", None)
+    if note is not None:
+        note()
 
 
 _SEARCH_OVER = ops_pb2.SessionDown(search=ops_pb2.SearchHint(running=False))
@@ -488,11 +499,11 @@ class AppRelay:
                 if n is None:
                     n = f.ByteSize()
                 if batch and size + n > BATCH_BYTES:
-                    await _write(lane.call, batch)
+                    await _write(lane.call, batch, lane.link)
                     batch, size = [], 0
                 batch.append(f)
                 size += n
-            await _write(lane.call, batch)
+            await _write(lane.call, batch, lane.link)
 
     async def _to_app(self, frame: ops_pb2.SessionDown) -> None:
         """A replica's frame for the app (``Placement``): logged as the primary's would be."""
@@ -527,7 +538,7 @@ class AppRelay:
         hinted = (not self._hinted and rec is not None
                   and await self._hint_search(rec, frames))
         async with self.write_lock:
-            await _write(self.call, frames)
+            await _write(self.call, frames, self.session.host)
         if framing.TRACING:
             framing.hop("robot.up.written")
         await self._observe_up(frames)
@@ -553,6 +564,7 @@ class AppRelay:
         session, rec, writer = self.session, self.recorder, self.writer
         placement, lane = self.placement, self.lane
         while (message := await self.call.read()) is not grpc.aio.EOF:
+            _moved(session.host)
             if framing.TRACING:
                 framing.hop("robot.down.read")
             frames = (message.batch.frames if message.WhichOneof("msg") == "batch"
@@ -763,6 +775,7 @@ class AppRelay:
             self.recorder.offered(d)
         async with self.write_lock:
             await self.call.write(ops_pb2.SessionUp(define=d))
+        _moved(self.session.host)
         self._host_plans[d.id] = len(d.plans)
         if not d.calls:
             if self.placement is not None:
