@@ -216,21 +216,21 @@ class HostLink:
             except grpc.aio.AioRpcError as exc:
                 if self.state == "up" and self.progressed >= started:
                     self._lost = 0  # queued behind the sessions' data, which the host takes
-                    await asyncio.sleep(max(0.0, started + self.health.interval
-                                            - time.monotonic()))
-                    continue
-                if self._lost == 0:
-                    self._lost_since = started
-                self._lost += 1
-                error = f"{exc.code().name}: {exc.details()}"
-                if self.state == "up" and self._lost < self.health.down_after:
-                    pass  # one lost ping is noise, not an outage
                 else:
-                    n = self._lost
-                    why = (f"no answer to {n} ping{'s' if n > 1 else ''} in "
-                           f"{time.monotonic() - self._lost_since:.1f} s ({error})")
-                    self._set_state("down", error, why)
+                    self._ping_lost(started, f"{exc.code().name}: {exc.details()}")
             await asyncio.sleep(max(0.0, started + self.health.interval - time.monotonic()))
+
+    def _ping_lost(self, started: float, error: str) -> None:
+        """The ping sent at ``started`` went unanswered: down after ``down_after`` in a row."""
+        if self._lost == 0:
+            self._lost_since = started
+        self._lost += 1
+        if self.state == "up" and self._lost < self.health.down_after:
+            return  # one lost ping is noise, not an outage
+        n = self._lost
+        why = (f"no answer to {n} ping{'s' if n > 1 else ''} in "
+               f"{time.monotonic() - self._lost_since:.1f} s ({error})")
+        self._set_state("down", error, why)
 
     def open_session(self) -> grpc.aio.StreamStreamCall:
         return self.stub.Session()
