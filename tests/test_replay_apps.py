@@ -151,6 +151,16 @@ def test_data_dependent_control_flow_mismatches_and_stays_correct(fresh, tmp_pat
     assert stats["replays"] > 0 and stats["mismatches"] > 0, stats
 
 
+def test_a_replayed_output_written_after_its_inference_ended_is_read_as_written(fresh,
+                                                                                tmp_path):
+    """``replay_branch --rewrite 3``: frame 3 replays, and its model then scales the output
+    in place (a call no sequence has: forwarded). The host had pushed the output when the
+    replay ended; the app's read after the write fetches it (``ReplayClient.rewritten``).
+    Before, the read took the pushed value and the app got the output unscaled."""
+    stats = same_as_local("replay_branch", fresh, "--rewrite", "3", tmp=tmp_path)
+    assert stats["by_inference"]["replays"][3] == 1, stats
+
+
 def test_model_switch_records_again_and_finds_the_new_sequence(fresh, tmp_path):
     stats = same_as_local("switch_model", fresh, tmp=tmp_path)
     assert stats["mismatches"] == 0, stats

@@ -793,6 +793,11 @@ class RemoteSession:
                                   f"host: {why}")
 
     def _forward(self, func: Any, args: tuple, kwargs: dict, info: OpInfo, template: Any) -> Any:
+        if info.writes and self.replay is not None:  # a replayed value's push is now stale
+            for i, n in info.writes:
+                t = arg_at(args, kwargs, i, n)
+                if isinstance(t, RemoteTensor):
+                    self.replay.rewritten(t._rrto_handle.id)
         call = ops_pb2.OpCall(op=info.name, grad_mode=hotpath.grad_mode(), thread=self._thread())
         try:
             for a in args:

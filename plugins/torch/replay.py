@@ -613,6 +613,7 @@ class ReplayClient:
         self._tls = threading.local()
         self._inference = itertools.count(0)
         self._pushed: dict[int, ops_pb2.TensorData] = {}
+        self._rewritten: set[int] = set()  # replayed values forwarded calls wrote since
         self._aborted: dict[int, int] = {}  # inference base -> position of its mismatch
         # inference base -> (position, error) of a call the host failed while ahead of the app
         self._broken: dict[int, tuple[int, ops_pb2.Error]] = {}
@@ -1772,12 +1773,24 @@ class ReplayClient:
         if waited:
             counters["push_waits"] += 1
 
+    def rewritten(self, oid: int) -> None:
+        """A forwarded call writes ``oid`` in place: if a replay made it, the value its host
+        pushed (or will push) is not its value any more, and a read fetches it. The app left
+        that replay before the write (its calls are forwarded), so no definition says the
+        write comes: a loop cut at a branch no variant has (``Sequence.cut``), or an app that
+        went another way and writes a value it has not read yet."""
+        if self.is_replayed(oid):
+            with self._lock:
+                self._pushed.pop(oid, None)
+                self._rewritten.add(oid)
+
     def _expects(self, oid: int) -> bool:
         """Whether the host will push ``oid``: an output of the sequence, finalised before
-        any mismatch of its inference, and before any call the host failed in it."""
+        any mismatch of its inference, and before any call the host failed in it, and not
+        written by a call forwarded since (``rewritten``)."""
         base = REPLAY_BASE + ((oid - REPLAY_BASE) // SPAN) * SPAN
         seq = self._bases.get(base)
-        if seq is None or seq.host_failed:
+        if seq is None or seq.host_failed or oid in self._rewritten:
             return False
         cut = self._aborted.get(base)
         if base in self._broken:
@@ -1790,6 +1803,7 @@ class ReplayClient:
         with self._lock:
             for oid in [o for o in self._pushed if o < base]:
                 del self._pushed[oid]
+            self._rewritten = {o for o in self._rewritten if o >= base}
             for b in [b for b in self._aborted if b < base]:
                 del self._aborted[b]
             for b in [b for b in self._bases if b < base]:
