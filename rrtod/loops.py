@@ -41,7 +41,7 @@ the same values; the two orders name the same local ids at the same local indice
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,12 +192,23 @@ def _check_variants(d: ops_pb2.SequenceDef, n: int, loop: ops_pb2.SeqLoop) -> No
 def choose(loop: ops_pb2.SeqLoop, values: list[tuple[float, ...]]) -> list[int]:
     """Per iteration, the index of the variant whose ``when`` are that iteration's guard
     values. ValueError for values no variant has (the app took a branch not recorded)."""
+    out = choose_known(loop, values)
+    if len(out) < len(values):
+        raise ValueError(f"iteration {len(out)}: no variant for the values "
+                         f"{values[len(out)]} read")
+    return out
+
+
+def choose_known(loop: ops_pb2.SeqLoop, values: Iterable[tuple[float, ...]]) -> list[int]:
+    """``choose`` up to the first iteration whose values no variant has: the choices of the
+    iterations before it, which a *cut* unrolling replays (``unroll``). ``values`` is read
+    no further than that iteration (the shim waits for each iteration's as it goes)."""
     index = {tuple(v.when): k for k, v in enumerate(loop.variants)}
     out = []
-    for i, vals in enumerate(values):
+    for vals in values:
         k = index.get(tuple(float(x) for x in vals))
         if k is None:
-            raise ValueError(f"iteration {i}: no variant for the values {vals} read")
+            break
         out.append(k)
     return out
 
@@ -341,7 +352,9 @@ def samples(d: ops_pb2.SequenceDef) -> list[ops_pb2.SequenceDef]:
 def app_positions(d: ops_pb2.SequenceDef, count: int, choices: list[int]) -> list[int]:
     """Per call of ``unroll(d, count, choices=choices, bodies_first=True)``, its position in
     the app's order (``unroll(d, count, choices=choices)``): where the host, which runs the
-    bodies first, is when the app is at a given call (an abort's position is the app's)."""
+    bodies first, is when the app is at a given call (an abort's position is the app's).
+    With fewer choices than iterations (a cut unrolling), the bodies past the cut iteration's
+    are past the app's last call: the app never reaches them replayed."""
     loop = d.loops[0]
     s, b = loop.start, loop.body
     sizes = [len(loop.variants[c].calls) for c in choices]
@@ -349,12 +362,17 @@ def app_positions(d: ops_pb2.SequenceDef, count: int, choices: list[int]) -> lis
     for n in sizes:
         starts.append(at)
         at += b + n
+    cut = len(choices) < count
+    if cut:
+        starts.append(at)  # the cut iteration's body, the app's last replayed calls
+        starts += range(at + b, at + b + (count - len(starts)) * b, b)
     out = list(range(s))
     for i in range(count):
         out += range(starts[i], starts[i] + b)
-    for i in range(count):
+    for i in range(len(choices)):
         out += range(starts[i] + b, starts[i] + b + sizes[i])
-    out += range(at, at + len(d.calls) - s - b)
+    if not cut:
+        out += range(at, at + len(d.calls) - s - b)
     return out
 
 
@@ -388,7 +406,7 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
            choices: list[int] | None = None, bodies_first: bool = False,
            checked: bool = False, layout: Layout | None = None,
            bodies: ops_pb2.SequenceDef | None = None,
-           made_from: list[Any] | None = None) -> ops_pb2.SequenceDef:
+           made_from: list[Any] | None = None, cut: bool = False) -> ops_pb2.SequenceDef:
     """``d`` with its first loop run ``count`` times (its other loops moved along, still to be
     unrolled). A loop with variants needs ``choices``, the variant of each iteration
     (``choose``); with ``bodies_first`` the bodies of all iterations come before all their
@@ -406,7 +424,16 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
     call whatever its ids: ``("body", q)``, ``("variant", k, q)`` (with the iteration where
     the loop's index is one of its arguments), ``("after", j, count)``; None for a call of the
     head or of the copied bodies (a scattered call's outputs follow the count). The host
-    keeps one decoded form of each (``HostReplayer._unroll``)."""
+    keeps one decoded form of each (``HostReplayer._unroll``).
+
+    ``cut``: ``choices`` may be fewer than ``count`` (``choose_known``): iteration
+    ``len(choices)`` took a branch no variant has. The result is what both ends can replay of
+    such an inference: the head, the iterations before that one, and its body (with the bodies
+    first: every body, then the variants chosen); no calls after, no later loop. Its outputs
+    are those its calls make (not the later bodies'), pushed once its calls no longer write
+    them: what the app reads up to the cut is answered. The calls after it are the app's,
+    forwarded, and one may write such an output in place: a read after that fetches it
+    (``ReplayClient.rewritten``)."""
     if not checked:
         check(d)
     if not d.loops:
@@ -421,7 +448,10 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
     variants = list(loop.variants)
     if variants and choices is None and not bodies_first:
         raise ValueError(f"sequence {d.id}: its loop's variants need a choice per iteration")
-    if choices is not None and (len(choices) != count
+    if cut and (choices is None or later):
+        raise ValueError(f"sequence {d.id}: only a last loop with variants is cut")
+    cut_at = len(choices) if cut and choices is not None and len(choices) < count else None
+    if choices is not None and (len(choices) != count and cut_at is None
                                 or any(not 0 <= c < len(variants) for c in choices)):
         raise ValueError(f"sequence {d.id}: {len(choices)} choices for {count} iterations "
                          f"of {len(variants)} variants")
@@ -434,6 +464,8 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
     # a variant's ids, always renamed (ranks after the body's): no two iterations share one
     vrank = [{r: len(own) + j for j, r in enumerate(v.local_ids)} for v in variants]
     chosen = [variants[c] for c in choices] if choices is not None else []
+    if cut_at is not None:
+        suffix = []  # nothing after the cut iteration's body is known
     total = len(prefix) + count * b + sum(len(v.calls) for v in chosen) + len(suffix)
     if total > MAX_CALLS:
         raise ValueError(f"sequence {d.id}: {count} iterations of {b} calls are more than "
@@ -527,24 +559,32 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
         add(list(variants[k].calls), variants[k].sources, first_slot[k], var_syms[k],
             lambda r: vname(k, r, i), i, ("variant", k))
 
+    chosen_of = len(choices) if choices is not None else count
     if bodies_first:
         for i in range(count if not from_bodies else 0):
             add_body(i)
         if not only_bodies:
-            for i in range(count):
+            for i in range(chosen_of):
                 add_variant(i)
     else:
-        for i in range(count):
+        for i in range(chosen_of):
             add_body(i)
             if variants:
                 add_variant(i)
+        if cut_at is not None:
+            add_body(cut_at)
     shift = len(out.calls) - len(prefix) - b  # where the calls after the loop move
     if not from_bodies:
         out.local_ids.extend(r for r in d.local_ids if r in before)
         out.local_ids.extend(name(r, i) for i in range(count) for r in own_local)
     out.local_ids.extend(vname(c, r, i) for i, c in enumerate(choices or ())
                          for r in variants[c].local_ids)
-    if only_bodies:
+    if cut_at is not None:  # the outputs of the calls it has (the docstring says why)
+        out.outputs.extend(r for r in d.outputs if r in before)
+        out.outputs.extend(name(r, i) for i in range(cut_at + 1) for r in d.outputs if r in rank)
+        out.outputs.extend(vname(c, r, i) for i, c in enumerate(choices or ())
+                           for r in variants[c].outputs)
+    if only_bodies or cut_at is not None:
         out.varies_from = min(d.varies_from, s) if d.HasField("varies_from") else s
         if origins is not None:
             origins[:] = came

@@ -16,6 +16,7 @@ from rrtod.loops import (
     bodies,
     check,
     choose,
+    choose_known,
     counted_by,
     guard_locals,
     guards,
@@ -313,6 +314,42 @@ def test_each_call_of_the_hosts_order_knows_its_place_in_the_apps():
     assert all(host.calls[k] == app.calls[a] for k, a in enumerate(where))
     for u in samples(d):
         compile_sequence(u)
+
+
+def test_an_unrolling_cut_at_a_branch_no_variant_has_ends_after_that_iterations_body():
+    """Iteration ``k`` read values no variant has (``choose_known`` stops there): both ends
+    unroll the head, the ``k`` iterations before it and its body (``cut``), the host with
+    every body first. The host's calls are the app's, each at its app position; the bodies
+    after the cut are past the app's last call. Local ids are laid out as uncut; the outputs
+    are those of the calls the app's order has."""
+    d = branched()
+    assert choose_known(d.loops[0], iter([(1.0,), (0.0,), (5.0,), (1.0,)])) == [0, 1]
+    full = unroll(d, 4, choices=[1, 0, 1, 0])
+    for k in range(4):
+        choices = [1, 0, 1][:k]
+        app = unroll(d, 4, choices=choices, cut=True)
+        host = unroll(d, 4, choices=choices, cut=True, bodies_first=True)
+        assert host == unroll(d, 4, choices=choices, cut=True, bodies_first=True,
+                              bodies=bodies(d, 4))
+        n = len(app.calls)
+        assert n == 1 + 2 * (k + 1) + sum(len(d.loops[0].variants[c].calls) for c in choices)
+        assert list(app.calls) == list(unroll(d, 4, choices=[*choices, 0, 0, 0, 0][:4]).calls[:n])
+        where = app_positions(d, 4, choices)
+        assert len(where) == len(host.calls) == 1 + 2 * 4 + n - 1 - 2 * (k + 1)
+        assert sorted(a for a in where if a < n) == list(range(n))
+        assert all(host.calls[j] == app.calls[a] for j, a in enumerate(where) if a < n)
+        assert list(app.local_ids) == list(host.local_ids)
+        assert list(app.local_ids) == list(full.local_ids)[: len(app.local_ids)]
+        made = {r for c in app.calls for r in c.out_ids}
+        assert set(app.outputs) == set(full.outputs) & made == set(host.outputs)
+        assert not app.loops and app.varies_from == 1
+        compile_sequence(app)
+        compile_sequence(host)
+    assert unroll(d, 2, choices=[1, 0], cut=True) == unroll(d, 2, choices=[1, 0])
+    with pytest.raises(ValueError):
+        unroll(d, 3, choices=[1])  # fewer choices, not asked to cut
+    with pytest.raises(ValueError):
+        unroll(looped(), 3, choices=None, cut=True)  # no variants: nothing to cut at
 
 
 @pytest.mark.parametrize("make", [looped, scattered, branched])

@@ -569,30 +569,38 @@ def test_a_loop_whose_iterations_go_on_as_the_values_read_decide_replays_its_var
     assert seq["loops"] == 1 and seq["loop_variants"] == 4 and seq["mismatches"] == 0, seq
 
 
-@pytest.mark.parametrize("flag", ["--new-variant", "--odd"])
-def test_a_branched_loop_the_app_leaves_is_a_mismatch_never_a_wrong_output(flag, fresh,
+@pytest.mark.parametrize("flags", [["--new-variant", "5"], ["--new-variant", "5", "--new-box", "0"],
+                                   ["--odd", "5"]])
+def test_a_branched_loop_the_app_leaves_is_a_mismatch_never_a_wrong_output(flags, fresh,
                                                                             tmp_path):
     """Frame 5 goes another way inside the loop. ``--odd``: a call no variant has in the last
     box, after the host ran every body and every variant (its abort is at the app's position,
     which the host maps onto its own order); the frames after replay again with the sequence
-    of four variants, kept. ``--new-variant``: from frame 5 on, a box whose values no variant
-    has (the host cannot choose: it fails, and the shim finds no variant at the loop). That one
-    frame is enough: searched with the log the sequence was found from, it gives a sequence
-    with the fifth variant, which replaces the first, and the last frames replay with it.
-    The frames that left the loop are forwarded from there; outputs equal to local on every
+    of four variants, kept. ``--new-variant``: from frame 5 on, a box (the last, or the first:
+    ``--new-box 0``) whose values no variant has. Both ends cut the loop there
+    (``loops.unroll(cut=)``): the boxes before it replay, the app's calls from that box's
+    branch on are forwarded (the last box's: fewer round trips than a third of a frame
+    forwarded whole; the first box's: the boxes after it are forwarded too). That
+    one frame is enough: searched with the log the sequence was found from (its replayed part
+    rebuilt from the host's account), it gives a sequence with the fifth variant, which
+    replaces the first, and the last frames replay with it. Outputs equal to local on every
     frame."""
     runs = 12
-    stats = same_as_local("paste_masks", fresh, "--runs", str(runs), flag, "5", tmp=tmp_path)
+    stats = same_as_local("paste_masks", fresh, "--runs", str(runs), *flags, tmp=tmp_path)
     by = stats["by_inference"]
     assert by["replays"][2:5] == [1] * 3 and by["replays"][-3:] == [1] * 3, stats
     assert by["mismatches"][5] == 1 and by["mismatches"][-3:] == [0] * 3, stats
     sequences = fresh.ctl("sequences")["sequences"]
-    if flag == "--odd":
+    if flags[0] == "--odd":
         assert stats["mismatches"] == 1, stats
         assert [s["loop_variants"] for s in sequences] == [4], sequences
-    else:  # the frames that began before the new sequence was defined miss too
-        (seq,) = sequences
-        assert seq["loop_variants"] == 5 and seq["replaces"], seq
+        return
+    # the frames that began before the new sequence was defined miss too
+    (seq,) = sequences
+    assert seq["loop_variants"] == 5 and seq["replaces"], seq
+    assert stats["cut"] >= 1, stats
+    if "--new-box" not in flags:
+        assert by["round_trips"][5] * 3 < by["round_trips"][0], stats  # frame 0: fewer boxes
 
 
 def test_a_frame_that_branches_before_a_branched_loop_is_never_answered_wrongly(fresh, tmp_path):

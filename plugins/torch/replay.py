@@ -30,6 +30,7 @@ import itertools
 import math
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from time import perf_counter_ns, thread_time_ns
 from typing import Any
@@ -207,6 +208,9 @@ class Sequence:
     unrolled: dict[Any, Sequence] = field(default_factory=dict)
     guards: dict[int, list[list[int]]] = field(default_factory=dict)
     root: Sequence | None = None  # the sequence an unrolled one was made from
+    # Unrolled up to an iteration whose values no variant has (``loops.unroll(cut=)``): the
+    # inference leaves its sequence where this one ends (a mismatch there, never an end).
+    cut: bool = False
     # Unrolled: per slot, the slot of the defined sequence it comes from, under which a weight
     # is bound (``bindings``, shared with it; the host does the same); None: its own slots.
     canon: list[int] | None = None
@@ -331,8 +335,10 @@ def _unrolled(seq: Sequence, count: int, choices: list[int] | None = None) -> Se
     assert seq.folded is not None
     origins: list[int] = []
     u = compile_sequence(loops.unroll(seq.folded, count, origins, choices=choices,
-                                      checked=seq.checked, layout=seq.layout),
+                                      checked=seq.checked, layout=seq.layout,
+                                      cut=choices is not None),
                          check=False, prefix=seq)
+    u.cut = choices is not None and len(choices) < count
     u.bindings, u.sent, u.recent = seq.bindings, seq.sent, seq.recent
     u.canon = [seq.canon[o] if o < len(seq.canon) else o for o in origins] \
         if seq.canon is not None else origins
@@ -639,7 +645,8 @@ class ReplayClient:
         self.counters = {"replays": 0, "mismatches": 0, "replayed_ops": 0, "dropped": 0,
                          "failed": 0, "failed_ahead": 0, "answer_waits": 0, "joined": 0,
                          "switches": 0, "abandoned": 0, "search_waits": 0, "search_wait_ns": 0,
-                         "robot_ops": 0, "robot_ns": 0, "here": 0, "sized": 0, "hot": 0}
+                         "robot_ops": 0, "robot_ns": 0, "here": 0, "sized": 0, "hot": 0,
+                         "cut": 0}
         session.progress = self._progress
 
     def _progress(self) -> ops_pb2.ReplayProgress | None:
@@ -1318,11 +1325,16 @@ class ReplayClient:
         return result
 
     def ended(self, act: Active) -> None:
-        """``act`` passed its sequence's last step: go on into its loop, or end it."""
+        """``act`` passed its sequence's last step: go on into its loop, or end it; or, where
+        its unrolling was cut (``Sequence.cut``), leave it: the app's next call is forwarded."""
         while act.position == len(act.seq.steps):
             if act.seq.folded is not None:
                 if self._unroll(act):
                     continue  # (an empty loop may end the inference, or reach the next loop)
+                break
+            if act.seq.cut:
+                self.counters["cut"] += 1
+                self._mismatch(act)
                 break
             self._tls.active = None
             if act.timing is not None:
@@ -1345,8 +1357,8 @@ class ReplayClient:
             if shape is None or dim >= len(shape):
                 raise ValueError("the loop's count is not known")
             choices = None
-            if folded.loops[0].variants:
-                choices = loops.choose(folded.loops[0], self._guards(act, shape[dim]))
+            if folded.loops[0].variants:  # up to an iteration no variant has (``Sequence.cut``)
+                choices = loops.choose_known(folded.loops[0], self._guards(act, shape[dim]))
             act.seq = _unrolled(act.seq, shape[dim], choices)
         except ValueError:
             self._mismatch(act)
@@ -1355,11 +1367,12 @@ class ReplayClient:
             self._bases[act.base] = act.seq
         return True
 
-    def _guards(self, act: Active, count: int) -> list[tuple[float, ...]]:
+    def _guards(self, act: Active, count: int) -> Iterator[tuple[float, ...]]:
         """Per iteration, the values of its guards, as the host pushes them once it has run
-        every iteration's body (waited for here: the app reads them next anyway). ValueError
-        if one never comes (the host failed, or is gone) or is not one number."""
-        values = []
+        every iteration's body (waited for here: the app reads them next anyway), each
+        iteration's when asked for (``loops.choose_known`` asks up to the first no variant
+        has: the host pushes none after it). ValueError if one never comes (the host failed,
+        or is gone) or is not one number."""
         for indices in _guard_indices(act.seq, count):
             row = []
             for i in indices:
@@ -1368,8 +1381,7 @@ class ReplayClient:
                 if not isinstance(v, (bool, int, float)):
                     raise ValueError(f"no value for guard {i}")
                 row.append(float(v))
-            values.append(tuple(row))
-        return values
+            yield tuple(row)
 
     def _peek(self, act: Active, oid: int) -> ops_pb2.TensorData | None:
         """The pushed value ``oid``, left for the app's own read; waits for it. None if the

@@ -1212,8 +1212,11 @@ class HostReplayer:
         it was answered). What the head made keeps its local indices; outputs final before the
         loop are pushed now (a head pushes nothing: the loop may still write them). A loop with
         variants runs every iteration's body first, then the variants its guards chose, read
-        here from this host's tensors (``rrtod.loops``). False: no such size, or no variant for
-        the values read (the replay failed, reported)."""
+        here from this host's tensors (``rrtod.loops``). An iteration whose values no variant
+        has cuts the unrolling there (``loops.unroll(cut=)``): the iterations before it replay,
+        and the app goes on by forwarding from its branch (the shim cuts at the same iteration,
+        from the guards pushed; its abort there undoes nothing the app took). False: no such
+        size, or a guard with no value (the replay failed, reported)."""
         seq = act.seq
         folded = seq.folded
         assert folded is not None
@@ -1229,8 +1232,8 @@ class HostReplayer:
                 where = loops.guard_locals(folded, n, seq.layout)
                 if any(i < 0 for gs in where for i in gs):
                     raise ValueError("a guard of its loop is not a local value")
-                choices = loops.choose(folded.loops[0], [
-                    tuple(self._scalar(act, i) for i in gs) for gs in where])
+                choices = loops.choose_known(folded.loops[0], (  # (fewer: a branch no
+                    tuple(self._scalar(act, i) for i in gs) for gs in where))  # variant has)
             key: Any = (n if not variants else ("bodies", n) if choices is None
                         else (n, tuple(choices)))
             u = seq.unrolled.get(key)
@@ -1242,7 +1245,8 @@ class HostReplayer:
                 u = self._compile(loops.unroll(folded, n, origins, choices=choices,
                                                bodies_first=variants, checked=seq.checked,
                                                layout=seq.layout, bodies=bodies,
-                                               made_from=made_from),
+                                               made_from=made_from,
+                                               cut=choices is not None),
                                   check=False, prefix=seq,
                                   copied=len(bodies.calls) if bodies is not None else 0)
                 # The calls it begins with are those ``seq`` ran (the head, or the head and

@@ -127,6 +127,7 @@ def replayed_calls(r: _Replaying, sizes: ops_pb2.ReplayedPrefix) -> list[ops_pb2
     slot = sum(1 for call in d.calls[: r.start] for _ in iter_tensor_refs(call))
     out = []
     k = r.start
+    short = False
     while k < min(r.cut, len(d.calls)):
         if k == head and d.loops:  # unrolled for this inference's count
             loop = d.loops[0]
@@ -138,10 +139,12 @@ def replayed_calls(r: _Replaying, sizes: ops_pb2.ReplayedPrefix) -> list[ops_pb2
                 if loop.variants:  # chosen by the guards' values, pushed by the host
                     body = {rid: i for i, rid in enumerate(
                         loops.bodies(d, shape[loop.dim]).local_ids)}
-                    choices = loops.choose(loop, [
+                    choices = loops.choose_known(loop, [
                         tuple(r.values.get(body.get(g, -1), math.nan) for g in gs)
                         for gs in loops.guards(d, shape[loop.dim])])
-                d = loops.unroll(d, shape[loop.dim], choices=choices)
+                d = loops.unroll(d, shape[loop.dim], choices=choices,
+                                 cut=choices is not None)
+                short = choices is not None and len(choices) < shape[loop.dim]
             except ValueError:
                 return []
             head = len(loops.head(d).calls) if d.loops else len(d.calls)
@@ -202,6 +205,8 @@ def replayed_calls(r: _Replaying, sizes: ops_pb2.ReplayedPrefix) -> list[ops_pb2
                 return []
         call.out_ids[:] = [id_of(x) for x in call.out_ids]
         out.append(call)
+    if short and k < r.cut:  # cut at a branch no variant has (``loops.unroll(cut=)``) and
+        return []  # the app left later: the calls in between are not known here
     return out
 
 

@@ -10,7 +10,7 @@ go on in one of several ways (its *variants*), as the four values the app read d
 
 ``--new-variant K``: from frame K on, each frame's last box crosses the right edge (and no
 other), a variant no frame before had: its iteration goes on with calls the sequence does not
-have.
+have. ``--new-box J``: box J does instead of the last one.
 
 ``--branch K``: from frame K on, every other frame scales the masks once more before the
 loop (a call the other frames do not make): two sequences, each with the loop.
@@ -30,6 +30,7 @@ SIZE = 12  # the image's height and width
 NEW = int(sys.argv[sys.argv.index("--new-variant") + 1]) if "--new-variant" in sys.argv else -1
 ODD = int(sys.argv[sys.argv.index("--odd") + 1]) if "--odd" in sys.argv else -1
 BRANCH = int(sys.argv[sys.argv.index("--branch") + 1]) if "--branch" in sys.argv else -1
+NEW_BOX = int(sys.argv[sys.argv.index("--new-box") + 1]) if "--new-box" in sys.argv else -1
 
 
 class PasteMasks(nn.Module):
@@ -76,7 +77,7 @@ def make_input(i: int) -> torch.Tensor:
         left, top = (k + i) % 4 & 1, (k + i) % 4 >> 1
         corner = (1.0 if left else 4.0, 1.0 if top else 4.0)  # minus 3: -2 or 1
         size = (2 + 4 * float(x[0, 2, k, 0]), 2 + 4 * float(x[0, 2, k, 1]))  # 2 to 6
-        if 0 <= NEW <= i and k == n - 1:
+        if 0 <= NEW <= i and k == (NEW_BOX if NEW_BOX >= 0 else n - 1):
             corner, size = (7.0, 4.0), (6.0, size[1])  # x1 + 1 = 14 > SIZE; top inside
         x[0, 0, k, :4] = torch.tensor([*corner, *size]) / SIZE
     return x

@@ -814,9 +814,11 @@ def robot_scheduling(data: bytes) -> None:
 def loop_defs(data: bytes) -> None:
     """A definition with a loop of variants, as the robot sends it, with fuzzed integers,
     ids, sources, loop fields and variants, unrolled for a fuzzed count and choice of
-    variants: where ``loops.check`` accepts it, the host's unrolling copied from its bodies
-    (``unroll(bodies=)``, with ``made_from``) equals the one built whole, and compiled on
-    the bodies (``compile_sequence(copied=)``) equals a whole compile, field for field."""
+    variants (or cut at a fuzzed iteration: ``unroll(cut=)``), each of the host's calls at
+    the app's position of the same call: where ``loops.check`` accepts it, the host's
+    unrolling copied from its bodies (``unroll(bodies=)``, with ``made_from``) equals the one
+    built whole, and compiled on the bodies (``compile_sequence(copied=)``) equals a whole
+    compile, field for field."""
     fdp = atheris.FuzzedDataProvider(data)
     d = branched()
     loop = d.loops[0]
@@ -843,20 +845,27 @@ def loop_defs(data: bytes) -> None:
             loop.guards[:] = [ids[fdp.ConsumeIntInRange(0, len(ids) - 1)]]
     count = fdp.ConsumeIntInRange(0, 5)
     choices = [fdp.ConsumeIntInRange(0, len(loop.variants) - 1) for _ in range(count)]
+    if fdp.ConsumeBool():  # cut at an iteration whose values no variant has
+        del choices[fdp.ConsumeIntInRange(0, count):]
     try:
         loops.check(d)
         layout = loops.layout_of(d)
         first = loops.bodies(d, count)
         whole_origins: list[int] = []
         whole = loops.unroll(d, count, whole_origins, choices=choices, bodies_first=True,
-                             checked=True, layout=layout)
+                             checked=True, layout=layout, cut=True)
+        app = loops.unroll(d, count, choices=choices, checked=True, layout=layout, cut=True)
     except ValueError:
         return
     origins: list[int] = []
     made: list[Any] = []
     copy = loops.unroll(d, count, origins, choices=choices, bodies_first=True, checked=True,
-                        layout=layout, bodies=first, made_from=made)
+                        layout=layout, bodies=first, made_from=made, cut=True)
     assert copy == whole and origins == whole_origins and len(made) == len(copy.calls)
+    where = loops.app_positions(d, count, choices)  # the host's calls, each the app's
+    assert len(where) == len(whole.calls) and list(app.local_ids) == list(whole.local_ids)
+    assert all(whole.calls[k] == app.calls[a] for k, a in enumerate(where) if a < len(app.calls))
+    assert sorted(a for a in where if a < len(app.calls)) == list(range(len(app.calls)))
     try:  # as the host does: the bodies first (a failure there is the replay's, reported)
         ran = compile_sequence(first)
         alone = compile_sequence(whole)
