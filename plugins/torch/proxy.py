@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
+from . import slicing
 from .copying import deepcopy_proxy
 from .session_api import Session
 
@@ -111,6 +112,12 @@ class RemoteTensor(torch.Tensor):
         reader = _READS.get(func)
         if reader is not None:
             return reader(args, kwargs)
+        if func is _GETITEM and len(args) == 2 and isinstance(args[0], RemoteTensor) \
+                and slicing.bounded(args[1]):
+            return slicing.view(args[0], args[1])  # the same calls whatever the bounds
+        if func is _SETITEM and len(args) == 3 and isinstance(args[0], RemoteTensor) \
+                and slicing.bounded(args[1]):
+            args = (slicing.view(args[0], args[1]), Ellipsis, args[2])
         if func is _SETITEM and len(args) == 3 and isinstance(args[2], RemoteTensor) and (
                 args[2].dim() and args[2].shape[0] == 1):
             return args[2]._rrto_handle.session.assign(func, args, kwargs)
@@ -215,6 +222,7 @@ def _cpu(args: tuple, kwargs: dict) -> torch.Tensor:
 
 _TO = torch.Tensor.to
 _SETITEM = torch.Tensor.__setitem__  # a value with leading ones: ``assignment.py``
+_GETITEM = torch.Tensor.__getitem__  # a bounded slice: ``slicing.py``
 _READS: dict[Any, Any] = {
     getattr(torch.Tensor, n): _via_download(n)
     for n in ("numpy", "tolist", "__array__", "__format__", "__reduce_ex__", "__dlpack__",
@@ -226,5 +234,5 @@ _READS.update({getattr(torch.Tensor, n): _kept(n) for n in (
     "data_ptr", "untyped_storage", "storage", "_typed_storage") if hasattr(torch.Tensor, n)})
 _READS[torch.Tensor.cpu] = _cpu
 _READS[torch.Tensor.__repr__] = lambda args, kwargs: repr(_download(args))
-_SPECIAL = frozenset({*_READS, _SETITEM, _TO})  # what ``__torch_function__`` handles itself
+_SPECIAL = frozenset({*_READS, _SETITEM, _GETITEM, _TO})  # what ``__torch_function__`` handles itself
 _DISABLED = torch._C._disabled_torch_function_impl

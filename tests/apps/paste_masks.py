@@ -15,6 +15,11 @@ have. ``--new-box J``: box J does instead of the last one.
 ``--branch K``: from frame K on, every other frame scales the masks once more before the
 loop (a call the other frames do not make): two sequences, each with the loop.
 
+``--full-width K``: in frame K box 0 spans the image's whole width without crossing an edge:
+its slices ``x0:x1`` of the image and of its mask span their dimensions, which PyTorch's
+indexing does not slice (the same guard values as a box inside the image). The boxes that do
+not cross the left edge then all begin at column 0, as that box does.
+
 ``--odd K``: in frame K the app pastes its last box one row lower than the box says: a call or
 an integer no variant has, in the middle of the loop, after the host ran every iteration's body
 (before the app's position) and every variant."""
@@ -31,6 +36,7 @@ NEW = int(sys.argv[sys.argv.index("--new-variant") + 1]) if "--new-variant" in s
 ODD = int(sys.argv[sys.argv.index("--odd") + 1]) if "--odd" in sys.argv else -1
 BRANCH = int(sys.argv[sys.argv.index("--branch") + 1]) if "--branch" in sys.argv else -1
 NEW_BOX = int(sys.argv[sys.argv.index("--new-box") + 1]) if "--new-box" in sys.argv else -1
+FULL = int(sys.argv[sys.argv.index("--full-width") + 1]) if "--full-width" in sys.argv else -1
 
 
 class PasteMasks(nn.Module):
@@ -76,9 +82,13 @@ def make_input(i: int) -> torch.Tensor:
     for k in range(n):
         left, top = (k + i) % 4 & 1, (k + i) % 4 >> 1
         corner = (1.0 if left else 4.0, 1.0 if top else 4.0)  # minus 3: -2 or 1
+        if FULL >= 0 and not left:
+            corner = (3.0, corner[1])  # x0 = 0: a full-width box differs only in its x1
         size = (2 + 4 * float(x[0, 2, k, 0]), 2 + 4 * float(x[0, 2, k, 1]))  # 2 to 6
         if 0 <= NEW <= i and k == (NEW_BOX if NEW_BOX >= 0 else n - 1):
             corner, size = (7.0, 4.0), (6.0, size[1])  # x1 + 1 = 14 > SIZE; top inside
+        if i == FULL and k == 0:
+            corner, size = (3.0, 4.0), (SIZE - 1 - 3.0, size[1])  # x0 = 0, x1 + 1 = SIZE
         x[0, 0, k, :4] = torch.tensor([*corner, *size]) / SIZE
     return x
 
