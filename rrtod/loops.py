@@ -61,6 +61,9 @@ MAX_VARIANTS = 16  # variants of one loop (four values read as bools: at most 16
 # how many loops are left, the same at every stage of unrolling) and variant after variant.
 VARIANT_SLOTS = 1 << 40
 MAX_GUARDS = 8
+# A choice for an iteration whose branch no variant has and that the app ran by forwarding
+# (a replay cut there, then resumed: ``unroll``'s ``ordered``): its body, no variant calls.
+SKIP = -1
 
 
 def _renamed(start: int, i: int, j: int) -> int:
@@ -349,15 +352,29 @@ def samples(d: ops_pb2.SequenceDef) -> list[ops_pb2.SequenceDef]:
     return out
 
 
-def app_positions(d: ops_pb2.SequenceDef, count: int, choices: list[int]) -> list[int]:
-    """Per call of ``unroll(d, count, choices=choices, bodies_first=True)``, its position in
-    the app's order (``unroll(d, count, choices=choices)``): where the host, which runs the
-    bodies first, is when the app is at a given call (an abort's position is the app's).
-    With fewer choices than iterations (a cut unrolling), the bodies past the cut iteration's
-    are past the app's last call: the app never reaches them replayed."""
+def _sizes(loop: ops_pb2.SeqLoop, choices: Iterable[int]) -> list[int]:
+    """Per choice, how many calls its variant has (none for ``SKIP``)."""
+    return [len(loop.variants[c].calls) if c != SKIP else 0 for c in choices]
+
+
+def iteration_start(d: ops_pb2.SequenceDef, choices: list[int]) -> int:
+    """The app's position of the first call of iteration ``len(choices)`` of ``d``'s first
+    loop (of the calls after it, if that is every iteration), the iterations before it having
+    taken ``choices``: where a replay cut before it resumes (``ReplayStart.loop_choices``)."""
+    loop = d.loops[0]
+    return loop.start + loop.body * len(choices) + sum(_sizes(loop, choices))
+
+
+def app_positions(d: ops_pb2.SequenceDef, count: int, choices: list[int],
+                  ordered: int = 0) -> list[int]:
+    """Per call of ``unroll(d, count, choices=choices, bodies_first=True, ordered=ordered)``,
+    its position in the app's order (``unroll(d, count, choices=choices)``): where the host,
+    which runs the bodies first, is when the app is at a given call (an abort's position is
+    the app's). With fewer choices than iterations (a cut unrolling), the bodies past the cut
+    iteration's are past the app's last call: the app never reaches them replayed."""
     loop = d.loops[0]
     s, b = loop.start, loop.body
-    sizes = [len(loop.variants[c].calls) for c in choices]
+    sizes = _sizes(loop, choices)
     starts, at = [], s
     for n in sizes:
         starts.append(at)
@@ -367,9 +384,11 @@ def app_positions(d: ops_pb2.SequenceDef, count: int, choices: list[int]) -> lis
         starts.append(at)  # the cut iteration's body, the app's last replayed calls
         starts += range(at + b, at + b + (count - len(starts)) * b, b)
     out = list(range(s))
-    for i in range(count):
+    for i in range(ordered):  # (in the app's order: ``unroll``'s ``ordered``)
+        out += range(starts[i], starts[i] + b + sizes[i])
+    for i in range(ordered, count):
         out += range(starts[i], starts[i] + b)
-    for i in range(len(choices)):
+    for i in range(ordered, len(choices)):
         out += range(starts[i] + b, starts[i] + b + sizes[i])
     if not cut:
         out += range(at, at + len(d.calls) - s - b)
@@ -406,7 +425,8 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
            choices: list[int] | None = None, bodies_first: bool = False,
            checked: bool = False, layout: Layout | None = None,
            bodies: ops_pb2.SequenceDef | None = None,
-           made_from: list[Any] | None = None, cut: bool = False) -> ops_pb2.SequenceDef:
+           made_from: list[Any] | None = None, cut: bool = False,
+           ordered: int = 0) -> ops_pb2.SequenceDef:
     """``d`` with its first loop run ``count`` times (its other loops moved along, still to be
     unrolled). A loop with variants needs ``choices``, the variant of each iteration
     (``choose``); with ``bodies_first`` the bodies of all iterations come before all their
@@ -433,7 +453,15 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
     are those its calls make (not the later bodies'), pushed once its calls no longer write
     them: what the app reads up to the cut is answered. The calls after it are the app's,
     forwarded, and one may write such an output in place: a read after that fetches it
-    (``ReplayClient.rewritten``)."""
+    (``ReplayClient.rewritten``).
+
+    ``ordered`` (with the bodies first): the first ``ordered`` iterations come in the app's
+    order, each body then its variant, before the bodies of the others: a replay resumed at
+    iteration ``ordered`` after a cut (``ReplayStart.loop_choices``), whose calls before it
+    ran in an earlier replay or by forwarding; ``choices`` has theirs first, ``SKIP`` for an
+    iteration whose branch the app forwarded (its body, no variant). With exactly those
+    choices and no ``cut``, the result ends after the bodies (the host reads the guards of
+    the iterations resumed next). The local ids are laid out as in every other unrolling."""
     if not checked:
         check(d)
     if not d.loops:
@@ -450,12 +478,16 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
         raise ValueError(f"sequence {d.id}: its loop's variants need a choice per iteration")
     if cut and (choices is None or later):
         raise ValueError(f"sequence {d.id}: only a last loop with variants is cut")
+    resumed = bodies_first and choices is not None and not cut and len(choices) == ordered
     cut_at = len(choices) if cut and choices is not None and len(choices) < count else None
-    if choices is not None and (len(choices) != count and cut_at is None
-                                or any(not 0 <= c < len(variants) for c in choices)):
+    if choices is not None and (len(choices) != count and cut_at is None and not resumed
+                                or any(not 0 <= c < len(variants) and c != SKIP
+                                       for c in choices)):
         raise ValueError(f"sequence {d.id}: {len(choices)} choices for {count} iterations "
                          f"of {len(variants)} variants")
-    only_bodies = bodies_first and choices is None
+    if ordered and (not bodies_first or choices is None or not ordered <= len(choices)):
+        raise ValueError(f"sequence {d.id}: {ordered} iterations in order need their choices")
+    only_bodies = bodies_first and (choices is None or resumed and ordered < count)
     s, b = loop.start, loop.body
     prefix, body, suffix = list(d.calls[:s]), list(d.calls[s: s + b]), list(d.calls[s + b:])
     layout = layout or layout_of(d)
@@ -463,7 +495,7 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
     rank = {r: j for j, r in enumerate(own)}
     # a variant's ids, always renamed (ranks after the body's): no two iterations share one
     vrank = [{r: len(own) + j for j, r in enumerate(v.local_ids)} for v in variants]
-    chosen = [variants[c] for c in choices] if choices is not None else []
+    chosen = [variants[c] for c in choices if c != SKIP] if choices is not None else []
     if cut_at is not None:
         suffix = []  # nothing after the cut iteration's body is known
     total = len(prefix) + count * b + sum(len(v.calls) for v in chosen) + len(suffix)
@@ -488,17 +520,30 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
     n_pre, n_body = layout.prefix_slots, layout.body_slots
     local = set(d.local_ids)
     own_local = [r for r in own if r in local]
-    from_bodies = bodies is not None and bodies_first and choices is not None
+    first_slot = [VARIANT_SLOTS + (len(d.loops) << 24)]  # of each variant, in ``origins``
+    for v in variants[:-1]:
+        first_slot.append(first_slot[-1] + len(v.sources))
+    in_order = [c for c in (choices or ())[:ordered] if c != SKIP]
+    from_bodies = bodies is not None and bodies_first and choices is not None and not only_bodies
     if from_bodies:  # the head, the bodies, their sources, symbols and ids: as ``bodies``
         assert bodies is not None
-        if (len(bodies.calls) != s + count * b or len(bodies.sources) != n_pre + count * n_body
-                or len(bodies.local_ids) != len(before & local)
-                + count * len(own_local) or bodies.outputs or bodies.loops):
+        if (len(bodies.calls) != s + count * b + sum(len(variants[c].calls) for c in in_order)
+                or len(bodies.sources) != n_pre + count * n_body
+                + sum(len(variants[c].sources) for c in in_order)
+                or len(bodies.local_ids) != len(before & local) + count * len(own_local)
+                + sum(len(variants[c].local_ids) for c in in_order)
+                or bodies.outputs or bodies.loops):
             raise ValueError(f"sequence {d.id}: not its bodies of {count} iterations")
         out = ops_pb2.SequenceDef()
         out.CopyFrom(bodies)
         # per slot of the result: the slot of ``d`` it comes from
-        came = [*range(n_pre), *list(range(n_pre, n_pre + n_body)) * count]
+        body_slots = list(range(n_pre, n_pre + n_body))
+        came = list(range(n_pre))
+        for c in (choices or ())[:ordered]:
+            came += body_slots
+            if c != SKIP:
+                came += range(first_slot[c], first_slot[c] + len(variants[c].sources))
+        came += body_slots * (count - ordered)
         made_of: list[Any] = [None] * len(bodies.calls)
     else:
         out = ops_pb2.SequenceDef(id=d.id, thread=d.thread, calls=prefix,
@@ -512,9 +557,6 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
             call.out_meta.extend(meta)
         came = list(range(n_pre))
         made_of = [None] * len(prefix)
-    first_slot = [VARIANT_SLOTS + (len(d.loops) << 24)]  # of each variant, in ``origins``
-    for v in variants[:-1]:
-        first_slot.append(first_slot[-1] + len(v.sources))
 
     def add(templates: list[ops_pb2.OpCall], sources: Any, slot0: int, syms: Any,
             rename: Callable[[int], int], i: int, tag: tuple[Any, ...]) -> None:
@@ -556,15 +598,21 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
 
     def add_variant(i: int) -> None:
         k = choices[i]  # type: ignore[index]
+        if k == SKIP:
+            return
         add(list(variants[k].calls), variants[k].sources, first_slot[k], var_syms[k],
             lambda r: vname(k, r, i), i, ("variant", k))
 
     chosen_of = len(choices) if choices is not None else count
     if bodies_first:
-        for i in range(count if not from_bodies else 0):
-            add_body(i)
+        if not from_bodies:
+            for i in range(ordered):
+                add_body(i)
+                add_variant(i)
+            for i in range(ordered, count):
+                add_body(i)
         if not only_bodies:
-            for i in range(chosen_of):
+            for i in range(ordered, chosen_of):
                 add_variant(i)
     else:
         for i in range(chosen_of):
@@ -578,11 +626,12 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
         out.local_ids.extend(r for r in d.local_ids if r in before)
         out.local_ids.extend(name(r, i) for i in range(count) for r in own_local)
     out.local_ids.extend(vname(c, r, i) for i, c in enumerate(choices or ())
+                         if c != SKIP and (i >= ordered or not from_bodies)
                          for r in variants[c].local_ids)
     if cut_at is not None:  # the outputs of the calls it has (the docstring says why)
         out.outputs.extend(r for r in d.outputs if r in before)
         out.outputs.extend(name(r, i) for i in range(cut_at + 1) for r in d.outputs if r in rank)
-        out.outputs.extend(vname(c, r, i) for i, c in enumerate(choices or ())
+        out.outputs.extend(vname(c, r, i) for i, c in enumerate(choices or ()) if c != SKIP
                            for r in variants[c].outputs)
     if only_bodies or cut_at is not None:
         out.varies_from = min(d.varies_from, s) if d.HasField("varies_from") else s
@@ -630,7 +679,7 @@ def unroll(d: ops_pb2.SequenceDef, count: int, origins: list[int] | None = None,
     out.local_ids.extend(r for r in d.local_ids if r not in before and r not in rank and r in made)
     out.outputs.extend(r for r in d.outputs if r in before or (r not in rank and r in made))
     out.outputs.extend(name(r, i) for i in range(count) for r in d.outputs if r in rank)
-    out.outputs.extend(vname(c, r, i) for i, c in enumerate(choices or ())
+    out.outputs.extend(vname(c, r, i) for i, c in enumerate(choices or ()) if c != SKIP
                        for r in variants[c].outputs)
     if variants:  # a variant's calls follow the data: worked out every time from the loop on
         out.varies_from = min(d.varies_from, s) if d.HasField("varies_from") else s

@@ -11,6 +11,7 @@ import pytest
 from rrto.v1 import ops_pb2
 from rrtod.gpu.replay import compile_sequence
 from rrtod.loops import (
+    SKIP,
     VARIANT_SLOTS,
     app_positions,
     bodies,
@@ -21,6 +22,7 @@ from rrtod.loops import (
     guard_locals,
     guards,
     head,
+    iteration_start,
     layout_of,
     samples,
     unroll,
@@ -350,6 +352,59 @@ def test_an_unrolling_cut_at_a_branch_no_variant_has_ends_after_that_iterations_
         unroll(d, 3, choices=[1])  # fewer choices, not asked to cut
     with pytest.raises(ValueError):
         unroll(looped(), 3, choices=None, cut=True)  # no variants: nothing to cut at
+
+
+def test_a_cut_unrolling_resumes_at_the_next_iteration_with_the_same_ids():
+    """After a cut at iteration ``k`` the app runs that iteration's branch by forwarding; a
+    replay resumed at iteration ``k + 1`` (``ordered``) has ``SKIP`` for ``k``: no variant
+    calls. In the app's order its calls before the resume point are the cut unrolling's, and
+    after it those of any uncut unrolling past iteration ``k``. The host runs the iterations
+    before it in the app's order, then every later body, then their variants (a copy of the
+    bodies it ran: ``bodies=``); each of its calls is the app's at the position
+    ``app_positions`` gives, also when the resumed replay is cut again. The local ids are
+    laid out as in every other unrolling, so the values made before the resume point keep
+    their indices."""
+    d = branched()
+    variants = d.loops[0].variants
+    for k in range(4):
+        done = [1, 0, 1][:k] + [SKIP]
+        cut = unroll(d, 4, choices=done[:-1], cut=True)
+        p = iteration_start(d, done)
+        assert p == len(cut.calls)
+        for rest in ([0, 1, 1][: 3 - k], [1, 1, 0][: 3 - k]):
+            choices = done + rest
+            app = unroll(d, 4, choices=choices)
+            assert list(app.calls[:p]) == list(cut.calls)
+            other = unroll(d, 4, choices=done[:-1] + [0] + rest)
+            assert list(app.calls[p:]) == list(other.calls[p + len(variants[0].calls):])
+            host = unroll(d, 4, choices=choices, bodies_first=True, ordered=k + 1, cut=True)
+            if k < 3:  # (resumed after the last iteration: nothing to run first)
+                stage = unroll(d, 4, choices=done, bodies_first=True, ordered=k + 1)
+                assert list(stage.calls[:p]) == list(app.calls[:p]) and not stage.outputs
+                assert len(stage.calls) == p + 2 * (3 - k)
+                assert host == unroll(d, 4, choices=choices, bodies_first=True, ordered=k + 1,
+                                      bodies=stage, cut=True)
+            where = app_positions(d, 4, choices, ordered=k + 1)
+            assert sorted(where) == list(range(len(app.calls)))
+            assert all(host.calls[j] == app.calls[a] for j, a in enumerate(where))
+            assert list(host.local_ids) == list(app.local_ids)
+            assert list(app.local_ids)[: len(cut.local_ids)] == list(cut.local_ids)
+            assert set(app.outputs) == set(host.outputs)
+            compile_sequence(app)
+            compile_sequence(host)
+            if rest:  # cut again at the first iteration after the resumed one
+                again = unroll(d, 4, choices=choices[: k + 2], cut=True)
+                back = unroll(d, 4, choices=choices[: k + 2], bodies_first=True,
+                              ordered=k + 1, bodies=stage, cut=True)
+                where = app_positions(d, 4, choices[: k + 2], ordered=k + 1)
+                n = len(again.calls)
+                assert sorted(a for a in where if a < n) == list(range(n))
+                assert all(back.calls[j] == again.calls[a] for j, a in enumerate(where)
+                           if a < n)
+    with pytest.raises(ValueError):
+        unroll(d, 4, choices=[1], ordered=2, bodies_first=True)  # fewer choices than in order
+    with pytest.raises(ValueError):
+        unroll(d, 4, choices=[1, SKIP], ordered=2)  # in order: the host's, bodies first
 
 
 @pytest.mark.parametrize("make", [looped, scattered, branched])
