@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from rrto.v1 import ops_pb2
+from rrtod import loops
 from rrtod.gpu.replay import HostReplayer
 from rrtod.wire import RETIRED_KEPT, SPAN
+from testkit.loopdefs import branched
 from testkit.numbers import NumberExecutor, num
 
 SRC = ops_pb2.SeqSource
@@ -526,6 +528,37 @@ def test_a_join_past_the_sequence_is_refused_and_its_arguments_dropped(position,
               ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(2.0))))
     assert [(x.error.code, x.error.sequence) for x in out] == [("BAD_START", 7)]
     assert ex.calls == [] and r.active is None
+
+
+@pytest.mark.parametrize("sequence_id, count, choices, position", [
+    (7, 2, [-1], 1),  # no loop at all
+    (9, 3, [-1], 4),  # iteration 1 begins at call 3 (head 1, body 2, no variant)
+    (9, 3, [2], 5),  # a variant the loop does not have
+    (9, 3, [-2], 3),  # nor a choice below SKIP
+    (9, 1, [0, -1], 6),  # more iterations done than the loop has
+    (9, 0, [], 3),  # a count with no choice: nothing done to resume after
+    (9, 1 << 21, [-1], 3),  # a count past ``loops.MAX_COUNT``
+])
+def test_a_resume_that_does_not_fit_its_loop_is_refused_and_its_arguments_dropped(
+        sequence_id, count, choices, position):
+    """``ReplayStart.loop_choices`` from the network: a start whose sequence has no loop with
+    variants, or whose choices, count or position do not fit it, is refused with one
+    BAD_START; its arguments are dropped without more errors, and the next start replays."""
+    ex = NumberExecutor()
+    r = HostReplayer(ex)
+    d = branched()
+    d.id = 9
+    assert loops.iteration_start(d, [-1]) == 3
+    run(r, ops_pb2.SessionUp(define=sequence()), ops_pb2.SessionUp(define=d))
+    out = run(r, ops_pb2.SessionUp(start=ops_pb2.ReplayStart(
+        sequence=sequence_id, base_id=1000, position=position, joined={0: 500},
+        loop_count=count, loop_choices=choices)),
+        ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(2.0))))
+    assert [(x.error.code, x.error.sequence) for x in out] == [("BAD_START", sequence_id)]
+    assert ex.calls == [] and r.active is None
+    out = run(r, ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=7, base_id=2000)),
+              ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=upload(0.0))))
+    assert [value(d) for d in out] == [(2001, 100.0), (2000, 110.0)]
 
 
 def test_an_integer_the_app_computes_from_a_value_it_read_is_the_hosts_own():

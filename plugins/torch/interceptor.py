@@ -34,7 +34,7 @@ from .client import RemoteSession
 from .here import Originals, swap_in, swap_out
 from .proxy import RemoteTensor
 
-BY_INFERENCE = ("round_trips", "push_waits", "replays", "mismatches", "switches")
+BY_INFERENCE = ("round_trips", "push_waits", "replays", "mismatches", "switches", "cut", "resumed")
 
 
 class _Open:
@@ -204,12 +204,14 @@ class TorchInterceptor:
         """The session's counts that ``stats()["by_inference"]`` gives per inference
         (``BY_INFERENCE``): replies the app waited for (a replayed inference's pushed outputs
         are one), the waits among them for pushed outputs, replays started, replays that
-        mismatched, and switches to a variant at a branch."""
+        mismatched, switches to a variant at a branch, loops cut at a branch no variant has,
+        and loops resumed after one."""
         c = self.session.counters
         replay = getattr(self.session, "replay", None)
         rc = replay.counters if replay is not None else {}
         return (c["round_trips"] + c["replay_replies"], c["push_waits"], rc.get("replays", 0),
-                rc.get("mismatches", 0), rc.get("switches", 0))
+                rc.get("mismatches", 0), rc.get("switches", 0), rc.get("cut", 0),
+                rc.get("resumed", 0))
 
     def _read(self, handle_id: int) -> None:
         """The app read a proxy (``RemoteSession.download``): extends its thread's open

@@ -209,8 +209,11 @@ class Sequence:
     guards: dict[int, list[list[int]]] = field(default_factory=dict)
     root: Sequence | None = None  # the sequence an unrolled one was made from
     # Unrolled up to an iteration whose values no variant has (``loops.unroll(cut=)``): the
-    # inference leaves its sequence where this one ends (a mismatch there, never an end).
+    # inference leaves its sequence where this one ends (a mismatch there, never an end), and
+    # may resume it at the next iteration (``ReplayClient._resume``).
     cut: bool = False
+    count: int = 0  # unrolled: its loop's count, and the variant of each iteration
+    choices: tuple[int, ...] | None = None
     # Unrolled: per slot, the slot of the defined sequence it comes from, under which a weight
     # is bound (``bindings``, shared with it; the host does the same); None: its own slots.
     canon: list[int] | None = None
@@ -339,6 +342,7 @@ def _unrolled(seq: Sequence, count: int, choices: list[int] | None = None) -> Se
                                       cut=choices is not None),
                          check=False, prefix=seq)
     u.cut = choices is not None and len(choices) < count
+    u.count, u.choices = count, tuple(choices) if choices is not None else None
     u.bindings, u.sent, u.recent = seq.bindings, seq.sent, seq.recent
     u.canon = [seq.canon[o] if o < len(seq.canon) else o for o in origins] \
         if seq.canon is not None else origins
@@ -560,6 +564,28 @@ def _put(x: Any, items: list[int], value: int) -> Any:
     return type(x)(out)
 
 
+def _resume_point(act: Active) -> tuple[Active, tuple[int, ...]] | None:
+    """Where an inference that left its unrolled loop with variants at ``act.position`` may
+    resume (``ReplayClient._resume``): ``act`` and the choices of the iterations up to the one
+    it left, that one ``SKIP`` (the app runs the rest of it by forwarding). None: it left
+    before the loop or after it."""
+    seq = act.seq
+    root = seq.root
+    if seq.choices is None or root is None or root.folded is None:
+        return None
+    loop = root.folded.loops[0]
+    at = loop.start
+    if act.position < at:
+        return None
+    for k, c in enumerate(seq.choices):
+        at += loop.body + (len(loop.variants[c].calls) if c != loops.SKIP else 0)
+        if act.position < at:
+            return act, (*seq.choices[:k], loops.SKIP)
+    if seq.cut:  # in (or at the end of) the body of the iteration it is cut at
+        return act, (*seq.choices, loops.SKIP)
+    return None
+
+
 def _read_after(seq: Sequence, p: int, joined: dict[int, int] | None) -> dict[int, int]:
     """The part of ``joined`` the host needs: values that steps from ``p`` on read, or whose
     sizes they use (the shim keeps all of it, to match those steps)."""
@@ -646,7 +672,7 @@ class ReplayClient:
                          "failed": 0, "failed_ahead": 0, "answer_waits": 0, "joined": 0,
                          "switches": 0, "abandoned": 0, "search_waits": 0, "search_wait_ns": 0,
                          "robot_ops": 0, "robot_ns": 0, "here": 0, "sized": 0, "hot": 0,
-                         "cut": 0}
+                         "cut": 0, "resumed": 0}
         session.progress = self._progress
 
     def _progress(self) -> ops_pb2.ReplayProgress | None:
@@ -863,7 +889,13 @@ class ReplayClient:
             return MISS
         if info.value_op and act is None:
             return MISS  # a value read outside a replay: forwarded (a sequence never starts so)
-        if act is None:
+        resumed = self._resume(thread, args, kwargs, info, grad_mode) \
+            if act is None and getattr(self._tls, "resumable", None) is not None else None
+        if resumed is MISS:
+            return MISS
+        if resumed is not None:
+            act = resumed  # (matched, its frames sent)
+        elif act is None:
             if not self._search_over.is_set():
                 self._await_search()
             seqs = self.sequences.get(thread, ())
@@ -892,6 +924,7 @@ class ReplayClient:
             for s in seqs:
                 s.fresh = False
             self._tls.tail, self._tls.tail_bytes = [], 0
+            self._tls.resumable = None
             self._forget_before(act.base - 4 * SPAN)
             self._bases[act.base] = seq
             start = ops_pb2.SessionUp(start=ops_pb2.ReplayStart(
@@ -1187,6 +1220,67 @@ class ReplayClient:
             return new
         return None
 
+    # ----- resuming a loop after a cut -----
+    def _resume(self, thread: int, args: tuple, kwargs: dict, info: OpInfo,
+                grad_mode: int) -> Active | Any | None:
+        """This thread's replay left its loop in iteration ``k`` (``_resume_point``: cut there,
+        at values no variant has, or a call that differed inside it) and the app forwards the
+        rest of that iteration: if this call begins iteration ``k + 1`` (or the calls after the
+        loop), go on replaying from it. The host
+        runs the rest of the inference from one start (``ReplayStart.loop_choices``: the
+        choices so far, ``SKIP`` for ``k``), reading what was made before by the ids the app
+        holds (``joined``); the shim reads the guards of the iterations left, as at the head's
+        end, and matches the rest as any replay. Not this call: None (forwarded, and each call
+        of the branch is looked at so). MISS: it started but the guards never came (a mismatch
+        there, as ``_unroll``'s)."""
+        old, done = self._tls.resumable
+        cut = old.seq
+        root = cut.root
+        folded = root.folded if root is not None else None
+        count = cut.count
+        if folded is None or root.host_failed or self.session.lost is not None:
+            self._tls.resumable = None  # (failed since: no resuming it; one replaced since is
+            return None  # resumed still, as the host keeps it: ``RETIRED_KEPT``)
+        loop = folded.loops[0]
+        at = loop.start if len(done) < count else loop.start + loop.body
+        if at >= len(folded.calls):
+            self._tls.resumable = None  # nothing after the loop to resume at
+            return None
+        if folded.calls[at].op != info.name:
+            return None
+        try:
+            probe = _unrolled(root, count, list(done))
+        except ValueError:
+            self._tls.resumable = None
+            return None
+        p = loops.iteration_start(folded, list(done))
+        joined = {i: old.id_of(i) for st in cut.steps[:old.position] for i in st.out_local
+                  if i is not None}  # (what the app's calls on iteration k made, it holds)
+        act = Active(probe, REPLAY_BASE + next(self._inference) * SPAN, position=p,
+                     sizes=dict(old.sizes), values=dict(old.values), joined=joined)
+        frames = self._match(act, args, kwargs, info, grad_mode)
+        if frames is None:
+            return None
+        self._tls.resumable = None
+        self._forget_before(act.base - 4 * SPAN)
+        self._bases[act.base] = probe
+        start = ops_pb2.SessionUp(start=ops_pb2.ReplayStart(
+            sequence=root.id, base_id=act.base, inference=act.base, position=p, joined=joined,
+            loop_count=count, loop_choices=done))
+        self.session.send_frames([start, *frames])
+        self._tls.active = act
+        self.counters["resumed"] += 1
+        if len(done) < count:
+            try:
+                more = loops.choose_known(loop, self._guards(act, root, count, len(done)))
+                act.seq = _unrolled(root, count, [*done, *more])
+            except ValueError:
+                self._mismatch(act)
+                return MISS
+            with self._lock:
+                self._bases[act.base] = act.seq
+        return act
+
     # ----- joining an inference under way -----
     def forwarded(self, call: ops_pb2.OpCall, result: Any) -> None:
         """A call of this thread was forwarded: kept (the frame itself, and for a call whose
@@ -1226,6 +1320,7 @@ class ReplayClient:
         if not getattr(self._tls, "read_since_begin", False):
             self._tls.tail, self._tls.tail_bytes = [], 0
         self._tls.read_since_begin = False
+        self._tls.resumable = None  # (a cut inference's loop is resumed within it only)
         if self._give_up and self.session.lost is None:
             # (a thread with no sequence left never replays a call to say it then)
             try:
@@ -1358,7 +1453,8 @@ class ReplayClient:
                 raise ValueError("the loop's count is not known")
             choices = None
             if folded.loops[0].variants:  # up to an iteration no variant has (``Sequence.cut``)
-                choices = loops.choose_known(folded.loops[0], self._guards(act, shape[dim]))
+                choices = loops.choose_known(folded.loops[0],
+                                             self._guards(act, act.seq, shape[dim]))
             act.seq = _unrolled(act.seq, shape[dim], choices)
         except ValueError:
             self._mismatch(act)
@@ -1367,13 +1463,14 @@ class ReplayClient:
             self._bases[act.base] = act.seq
         return True
 
-    def _guards(self, act: Active, count: int) -> Iterator[tuple[float, ...]]:
-        """Per iteration, the values of its guards, as the host pushes them once it has run
-        every iteration's body (waited for here: the app reads them next anyway), each
-        iteration's when asked for (``loops.choose_known`` asks up to the first no variant
-        has: the host pushes none after it). ValueError if one never comes (the host failed,
-        or is gone) or is not one number."""
-        for indices in _guard_indices(act.seq, count):
+    def _guards(self, act: Active, seq: Sequence, count: int,
+                first: int = 0) -> Iterator[tuple[float, ...]]:
+        """Per iteration of ``seq``'s loop from ``first`` on, the values of its guards, as the
+        host pushes them once it has run every iteration's body (waited for here: the app reads
+        them next anyway), each iteration's when asked for (``loops.choose_known`` asks up to
+        the first no variant has: the host pushes none after it). ValueError if one never comes
+        (the host failed, or is gone) or is not one number."""
+        for indices in _guard_indices(seq, count)[first:]:
             row = []
             for i in indices:
                 data = self._peek(act, act.base + i)
@@ -1696,6 +1793,7 @@ class ReplayClient:
             position=act.position))])
         self._aborted[act.base] = act.position
         self._tls.active = None
+        self._tls.resumable = _resume_point(act)
         self.counters["mismatches"] += 1
         seq.mismatches += 1
         if seq.mismatches >= GIVE_UP_AFTER or seq.stale:

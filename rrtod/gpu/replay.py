@@ -164,6 +164,13 @@ class Compiled:
     # order (the host runs every body first): an abort's position is the app's. None: the same.
     bodies_of: int | None = None
     app_pos: list[int] | None = None
+    # The bodies' calls from ``app_upto`` on have no app position yet: it follows the variants
+    # chosen after them (their sizes and answers wait for those: ``Active.held``). A resumed
+    # replay's bodies (``ReplayStart.loop_choices``) follow ``done``, the choices of the
+    # iterations before it, run in the app's order (``loops.unroll``'s ``ordered``).
+    app_upto: int | None = None
+    done: tuple[int, ...] = ()
+    cut: bool = False  # unrolled up to an iteration no variant has: the app aborts at its end
     folded_canon: list[int] | None = None  # the bodies': their head's ``canon``
     # Unrolled: per slot, the slot of the defined sequence it comes from, under which a weight
     # is bound (``sticky``, shared with it: ``rrtod.loops``); None: the slots are its own.
@@ -427,6 +434,11 @@ class Active:
     # data uploaded for it after its start frame, and when the last of it came (ReplayTiming)
     upload_bytes: int = 0
     uploaded_ns: int = 0
+    resumed: bool = False  # a loop resumed after a cut (``ReplayStart.loop_choices``)
+    # per call with no app position yet (``Compiled.app_upto``): its answer or its sizes, as
+    # (call, result or None, sizes), sent once the variants are chosen
+    held: list[tuple[int, ops_pb2.OpResult | None, tuple[int, ...]]] = field(
+        default_factory=list)
 
     def id_of(self, i: int) -> int:
         """The id of local value ``i`` in this inference."""
@@ -434,15 +446,22 @@ class Active:
 
     def app_position(self, k: int) -> int:
         """The app's position of call ``k`` of ``seq`` (which may run them in another order:
-        ``Compiled.app_pos``): where an answer to it is for."""
+        ``Compiled.app_pos``): where an answer to it is for. -1: not known yet (a body's,
+        before the variants are chosen: ``Compiled.app_upto``)."""
         app = self.seq.app_pos
-        return k if app is None or k >= len(app) else app[k]
+        if app is None:
+            upto = self.seq.app_upto
+            return k if upto is None or k < upto else -1
+        return k if k >= len(app) else app[k]
 
     def app_failed(self, k: int) -> int:
         """The app's first call that call ``k`` failing leaves unrun: an error's position (the
         shim replays the calls before it, which ran)."""
         app = self.seq.app_pos
-        return k if app is None else min(app[k:], default=len(app))
+        if app is None:
+            upto = self.seq.app_upto
+            return k if upto is None else min(k, upto)
+        return min(app[k:], default=len(app))
 
 
 class HostReplayer:
@@ -542,8 +561,17 @@ class HostReplayer:
                                 f"{frame.start.plan}", frame.start.sequence))
                     return
                 seq = seq.plans[frame.start.plan - 1]
-            act = Active(seq, frame.start.base_id)
-            if seq.definition.profile and seq.profiled < PROFILED and seq.folded is None:
+            resumed = bool(frame.start.loop_count or frame.start.loop_choices)
+            if resumed:
+                try:
+                    seq = self._resumed(seq, frame.start)
+                except ValueError as exc:  # its arguments follow: dropped
+                    self.refused = True
+                    emit(_error("BAD_START", str(exc), frame.start.sequence))
+                    return
+            act = Active(seq, frame.start.base_id, resumed=resumed)
+            if seq.definition.profile and seq.profiled < PROFILED and seq.folded is None \
+                    and not resumed:
                 act.timing = [0] * len(seq.definition.calls)
             if frame.start.position or frame.start.joined:
                 why = _bad_join(seq, frame.start)
@@ -857,6 +885,9 @@ class HostReplayer:
         self._send_shapes(act, emit)
         if ended and limit is None:
             self._close(act, complete=True)
+            if act.resumed and not act.seq.cut:  # the robot logs them (``_account``); a cut
+                # one when the app leaves it at the cut (``_abort``)
+                self._account(act, len(act.seq.definition.calls), emit)
             if act.timing is not None:
                 self._profiled(act, emit)
             if act.upload_bytes and act.seq.definition.profile:
@@ -872,7 +903,11 @@ class HostReplayer:
         dims = self._dense(oid) if self._dense is not None else None
         if dims is None:
             return [self.replay.shape(oid)]  # type: ignore[union-attr]
-        act.shapes.append((act.app_position(k), dims))
+        at = act.app_position(k)
+        if at < 0:
+            act.held.append((k, None, dims))
+        else:
+            act.shapes.append((at, dims))
         return [dims]
 
     @staticmethod
@@ -942,7 +977,7 @@ class HostReplayer:
                     return
             call = None
             if act.seq.writes[k] or act.seq.mutates[k]:
-                if act.app_position(k) < act.matched:
+                if 0 <= act.app_position(k) < act.matched:
                     self.snapshots_skipped += 1  # the app matched it: no abort undoes it
                 else:
                     ids = [out_ids[j] for j in act.seq.writes[k]]
@@ -982,8 +1017,12 @@ class HostReplayer:
                     emit(down)
                     return
                 if what == "result":  # what the app needs to go on: its answer
+                    at = act.app_position(k)
+                    if at < 0:
+                        act.held.append((k, _copied(down.result), ()))
+                        continue
                     self._send_shapes(act, emit)  # the sizes before it first: the app is behind
-                    emit(_answer_frame(act.base, act.app_position(k), down.result))
+                    emit(_answer_frame(act.base, at, down.result))
                 else:
                     emit(down)
             if merged:
@@ -1163,13 +1202,16 @@ class HostReplayer:
             drops = sorted((last[i] - k, v) for v, i in enumerate(run.outs)
                            if i in act.dropped and last.get(i, run.end) < run.end - 1
                            and not (varying and run.made_by[v] in varying))
-        copy = [j - k for j in run.writes if act.app_position(j) >= act.matched]
+        copy = [j - k for j in run.writes if not 0 <= act.app_position(j) < act.matched]
         snapshots: list[tuple[int, Any]] = []
 
         def answer(j: int, result: ops_pb2.OpResult | None) -> float:
-            if result is not None:
+            at = act.app_position(k + j) if result is not None else 0
+            if at < 0:
+                act.held.append((k + j, _copied(result), ()))  # type: ignore[arg-type]
+            elif result is not None:
                 self._send_shapes(act, emit)
-                emit(_answer_frame(base, act.app_position(k + j), result))
+                emit(_answer_frame(base, at, result))
             elif self._pace is not None:  # the time the last answer asked for came
                 self._pace.tick()  # type: ignore[attr-defined]
             return self._pace.held() if self._pace is not None else 0.0  # type: ignore[attr-defined]
@@ -1227,50 +1269,26 @@ class HostReplayer:
                 raise ValueError(f"no size {dim} of tensor {act.id_of(i)} counts its loop")
             n = shape[dim]
             variants = bool(folded.loops[0].variants)
-            choices = None
+            choices, ordered = None, len(seq.done)
             if variants and seq.bodies_of is not None:  # the bodies ran: their guards choose
                 where = loops.guard_locals(folded, n, seq.layout)
                 if any(i < 0 for gs in where for i in gs):
                     raise ValueError("a guard of its loop is not a local value")
-                choices = loops.choose_known(folded.loops[0], (  # (fewer: a branch no
-                    tuple(self._scalar(act, i) for i in gs) for gs in where))  # variant has)
+                choices = list(seq.done) + loops.choose_known(folded.loops[0], (  # (fewer: a
+                    tuple(self._scalar(act, i) for i in gs) for gs in where[ordered:]))  # cut)
             key: Any = (n if not variants else ("bodies", n) if choices is None
-                        else (n, tuple(choices)))
+                        else (n, tuple(choices)) if not ordered else (n, tuple(choices), ordered))
             u = seq.unrolled.get(key)
             if u is None:
-                origins: list[int] = []
-                made_from: list[Any] = []
                 # after the bodies (``seq``), the unrolling is a copy of them and the rest
-                bodies = seq.definition if choices is not None else None
-                u = self._compile(loops.unroll(folded, n, origins, choices=choices,
-                                               bodies_first=variants, checked=seq.checked,
-                                               layout=seq.layout, bodies=bodies,
-                                               made_from=made_from,
-                                               cut=choices is not None),
-                                  check=False, prefix=seq,
-                                  copied=len(bodies.calls) if bodies is not None else 0)
-                # The calls it begins with are those ``seq`` ran (the head, or the head and
-                # the bodies): their compiled and prepared forms are kept, each compared
-                # first (a scattered call's outputs differ with the count).
-                done, ready = seq.definition.calls, seq.prepared
-                shared = min(u.shared, len(ready))
-                u.prepared = ready[:shared] + [
-                    ready[k] if k < len(done) and k < len(ready) and call == done[k]
-                    else self._prepared(seq.templates, made_from[k], call)
-                    for k, call in enumerate(u.definition.calls[shared:], start=shared)]
-                u.sticky, u.latest, u.gone = seq.sticky, seq.latest, seq.gone
-                root = seq.canon if seq.bodies_of is None else seq.folded_canon
-                u.canon = [root[o] if o < len(root) else o for o in origins] \
-                    if root is not None else origins
+                u = self._unrolling(seq, n, choices, ordered,
+                                    seq.definition if choices is not None else None,
+                                    cut=choices is not None)
                 if variants and choices is None:  # the bodies: the guards come next
-                    u.folded, u.counted, u.unrolled, u.bodies_of = folded, seq.counted, \
-                        seq.unrolled, n
-                    u.templates = seq.templates
-                    u.layout = seq.layout
-                    u.checked = seq.checked
-                    u.folded_canon = seq.canon
+                    self._bodies_stage(u, seq, n, folded.loops[0].start + folded.loops[0].body)
                 elif choices is not None:
-                    u.app_pos = loops.app_positions(folded, n, choices)
+                    u.app_pos = loops.app_positions(folded, n, choices, ordered)
+                    u.cut = len(choices) < n
                 if len(seq.unrolled) >= MAX_UNROLLED:
                     seq.unrolled.pop(next(iter(seq.unrolled)))
                 seq.unrolled[key] = u
@@ -1282,11 +1300,93 @@ class HostReplayer:
             emit(down)
             return False
         act.seq = u
-        for k in range(act.position):
+        for k in range(act.start, act.position):  # (those before its start ran before it)
             for j in u.pushes[k]:
                 if j not in act.joined:
                     self._push(act.base + j, emit)
+        if act.held and u.app_upto is None:  # the bodies' answers and sizes, where they are
+            held, act.held = act.held, []
+            for k, result, dims in held:
+                at = act.app_position(k)
+                if result is None:
+                    act.shapes.append((at, dims))
+                else:
+                    self._send_shapes(act, emit)
+                    emit(_answer_frame(act.base, at, result))
         return True
+
+    def _unrolling(self, seq: Compiled, n: int, choices: list[int] | None, ordered: int,
+                   bodies: ops_pb2.SequenceDef | None, cut: bool) -> Compiled:
+        """``seq``'s loop unrolled ``n`` times (``loops.unroll``, the bodies first where it has
+        variants, ``cut`` where the choices run out), compiled on ``seq`` (``bodies``: its
+        definition, the bodies it ran), with each call's prepared form and ``seq``'s per-slot
+        state."""
+        folded = seq.folded
+        assert folded is not None
+        origins: list[int] = []
+        made_from: list[Any] = []
+        u = self._compile(loops.unroll(folded, n, origins, choices=choices,
+                                       bodies_first=bool(folded.loops[0].variants),
+                                       checked=seq.checked, layout=seq.layout, bodies=bodies,
+                                       made_from=made_from, ordered=ordered, cut=cut),
+                          check=False, prefix=seq,
+                          copied=len(bodies.calls) if bodies is not None else 0)
+        # The calls it begins with are those ``seq`` ran (the head, or the head and the
+        # bodies): their compiled and prepared forms are kept, each compared first (a
+        # scattered call's outputs differ with the count).
+        done, ready = seq.definition.calls, seq.prepared
+        shared = min(u.shared, len(ready))
+        u.prepared = ready[:shared] + [
+            ready[k] if k < len(done) and k < len(ready) and call == done[k]
+            else self._prepared(seq.templates, made_from[k], call)
+            for k, call in enumerate(u.definition.calls[shared:], start=shared)]
+        u.sticky, u.latest, u.gone = seq.sticky, seq.latest, seq.gone
+        root = seq.canon if seq.bodies_of is None else seq.folded_canon
+        u.canon = [root[o] if o < len(root) else o for o in origins] \
+            if root is not None else origins
+        return u
+
+    @staticmethod
+    def _bodies_stage(u: Compiled, head: Compiled, n: int, upto: int) -> None:
+        """``u`` runs the bodies of ``n`` iterations: at its end the guards are read and the
+        replay goes on with the variants they chose (``_unroll``). Its calls from ``upto`` on
+        have no app position until then."""
+        u.folded, u.counted, u.unrolled, u.bodies_of = head.folded, head.counted, \
+            head.unrolled, n
+        u.templates, u.layout, u.checked = head.templates, head.layout, head.checked
+        u.folded_canon = head.canon
+        u.app_upto = upto
+
+    def _resumed(self, seq: Compiled, start: ops_pb2.ReplayStart) -> Compiled:
+        """What a start that resumes ``seq``'s loop runs (``ReplayStart.loop_choices``): the
+        loop unrolled with the iterations before the one resumed at in the app's order, then
+        the later ones' bodies (their guards choose next, ``_unroll``), or, resumed after the
+        last iteration, the whole unrolling. ValueError where that cannot be (no loop with
+        variants, choices or a position that do not fit it)."""
+        folded = seq.folded
+        if folded is None or not folded.loops[0].variants or seq.bodies_of is not None \
+                or start.plan:
+            raise ValueError(f"sequence {start.sequence} has no loop with variants to resume")
+        n, done = start.loop_count, list(start.loop_choices)
+        if not 0 < len(done) <= n <= loops.MAX_COUNT:
+            raise ValueError(f"sequence {start.sequence}: {len(done)} iterations of {n} done")
+        if any(not loops.SKIP <= c < len(folded.loops[0].variants) for c in done):
+            raise ValueError(f"sequence {start.sequence}: a choice no variant has")
+        if start.position != loops.iteration_start(folded, done):
+            raise ValueError(f"sequence {start.sequence}: iteration {len(done)} does not begin "
+                             f"at call {start.position}")
+        key = ("resume", n, tuple(done))
+        u = seq.unrolled.get(key)
+        if u is None:
+            whole = len(done) == n
+            u = self._unrolling(seq, n, done, len(done), None, cut=False)
+            if not whole:
+                self._bodies_stage(u, seq, n, start.position + folded.loops[0].body)
+                u.done = tuple(done)
+            if len(seq.unrolled) >= MAX_UNROLLED:
+                seq.unrolled.pop(next(iter(seq.unrolled)))
+            seq.unrolled[key] = u
+        return u
 
     def _scalar(self, act: Active, i: int) -> float:
         """The value of local tensor ``i`` (a guard), as a number; ValueError if it has none."""
@@ -1473,12 +1573,21 @@ class HostReplayer:
         if drop:
             list(self.handle(ops_pb2.SessionUp(release=ops_pb2.Release(ids=drop))))
         self._close(act)
-        if position > act.start:  # the robot's log has not seen these calls (``ReplayedPrefix``)
-            emit(ops_pb2.SessionDown(replayed=ops_pb2.ReplayedPrefix(
-                base_id=act.base, start=act.start,
-                calls=[ops_pb2.OutSizes(outs=[ops_pb2.Sizes(dims=s, known=True) if s is not None
-                                              else ops_pb2.Sizes() for s in act.sizes.get(k, ())])
-                       for k in _host_positions(app, act.start, position)])))
+        if position > act.start:  # the robot's log has not seen these calls
+            self._account(act, position, emit)
+
+    @staticmethod
+    def _account(act: Active, position: int, emit: Emit) -> None:
+        """Tell the robot what the app's calls ``act.start .. position - 1`` of ``act`` made
+        (``ReplayedPrefix``): they go into its log as forwarded calls would have, so that an
+        inference that left its sequence is in the log whole (an aborted replay's calls, and a
+        resumed one's, after the branch the app forwarded)."""
+        app = act.seq.app_pos or range(len(act.seq.definition.calls))
+        emit(ops_pb2.SessionDown(replayed=ops_pb2.ReplayedPrefix(
+            base_id=act.base, start=act.start,
+            calls=[ops_pb2.OutSizes(outs=[ops_pb2.Sizes(dims=s, known=True) if s is not None
+                                          else ops_pb2.Sizes() for s in act.sizes.get(k, ())])
+                   for k in _host_positions(app, act.start, position)])))
 
 
 
@@ -1521,6 +1630,12 @@ def _with_bind(ref: ops_pb2.TensorRef, bind_id: int) -> ops_pb2.TensorRef:
     out = ops_pb2.TensorRef()
     out.CopyFrom(ref)
     out.bind_id = bind_id
+    return out
+
+
+def _copied(result: ops_pb2.OpResult) -> ops_pb2.OpResult:
+    out = ops_pb2.OpResult()
+    out.CopyFrom(result)
     return out
 
 

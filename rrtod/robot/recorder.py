@@ -60,6 +60,7 @@ STALE_FACTOR, STALE_MARGIN = 2, 8
 MERGE_TRIES = 3
 # Aborted replays whose calls the robot waits to put into its log (``ReplayedPrefix``).
 MAX_CUTS = 4
+WHOLE = 1 << 32  # ``_Replaying.cut`` of a resumed replay the app has not aborted: all its calls
 # Seqs of the calls of aborted replays that the host answered (``want_meta``), rebuilt into the
 # log with their answers as replies: above any seq an app's forwarded call has.
 _REBUILT_SEQS = itertools.count(REBUILT_SEQS)
@@ -91,6 +92,12 @@ class _Replaying:
     log_state: tuple[int, int] = (0, 0)  # the log's (cleared, truncated) then
     switched: bool = False  # the shim went on with a variant: no calls were forwarded
     partial: bool = False  # itself a variant switched to: the calls before it are not logged
+    # A loop resumed after a cut (``ReplayStart.loop_count``, ``loop_choices``): its count and
+    # the choices of the iterations before the resumed one. Logged where it started, whether
+    # the app aborts it or not (the host accounts for both: ``ReplayedPrefix``).
+    resume: tuple[int, tuple[int, ...]] | None = None
+    # what the calls rebuilt made (``replayed_calls``): a resumed replay's calls read them
+    shapes: dict[int, list[int]] = field(default_factory=dict)
 
 
 def _contiguous(shape: list[int]) -> list[int]:
@@ -101,17 +108,24 @@ def _contiguous(shape: list[int]) -> list[int]:
     return strides[::-1]
 
 
-def replayed_calls(r: _Replaying, sizes: ops_pb2.ReplayedPrefix) -> list[ops_pb2.OpCall]:
+def replayed_calls(r: _Replaying, sizes: ops_pb2.ReplayedPrefix,
+                   before: _Replaying | None = None) -> list[ops_pb2.OpCall]:
     """The calls an aborted replay ran, as forwarding would have logged them: the recorded
     calls with this inference's ids (``base + local index``, or the ids it joined), the inputs
     the app sent, the sizes the host found for outputs that follow the data, and this
     inference's symbolic integers (a size of its tensors, a value the app read: else a search
     would see the recorded ones, which need not be this inference's). Empty if one cannot be
     rebuilt (an input the relay did not see, an answer or a value it missed). A loop is
-    unrolled as both ends did, by the count this inference's sizes give."""
+    unrolled as both ends did, by the count this inference's sizes give. A resumed replay
+    (``_Replaying.resume``) is unrolled as it resumed; the shapes and values of what was made
+    before it are those ``before`` (the replay cut there, rebuilt) found."""
     d = r.d
+    if before is not None:
+        r.values = {**before.values, **r.values}
     try:
         loops.check(d)
+        if r.resume is not None:
+            d = _resumed(d, *r.resume, r.values)
     except ValueError:
         return []
     head = len(loops.head(d).calls) if d.loops else len(d.calls)
@@ -119,7 +133,8 @@ def replayed_calls(r: _Replaying, sizes: ops_pb2.ReplayedPrefix) -> list[ops_pb2
     symbols: dict[int, list[ops_pb2.SymbolicInt]] = {}
     for sym in d.symbols:
         symbols.setdefault(sym.call, []).append(sym)
-    shapes: dict[int, list[int]] = {}  # local index -> its shape in this inference
+    shapes: dict[int, list[int]] = dict(before.shapes) if before is not None else {}
+    r.shapes = shapes  # local index -> its shape in this inference
 
     def id_of(rid: int) -> int:
         i = local.get(rid)
@@ -208,6 +223,21 @@ def replayed_calls(r: _Replaying, sizes: ops_pb2.ReplayedPrefix) -> list[ops_pb2
     if short and k < r.cut:  # cut at a branch no variant has (``loops.unroll(cut=)``) and
         return []  # the app left later: the calls in between are not known here
     return out
+
+
+def _resumed(d: ops_pb2.SequenceDef, count: int, done: tuple[int, ...],
+             values: dict[int, int | float]) -> ops_pb2.SequenceDef:
+    """``d`` unrolled as a replay resumed after the iterations ``done`` ran (``ReplayStart
+    .loop_choices``) unrolled it in the app's order: the later iterations' variants chosen by
+    the guards' values the host pushed (``values``, by local index). ValueError if it cannot
+    be."""
+    if not d.loops or not d.loops[0].variants or not 0 < len(done) <= count:
+        raise ValueError("no loop with variants to resume")
+    loop = d.loops[0]
+    body = {rid: i for i, rid in enumerate(loops.bodies(d, count).local_ids)}
+    more = loops.choose_known(loop, [tuple(values.get(body.get(g, -1), math.nan) for g in gs)
+                                     for gs in loops.guards(d, count)[len(done):]])
+    return loops.unroll(d, count, choices=[*done, *more], cut=True)
 
 
 def _reads(calls: list[ops_pb2.OpCall], r: _Replaying) -> list[tuple[int, int, int | float | None]]:
@@ -564,6 +594,7 @@ class Recorder:
         self._retired: dict[int, ops_pb2.SequenceDef] = {}
         self._replay: _Replaying | None = None
         self._cuts: dict[int, _Replaying] = {}
+        self._rebuilt: dict[int, _Replaying] = {}  # the last cuts rebuilt, by base
         self._last_cut: _Replaying | None = None  # aborted, nothing forwarded since
         self._latest: dict[int, dict[int, ops_pb2.TensorRef]] = {}
         self.variant_threads: set[int] = set()  # active threads with a variant in the log
@@ -625,12 +656,19 @@ class Recorder:
                     self._deferred = True
         elif kind == "start":
             summary = self.sequences.get(frame.start.sequence)
-            self.replays += 1
+            resume = frame.start.loop_count or frame.start.loop_choices
+            if resume:  # the same inference, resumed after a branch it forwarded
+                if summary is not None:
+                    summary["resumed"] = summary.get("resumed", 0) + 1
+            else:
+                self.replays += 1
+                if summary is not None:
+                    summary["replays"] += 1
             if summary is not None:
-                summary["replays"] += 1
                 self.strays[summary["thread"]] = 0
             cut, self._last_cut = self._last_cut, None
-            if cut is not None and frame.start.position == cut.cut and frame.start.position:
+            if cut is not None and frame.start.position == cut.cut and frame.start.position \
+                    and not resume:
                 cut.switched = True  # the shim went on with a variant from there
                 self.replays -= 1  # the same inference
                 left = self.sequences.get(cut.d.id)
@@ -640,9 +678,14 @@ class Recorder:
                     left["switched"] = left.get("switched", 0) + 1
             d = self.definitions.get(frame.start.sequence) \
                 or self._retired.get(frame.start.sequence)
-            self._replay = None if d is None else _Replaying(
+            self._replay = r = None if d is None else _Replaying(
                 d, frame.start.base_id, frame.start.position, dict(frame.start.joined),
-                partial=cut is not None and cut.switched)
+                partial=cut is not None and cut.switched and not resume)
+            if r is not None and resume:  # logged where it starts, aborted or not
+                r.resume = (frame.start.loop_count, tuple(frame.start.loop_choices))
+                r.cut, r.at, r.fetches = WHOLE, len(self.log.calls), len(self.log.fetched)
+                r.log_state = (self.log.cleared, self.log.truncated)
+                self._keep_cut(r)
         elif kind == "arg":
             if self._replay is not None:
                 self._arg(self._replay, frame.arg)
@@ -652,15 +695,21 @@ class Recorder:
             if summary is not None:
                 summary["mismatches"] += 1
             if r is not None and frame.abort.position > r.start and not r.partial:
-                r.cut, r.at = frame.abort.position, len(self.log.calls)
-                r.fetches, r.log_state = len(self.log.fetched), (self.log.cleared,
-                                                                 self.log.truncated)
-                self._cuts[r.base] = self._last_cut = r
-                for old in list(self._cuts)[:-MAX_CUTS]:
-                    del self._cuts[old]
+                if r.resume is None:
+                    r.at, r.fetches = len(self.log.calls), len(self.log.fetched)
+                    r.log_state = (self.log.cleared, self.log.truncated)
+                r.cut = frame.abort.position
+                self._keep_cut(r)
+                self._last_cut = r
         elif kind == "query":
             self.seen_hashes.update(bytes(h) for h in frame.query.hashes)
         return False
+
+    def _keep_cut(self, r: _Replaying) -> None:
+        """``r``'s calls go into the log when the host's account of them comes."""
+        self._cuts[r.base] = r
+        for old in list(self._cuts)[:-MAX_CUTS]:
+            del self._cuts[old]
 
     @property
     def searching(self) -> bool:
@@ -760,14 +809,27 @@ class Recorder:
         r = self._cuts.pop(sizes.base_id, None)
         if r is None or r.switched or r.log_state != (self.log.cleared, self.log.truncated):
             return
-        calls = replayed_calls(r, sizes)
+        before = None
+        if r.resume is not None:  # the replay cut where this one resumed: the latest it joined
+            bases = {REPLAY_BASE + (v - REPLAY_BASE) // SPAN * SPAN for v in r.joined.values()
+                     if v >= REPLAY_BASE}
+            before = self._rebuilt.get(max(bases)) if bases else None
+        calls = replayed_calls(r, sizes, before)
+        self._rebuilt[r.base] = r
+        for old in list(self._rebuilt)[:-MAX_CUTS]:
+            del self._rebuilt[old]
         if calls:
+            reads = _reads(calls, r)
+            for other in self._cuts.values():  # logged after these: moved along
+                if other.at >= r.at:
+                    other.at += len(calls)
+                    other.fetches += len(reads) if other.fetches >= r.fetches else 0
             for k, call in enumerate(calls, start=r.start):
                 call.thread = r.d.thread
                 if call.want_meta:  # its reply, under a seq no forwarded call has
                     call.seq = next(_REBUILT_SEQS)
                     self.log.results[call.seq] = r.answers[k]
-            self.log.insert(r.at, r.fetches, calls, _reads(calls, r))
+            self.log.insert(r.at, r.fetches, calls, reads)
             # A variant's search starts at an inference's first call: not at a replay that
             # joined its inference under way (its first calls were forwarded, logged before).
             if r.start == 0 and r.d.thread not in self.variant_threads:

@@ -10,7 +10,7 @@ go on in one of several ways (its *variants*), as the four values the app read d
 
 ``--new-variant K``: from frame K on, each frame's last box crosses the right edge (and no
 other), a variant no frame before had: its iteration goes on with calls the sequence does not
-have. ``--new-box J``: box J does instead of the last one.
+have. ``--new-box J``: box J does instead of the last one (``J,L``: boxes J and L).
 
 ``--branch K``: from frame K on, every other frame scales the masks once more before the
 loop (a call the other frames do not make): two sequences, each with the loop.
@@ -19,6 +19,10 @@ loop (a call the other frames do not make): two sequences, each with the loop.
 its slices ``x0:x1`` of the image and of its mask span their dimensions, which PyTorch's
 indexing does not slice (the same guard values as a box inside the image). The boxes that do
 not cross the left edge then all begin at column 0, as that box does.
+
+``--degenerate K``: in frame K box 1 has no width (its right edge one column left of its
+left one): ``max(int(w), 1)`` passes 1 where the sequence has the width the app read, inside
+the loop's body (Mask R-CNN: a box of no width, 2 of its 11 misses in 70 frames).
 
 ``--odd K``: in frame K the app pastes its last box one row lower than the box says: a call or
 an integer no variant has, in the middle of the loop, after the host ran every iteration's body
@@ -35,8 +39,10 @@ SIZE = 12  # the image's height and width
 NEW = int(sys.argv[sys.argv.index("--new-variant") + 1]) if "--new-variant" in sys.argv else -1
 ODD = int(sys.argv[sys.argv.index("--odd") + 1]) if "--odd" in sys.argv else -1
 BRANCH = int(sys.argv[sys.argv.index("--branch") + 1]) if "--branch" in sys.argv else -1
-NEW_BOX = int(sys.argv[sys.argv.index("--new-box") + 1]) if "--new-box" in sys.argv else -1
+NEW_BOXES = [int(j) for j in sys.argv[sys.argv.index("--new-box") + 1].split(",")] \
+    if "--new-box" in sys.argv else []
 FULL = int(sys.argv[sys.argv.index("--full-width") + 1]) if "--full-width" in sys.argv else -1
+FLAT = int(sys.argv[sys.argv.index("--degenerate") + 1]) if "--degenerate" in sys.argv else -1
 
 
 class PasteMasks(nn.Module):
@@ -85,8 +91,10 @@ def make_input(i: int) -> torch.Tensor:
         if FULL >= 0 and not left:
             corner = (3.0, corner[1])  # x0 = 0: a full-width box differs only in its x1
         size = (2 + 4 * float(x[0, 2, k, 0]), 2 + 4 * float(x[0, 2, k, 1]))  # 2 to 6
-        if 0 <= NEW <= i and k == (NEW_BOX if NEW_BOX >= 0 else n - 1):
+        if 0 <= NEW <= i and k in (NEW_BOXES or [n - 1]):
             corner, size = (7.0, 4.0), (6.0, size[1])  # x1 + 1 = 14 > SIZE; top inside
+        if i == FLAT and k == 1:
+            size = (-4.0, size[1])  # x1 = x0 - 1: int(x1 - x0 + 1) is 0, max() makes it 1
         if i == FULL and k == 0:
             corner, size = (3.0, 4.0), (SIZE - 1 - 3.0, size[1])  # x0 = 0, x1 + 1 = SIZE
         x[0, 0, k, :4] = torch.tensor([*corner, *size]) / SIZE

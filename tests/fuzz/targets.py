@@ -372,8 +372,40 @@ def replay_defs(data: bytes) -> None:
                 frame = ops_pb2.SessionUp(arg=builder.build(ops_pb2.ReplayArg))
                 _drive(replayer, frame, _emit)
         replayer._finish(_emit)
+        if fdp.ConsumeBool():
+            _resume_loop(fdp, replayer, d.id + 1)
     finally:
         ex.close()
+
+
+def _resume_loop(fdp: Any, replayer: HostReplayer, seq_id: int) -> None:
+    """``replay_defs``' second part: a loop with variants replayed, aborted at a fuzzed
+    position, and resumed (``ReplayStart.loop_choices``) with fuzzed choices, count, position
+    and joined values (mostly those the first replay made)."""
+    d = branched()
+    d.id = seq_id
+    replayer.process(ops_pb2.SessionUp(define=d), _emit)
+    x = torch.tensor([float(fdp.ConsumeIntInRange(-2, 2)) for _ in range(4)])
+    first = REPLAY_BASE + 20 * SPAN
+    for frame in (ops_pb2.ReplayStart(sequence=seq_id, base_id=first, inference=first),
+                  ops_pb2.ReplayArg(slot=0, tensor=ops_pb2.TensorRef(
+                      upload=codec.tensor_data(x)))):
+        key = "start" if isinstance(frame, ops_pb2.ReplayStart) else "arg"
+        _drive(replayer, ops_pb2.SessionUp(**{key: frame}), _emit)
+    count = fdp.ConsumeIntInRange(0, 5)
+    done = [fdp.ConsumeIntInRange(-2, 2) for _ in range(fdp.ConsumeIntInRange(0, count + 1))]
+    position = loops.iteration_start(d, [c if 0 <= c < 2 else loops.SKIP for c in done]) \
+        if fdp.ConsumeBool() else fdp.ConsumeIntInRange(0, 24)
+    _drive(replayer, ops_pb2.SessionUp(abort=ops_pb2.ReplayAbort(position=position)), _emit)
+    joined = {i: first + i if fdp.ConsumeIntInRange(0, 3) else fdp.ConsumeIntInRange(0, 1 << 62)
+              for i in range(fdp.ConsumeIntInRange(0, 16))}
+    base = first + SPAN
+    _drive(replayer, ops_pb2.SessionUp(start=ops_pb2.ReplayStart(
+        sequence=seq_id, base_id=base, inference=base, position=position, joined=joined,
+        loop_count=count, loop_choices=done)), _emit)
+    _drive(replayer, ops_pb2.SessionUp(abort=ops_pb2.ReplayAbort(
+        position=fdp.ConsumeIntInRange(0, 40))), _emit)
+    replayer._finish(_emit)
 
 
 # -- the host's native runs ---------------------------------------------------------------------
@@ -873,6 +905,39 @@ def loop_defs(data: bytes) -> None:
         return
     on = compile_sequence(copy, prefix=ran, copied=len(first.calls))
     assert not same_compiled(alone, on), same_compiled(alone, on)
+    if choices:
+        _resumed_loop(fdp, d, count, choices, layout)
+
+
+def _resumed_loop(fdp: Any, d: ops_pb2.SequenceDef, count: int, choices: list[int],
+                  layout: loops.Layout) -> None:
+    """``loop_defs``' unrolling resumed after a cut at a fuzzed iteration (``ordered``, fuzzed
+    ``SKIP``s before it): the host's calls from its bodies-only stage on equal the app's at the
+    positions ``app_positions`` gives, and the app's calls before the resume point are those of
+    the unrolling cut there."""
+    ordered = fdp.ConsumeIntInRange(1, len(choices))
+    done = [loops.SKIP if k == ordered - 1 or fdp.ConsumeIntInRange(0, 3) == 0 else c
+            for k, c in enumerate(choices[:ordered])]
+    full = [*done, *choices[ordered:]]
+    try:
+        host = loops.unroll(d, count, choices=full, bodies_first=True, ordered=ordered,
+                            checked=True, layout=layout, cut=True)
+        app = loops.unroll(d, count, choices=full, checked=True, layout=layout, cut=True)
+        cut = loops.unroll(d, count, choices=done[:-1], checked=True, layout=layout, cut=True)
+        stage = loops.unroll(d, count, choices=done, bodies_first=True, ordered=ordered,
+                             checked=True, layout=layout) if ordered < count else None
+    except ValueError:
+        return
+    p = loops.iteration_start(d, done)
+    assert list(app.calls[:p]) == list(cut.calls) and list(app.local_ids) == list(host.local_ids)
+    if stage is not None:
+        assert stage.calls[:p] == app.calls[:p] and not stage.outputs
+        assert loops.unroll(d, count, choices=full, bodies_first=True, ordered=ordered,
+                            checked=True, layout=layout, bodies=stage, cut=True) == host
+    where = loops.app_positions(d, count, full, ordered)
+    assert len(where) == len(host.calls)
+    assert all(host.calls[k] == app.calls[a] for k, a in enumerate(where) if a < len(app.calls))
+    assert sorted(a for a in where if a < len(app.calls)) == list(range(len(app.calls)))
 
 
 TARGETS: dict[str, Callable[[bytes], None]] = {
