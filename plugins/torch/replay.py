@@ -1254,8 +1254,13 @@ class ReplayClient:
             self._tls.resumable = None
             return None
         p = loops.iteration_start(folded, list(done))
+        # What the calls before ``p`` made (the app's calls on iteration k made the rest: the
+        # app holds them by its own ids), but the values of the head no later call reads
+        ids, before = probe.definition.local_ids, root.layout.before  # type: ignore[union-attr]
+        later = {probe.local[r] for r in (root.definition.local_ids[j] for j in root.later)
+                 if r in probe.local}
         joined = {i: old.id_of(i) for st in cut.steps[:old.position] for i in st.out_local
-                  if i is not None}  # (what the app's calls on iteration k made, it holds)
+                  if i is not None and (ids[i] not in before or i in later)}
         act = Active(probe, REPLAY_BASE + next(self._inference) * SPAN, position=p,
                      sizes=dict(old.sizes), values=dict(old.values), joined=joined)
         frames = self._match(act, args, kwargs, info, grad_mode)
