@@ -525,11 +525,15 @@ def run_cell(env: LinkEnv | None, model: str, system: str, plan: Plan) -> dict[s
 
 def shim_window(shim: dict[str, Any], warmup: int, iters: int) -> dict[str, list[int]] | None:
     """The shim's per-inference counts (``by_inference``: round trips, push waits, replays) of
-    the measured inferences, the app's ``warmup + 1 .. warmup + iters`` (the shim numbers them
-    from 1). None when the shim did not report every one of them."""
+    the measured inferences: the app's last ``iters`` (the shim numbers its outermost module
+    calls from 1, ``inferences`` of them; a library's ``predict()`` makes some of its own
+    before the app's first: Ultralytics' set-up made yolov8n's first 20 numbers the 23
+    calls before the measured ones, 2.3 round trips an inference where they replay with
+    one). None when the shim did not report every one of them."""
     by = shim.get("by_inference") or {}
     index = by.get("index") or []
-    wanted = range(warmup + 1, warmup + iters + 1)
+    last = shim.get("inferences") or warmup + iters
+    wanted = range(last - iters + 1, last + 1)
     at = {i: k for k, i in enumerate(index)}
     if not iters or any(i not in at for i in wanted):
         return None

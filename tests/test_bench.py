@@ -267,6 +267,11 @@ def test_round_trips_are_taken_over_the_measured_inferences_only() -> None:
         "round_trips": [1, 1, 2], "push_waits": [1, 1, 1], "replays": [1, 1, 1]}
     assert shim_window(shim, warmup=3, iters=3) is None  # the shim missed one: no figure
     assert shim_window({}, warmup=0, iters=1) is None
+    # A library's own module calls before the app's first (Ultralytics' set-up): the app's
+    # measured inferences are the last ``iters`` the shim numbered
+    shim["inferences"] = 5
+    assert shim_window(shim, warmup=1, iters=3) == {
+        "round_trips": [1, 1, 2], "push_waits": [1, 1, 1], "replays": [1, 1, 1]}
 
 
 def test_limit_uses_the_measured_windows_rate_and_is_flagged_above_the_median() -> None:
