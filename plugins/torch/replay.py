@@ -1474,11 +1474,18 @@ class ReplayClient:
         host pushes them once it has run every iteration's body (waited for here: the app reads
         them next anyway), each iteration's when asked for (``loops.choose_known`` asks up to
         the first no variant has: the host pushes none after it). ValueError if one never comes
-        (the host failed, or is gone) or is not one number."""
+        (the host failed, or is gone) or is not one number. A body call that failed on the host
+        (``broken``; the host cut its unrolling there, ``HostReplayer._cut_at_failure``, and
+        pushed the guards before it first) ends them where the guards end, as values no
+        variant has would: the app leaves the inference at that call at the latest
+        (``_check_broken``), and may resume after its iteration (``_resume_point``)."""
         for indices in _guard_indices(seq, count)[first:]:
             row = []
             for i in indices:
                 data = self._peek(act, act.base + i)
+                if data is None and act.base in self._broken and self.session.lost is None \
+                        and not act.seq.host_failed:
+                    return
                 v = scalar_of(data) if data is not None else None
                 if not isinstance(v, (bool, int, float)):
                     raise ValueError(f"no value for guard {i}")

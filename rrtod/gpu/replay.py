@@ -1011,9 +1011,13 @@ class HostReplayer:
             for down in downs:
                 what = down.WhichOneof("msg")
                 if what == "error":  # the app may never make this call: it is told where
-                    act.failed = True
                     down.error.sequence = act.seq.definition.id
-                    down.error.base_id, down.error.position = act.base, act.app_failed(k)
+                    down.error.base_id = act.base
+                    if self._cut_at_failure(act, k, down, emit):
+                        self._run(act, emit, limit)  # the variants before its iteration
+                        return
+                    act.failed = True
+                    down.error.position = act.app_failed(k)
                     emit(down)
                     return
                 if what == "result":  # what the app needs to go on: its answer
@@ -1304,7 +1308,58 @@ class HostReplayer:
             for j in u.pushes[k]:
                 if j not in act.joined:
                     self._push(act.base + j, emit)
-        if act.held and u.app_upto is None:  # the bodies' answers and sizes, where they are
+        self._flush_held(act, emit)  # the bodies' answers and sizes, where they are
+        return True
+
+    def _cut_at_failure(self, act: Active, k: int, down: ops_pb2.SessionDown,
+                        emit: Emit) -> bool:
+        """Call ``k``, of the body of loop iteration ``i``, failed while the host ran every
+        body first (a degenerate box: the width the app read is 0, and it resizes to
+        ``max(w, 1)`` where the host took the width read). Rather than fail the replay, cut its
+        unrolling at ``i`` (``loops.unroll(cut=)``; earlier if an earlier iteration's values
+        have no variant), as for values no variant has: run the variants of the iterations
+        before it, push the outputs of the calls that ran (the guards the shim reads among
+        them), and only then report the failure, at the app's position of call ``k``: the
+        app replays up to it and resumes after that iteration (``ReplayClient._resume``).
+        False: not such a call (the replay fails as any)."""
+        seq = act.seq
+        folded = seq.folded
+        if seq.bodies_of is None or folded is None or seq.app_upto is None:
+            return False
+        loop = folded.loops[0]
+        first, n, ordered = seq.app_upto - loop.body, seq.bodies_of, len(seq.done)
+        if k < first:
+            return False  # before the bodies: nothing to cut at
+        i = ordered + (k - first) // loop.body
+        try:
+            where = loops.guard_locals(folded, n, seq.layout)
+            choices = list(seq.done) + loops.choose_known(loop, (
+                tuple(self._scalar(act, g) for g in gs) for gs in where[ordered:i]))
+            key = (n, tuple(choices), ordered, "failed")
+            u = seq.unrolled.get(key)
+            if u is None:
+                u = self._unrolling(seq, n, choices, ordered, seq.definition, cut=True)
+                u.app_pos = loops.app_positions(folded, n, choices, ordered)
+                u.cut = True
+                if len(seq.unrolled) >= MAX_UNROLLED:
+                    seq.unrolled.pop(next(iter(seq.unrolled)))
+                seq.unrolled[key] = u
+        except ValueError:
+            return False
+        act.seq, act.position = u, len(seq.definition.calls)  # the calls after ``k``: not run
+        for j in range(act.start, k):
+            for x in u.pushes[j]:
+                if x not in act.joined:
+                    self._push(act.base + x, emit)
+        self._flush_held(act, emit)
+        down.error.position = u.app_pos[k]  # type: ignore[index]
+        emit(down)
+        return True
+
+    def _flush_held(self, act: Active, emit: Emit) -> None:
+        """The bodies' answers and sizes held for their app positions, now that
+        ``act.seq`` gives them (``Active.held``)."""
+        if act.held and act.seq.app_upto is None:
             held, act.held = act.held, []
             for k, result, dims in held:
                 at = act.app_position(k)
@@ -1313,7 +1368,6 @@ class HostReplayer:
                 else:
                     self._send_shapes(act, emit)
                     emit(_answer_frame(act.base, at, result))
-        return True
 
     def _unrolling(self, seq: Compiled, n: int, choices: list[int] | None, ordered: int,
                    bodies: ops_pb2.SequenceDef | None, cut: bool) -> Compiled:
