@@ -381,9 +381,13 @@ def replay_defs(data: bytes) -> None:
 def _resume_loop(fdp: Any, replayer: HostReplayer, seq_id: int) -> None:
     """``replay_defs``' second part: a loop with variants replayed, aborted at a fuzzed
     position, and resumed (``ReplayStart.loop_choices``) with fuzzed choices, count, position
-    and joined values (mostly those the first replay made)."""
+    and joined values (mostly those the first replay made). Its body's ``select`` may take a
+    fuzzed dimension, which fails some iterations' bodies on the host (cut there:
+    ``HostReplayer._cut_at_failure``)."""
     d = branched()
     d.id = seq_id
+    if fdp.ConsumeBool():
+        d.calls[1].args[1].i = fdp.ConsumeIntInRange(-3, 2)
     replayer.process(ops_pb2.SessionUp(define=d), _emit)
     x = torch.tensor([float(fdp.ConsumeIntInRange(-2, 2)) for _ in range(4)])
     first = REPLAY_BASE + 20 * SPAN
