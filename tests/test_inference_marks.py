@@ -87,7 +87,8 @@ def test_mark_ends_with_the_last_read_of_the_outputs(monkeypatch) -> None:
     assert index == 1 and start < returned < end
     assert end - returned >= 2_000_000  # the wait before the last read is inside the mark
     assert icpt.stats()["by_inference"] == {"index": [1], "round_trips": [1], "push_waits": [0],
-                                            "replays": [0], "mismatches": [0], "switches": [0]}
+                                            "replays": [0], "mismatches": [0], "switches": [0],
+                                            "cut": [0], "resumed": [0]}
 
 
 def test_unread_outputs_end_at_the_next_inference_or_at_exit(monkeypatch) -> None:
