@@ -1273,29 +1273,17 @@ class HostReplayer:
                 raise ValueError(f"no size {dim} of tensor {act.id_of(i)} counts its loop")
             n = shape[dim]
             variants = bool(folded.loops[0].variants)
-            choices, ordered = None, len(seq.done)
             if variants and seq.bodies_of is not None:  # the bodies ran: their guards choose
-                where = loops.guard_locals(folded, n, seq.layout)
-                if any(i < 0 for gs in where for i in gs):
-                    raise ValueError("a guard of its loop is not a local value")
-                choices = list(seq.done) + loops.choose_known(folded.loops[0], (  # (fewer: a
-                    tuple(self._scalar(act, i) for i in gs) for gs in where[ordered:]))  # cut)
-            key: Any = (n if not variants else ("bodies", n) if choices is None
-                        else (n, tuple(choices)) if not ordered else (n, tuple(choices), ordered))
-            u = seq.unrolled.get(key)
-            if u is None:
-                # after the bodies (``seq``), the unrolling is a copy of them and the rest
-                u = self._unrolling(seq, n, choices, ordered,
-                                    seq.definition if choices is not None else None,
-                                    cut=choices is not None)
-                if variants and choices is None:  # the bodies: the guards come next
-                    self._bodies_stage(u, seq, n, folded.loops[0].start + folded.loops[0].body)
-                elif choices is not None:
-                    u.app_pos = loops.app_positions(folded, n, choices, ordered)
-                    u.cut = len(choices) < n
-                if len(seq.unrolled) >= MAX_UNROLLED:
-                    seq.unrolled.pop(next(iter(seq.unrolled)))
-                seq.unrolled[key] = u
+                u = self._with_variants(seq, self._choices(act, n))  # (fewer: a cut)
+            else:
+                key: Any = ("bodies", n) if variants else n
+                u = seq.unrolled.get(key)
+                if u is None:
+                    u = self._unrolling(seq, n, None, 0, None, cut=False)
+                    if variants:  # the bodies: the guards come next
+                        self._bodies_stage(u, seq, n,
+                                           folded.loops[0].start + folded.loops[0].body)
+                    self._keep_unrolled(seq, key, u)
         except ValueError as exc:
             act.failed = True
             down = _error("REPLAY_FAILED", f"sequence {seq.definition.id}: {exc}",
@@ -1304,12 +1292,52 @@ class HostReplayer:
             emit(down)
             return False
         act.seq = u
-        for k in range(act.start, act.position):  # (those before its start ran before it)
-            for j in u.pushes[k]:
-                if j not in act.joined:
-                    self._push(act.base + j, emit)
+        self._push_made(act, act.position, emit)
         self._flush_held(act, emit)  # the bodies' answers and sizes, where they are
         return True
+
+    def _choices(self, act: Active, n: int, upto: int | None = None) -> list[int]:
+        """The variants of ``act``'s loop iterations, after its bodies ran (``act.seq`` runs
+        them: ``bodies_of``): those it was resumed after (``done``), then each later one's
+        up to ``upto`` (all: None) chosen by its guards, read from this host's tensors, up to
+        the first whose values no variant has. ValueError where a guard has no value."""
+        seq = act.seq
+        folded = seq.folded
+        assert folded is not None
+        where = loops.guard_locals(folded, n, seq.layout)[len(seq.done):upto]
+        if any(i < 0 for gs in where for i in gs):
+            raise ValueError("a guard of its loop is not a local value")
+        return list(seq.done) + loops.choose_known(folded.loops[0], (
+            tuple(self._scalar(act, i) for i in gs) for gs in where))
+
+    def _with_variants(self, seq: Compiled, choices: list[int]) -> Compiled:
+        """What follows ``seq`` (the bodies it ran, of ``seq.bodies_of`` iterations): a copy of
+        them and the variants ``choices`` chose, then the calls after the loop; cut where the
+        choices run out. Compiled once per (count, choices, resumed)."""
+        folded, n, ordered = seq.folded, seq.bodies_of, len(seq.done)
+        assert folded is not None and n is not None
+        key = (n, tuple(choices)) if not ordered else (n, tuple(choices), ordered)
+        u = seq.unrolled.get(key)
+        if u is None:
+            u = self._unrolling(seq, n, choices, ordered, seq.definition, cut=True)
+            u.app_pos = loops.app_positions(folded, n, choices, ordered)
+            u.cut = len(choices) < n
+            self._keep_unrolled(seq, key, u)
+        return u
+
+    @staticmethod
+    def _keep_unrolled(seq: Compiled, key: Any, u: Compiled) -> None:
+        if len(seq.unrolled) >= MAX_UNROLLED:
+            seq.unrolled.pop(next(iter(seq.unrolled)))
+        seq.unrolled[key] = u
+
+    def _push_made(self, act: Active, end: int, emit: Emit) -> None:
+        """Push the outputs final after ``act``'s calls from its start up to ``end`` (those
+        before its start ran before it; a value the app holds by its own id it fetches)."""
+        for k in range(act.start, end):
+            for j in act.seq.pushes[k]:
+                if j not in act.joined:
+                    self._push(act.base + j, emit)
 
     def _cut_at_failure(self, act: Active, k: int, down: ops_pb2.SessionDown,
                         emit: Emit) -> bool:
@@ -1330,27 +1358,12 @@ class HostReplayer:
         first, n, ordered = seq.app_upto - loop.body, seq.bodies_of, len(seq.done)
         if k < first:
             return False  # before the bodies: nothing to cut at
-        i = ordered + (k - first) // loop.body
         try:
-            where = loops.guard_locals(folded, n, seq.layout)
-            choices = list(seq.done) + loops.choose_known(loop, (
-                tuple(self._scalar(act, g) for g in gs) for gs in where[ordered:i]))
-            key = (n, tuple(choices), ordered, "failed")
-            u = seq.unrolled.get(key)
-            if u is None:
-                u = self._unrolling(seq, n, choices, ordered, seq.definition, cut=True)
-                u.app_pos = loops.app_positions(folded, n, choices, ordered)
-                u.cut = True
-                if len(seq.unrolled) >= MAX_UNROLLED:
-                    seq.unrolled.pop(next(iter(seq.unrolled)))
-                seq.unrolled[key] = u
+            u = self._with_variants(seq, self._choices(act, n, ordered + (k - first) // loop.body))
         except ValueError:
             return False
         act.seq, act.position = u, len(seq.definition.calls)  # the calls after ``k``: not run
-        for j in range(act.start, k):
-            for x in u.pushes[j]:
-                if x not in act.joined:
-                    self._push(act.base + x, emit)
+        self._push_made(act, k, emit)
         self._flush_held(act, emit)
         down.error.position = u.app_pos[k]  # type: ignore[index]
         emit(down)
@@ -1437,9 +1450,7 @@ class HostReplayer:
             if not whole:
                 self._bodies_stage(u, seq, n, start.position + folded.loops[0].body)
                 u.done = tuple(done)
-            if len(seq.unrolled) >= MAX_UNROLLED:
-                seq.unrolled.pop(next(iter(seq.unrolled)))
-            seq.unrolled[key] = u
+            self._keep_unrolled(seq, key, u)
         return u
 
     def _scalar(self, act: Active, i: int) -> float:

@@ -655,15 +655,21 @@ def _hot_sized(client: ReplayClient, hot: Any, base: int, position: int, rank: i
 def robot_replayed(data: bytes) -> None:
     """A replay the app aborted, as the robot daemon relays it (a definition of its own, the
     shim's start, arguments and abort), then the host's answers and ``ReplayedPrefix`` from the
-    network: put into the op log, whose entries are then built, without raising."""
+    network: put into the op log, whose entries are then built, without raising. The
+    definition may be a loop with variants, whose start may resume it with fuzzed
+    ``loop_count`` and ``loop_choices`` (``recorder._resumed``)."""
     fdp = atheris.FuzzedDataProvider(data)
     builder = Builder(fdp, budget=200)
-    d = _definition(builder)
+    d = _definition(builder) if fdp.ConsumeBool() else branched()
     rec = Recorder("fuzz.py", "s1", DataDependencySearch(), STATE / "robot")
     rec._adopt(d, {"id": d.id, "thread": d.thread, "replays": 0, "mismatches": 0,
                    "operators": len(d.calls)})
     start = builder.build(ops_pb2.ReplayStart)
     start.sequence = d.id
+    if fdp.ConsumeBool():  # a resume: small counts and choices, mostly ones the loop has
+        start.loop_count = fdp.ConsumeIntInRange(0, 5)
+        start.loop_choices[:] = [fdp.ConsumeIntInRange(-2, 2)
+                                 for _ in range(fdp.ConsumeIntInRange(0, 4))]
     ups = [ops_pb2.SessionUp(start=start)]
     ups += [ops_pb2.SessionUp(arg=builder.build(ops_pb2.ReplayArg))
             for _ in range(fdp.ConsumeIntInRange(0, 3))]
