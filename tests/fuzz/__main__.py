@@ -3,14 +3,16 @@
     python -m tests.fuzz TARGET [libFuzzer options] [CORPUS_DIR ...]
 
 e.g. ``python -m tests.fuzz frames -max_total_time=60 tests/fuzz/corpus/frames``. Only
-rrtod's own code is instrumented for coverage (torch and protobuf are imported first, as they
-are): the fuzzer steers by what the daemons' Python does with the bytes. Log lines at error
+rrtod's own code that the target reaches is instrumented for coverage (``TARGET_CODE``; torch
+and protobuf are imported first, as they are): the fuzzer steers by what the daemons' Python
+does with the bytes. Log lines at error
 level or above raise: a bug the daemon would only have logged counts as a crash here.
 ``make fuzz`` runs every target and keeps the corpus; tests/test_fuzz.py runs a short round.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import shlex
@@ -29,6 +31,8 @@ import numpy  # noqa: F401
 import structlog
 import torch  # noqa: F401
 import torch._dynamo  # noqa: F401
+
+from tests.fuzz import TARGET_CODE
 
 
 def fail_on_error_logs(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
@@ -50,16 +54,38 @@ def _self_command(target: str) -> str:
     return str(script)
 
 
+# The packages whose modules may be instrumented. atheris takes whole top-level packages, and
+# exact module names to leave out: ``_not_reached`` lists those a target does not reach.
+_PACKAGES = ("rrtod", "rrto_plugins", "testkit", "tests")
+
+
+def _not_reached(code: tuple[str, ...]) -> list[str]:
+    """Every module of ``_PACKAGES`` (found on disk, importing nothing) outside ``code``'s
+    name prefixes (``tests``: only its fuzz package)."""
+    names = []
+    for package in _PACKAGES:
+        spec = importlib.util.find_spec(package)
+        for root in (spec.submodule_search_locations or []) if spec else []:
+            for path in Path(root).rglob("*.py"):
+                parts = path.relative_to(root).with_suffix("").parts
+                if parts[-1] == "__init__":
+                    parts = parts[:-1]
+                names.append(".".join((package, *parts)))
+    return [n for n in names
+            if not any(n == c or n.startswith(c + ".") for c in code)]
+
+
 def main() -> None:
     if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
         sys.exit(__doc__)
     name = sys.argv.pop(1)
     structlog.configure(processors=[fail_on_error_logs],
                         wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
-    with atheris.instrument_imports(include=["rrtod", "rrto_plugins", "tests.fuzz"]):
+    if name not in TARGET_CODE:
+        sys.exit(f"unknown target {name!r}; targets: {', '.join(TARGET_CODE)}")
+    code = (*TARGET_CODE[name], "tests.fuzz.protogen")
+    with atheris.instrument_imports(include=list(_PACKAGES), exclude=_not_reached(code)):
         from tests.fuzz.targets import TARGETS
-    if name not in TARGETS:
-        sys.exit(f"unknown target {name!r}; targets: {', '.join(TARGETS)}")
     if any(arg.startswith(("-merge=", "-fork=", "-jobs=")) for arg in sys.argv):
         sys.argv[0] = _self_command(name)
     atheris.Setup(sys.argv, TARGETS[name])
