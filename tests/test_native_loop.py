@@ -565,11 +565,17 @@ def test_a_number_where_the_schema_says_tensor_promotes_as_a_python_scalar(tmp_p
 
 
 @needs_loop
-def test_bytes_the_definition_holds_are_decoded_for_a_native_run(tmp_path):
+def test_bytes_the_definition_holds_are_decoded_for_a_native_run(tmp_path, monkeypatch):
     """A tensor the app makes anew each inference with the same bytes (``x * torch.tensor(
     0.5)``; ``SeqSource.fixed``: its upload is in the definition) is an external of the run,
-    decoded each inference as the one-by-one path decodes it, so the calls reading it run
-    natively; the app's own input still waits for its upload. Outputs equal eager ones."""
+    so the calls reading it run natively; the app's own input still waits for its upload.
+    Its bytes are decoded once (``fixed_upload``); each inference gets a copy of its own,
+    bound to its id as the one-by-one path binds it, so an in-place write by the app into
+    one inference's copy is not in the next. Outputs equal eager ones."""
+    decoded = []
+    decode = hostloop.codec.from_tensor_data
+    monkeypatch.setattr(hostloop.codec, "from_tensor_data",
+                        lambda msg, *a: decoded.append(tuple(msg.meta.shape)) or decode(msg, *a))
     ex = make(tmp_path)
     r = hostloop.HostReplayer(ex)
     half, offsets = torch.tensor(0.5), torch.tensor([1.0, 2.0, 3.0])
@@ -607,8 +613,12 @@ def test_bytes_the_definition_holds_are_decoded_for_a_native_run(tmp_path):
         assert not [f for f in downs if f.WhichOneof("msg") == "error"]
         pushed = {f.fetched.id: f.fetched.tensor for f in downs if f.WhichOneof("msg") == "fetched"}
         want = torch.exp(x.relu() * half + offsets - offsets)
-        assert torch.equal(hostloop.codec.from_tensor_data(pushed[base + 6]), want)
+        assert torch.equal(decode(pushed[base + 6]), want)
         assert ex.counters["native_calls"] - before == 4  # all but the call reading the input
+        assert torch.equal(ex.store.get(base + 3), offsets)  # the bound copy, as the app's
+        ex.store.get(base + 3).add_(100.0)  # the app writes its copy in place afterwards
+    # the app's input each inference, the definition's two fixed uploads once
+    assert sorted(decoded) == sorted([(3,)] * 3 + [(), (3,)])
 
 
 @needs_loop
@@ -708,3 +718,18 @@ def test_a_run_asks_again_between_its_calls_when_its_answers_want(tmp_path, asks
         assert asked == ([0, -1, 2] if asks else [0, 2])
         for i in (first, first + 1, first + 2):
             ex.store.pop(i)
+
+
+def test_the_gpu_daemons_paced_executor_offers_every_optional_method_the_executor_has(tmp_path):
+    """The GPU daemon hands its replayer the executor through ``_PacedReplay``; an optional
+    method of ``rrtod.executor.ReplayExtension`` it does not pass on is silently not used
+    (the replayer asks with ``getattr``): ``fixed_upload`` once was not."""
+    from rrtod.gpu.service import _PacedReplay
+
+    ex = make(tmp_path)
+    paced = _PacedReplay(ex, lambda run, *args: run(*args))
+    optional = ("release", "dense_sizes", "synchronize", "rows", "run_rows", "batchable",
+                "batch", "run_batch", "fixed_upload")
+    offered = [name for name in optional if getattr(ex, name, None) is not None]
+    assert "fixed_upload" in offered and "run_batch" in offered
+    assert [name for name in offered if getattr(paced, name, None) is None] == []

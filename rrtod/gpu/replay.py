@@ -108,6 +108,8 @@ class Run:
     # inference, ``torch.tensor(True)``): external index -> (recorded upload, local index of
     # its bind id or None), decoded each inference as the one-by-one path decodes them
     uploads: dict[int, tuple[ops_pb2.TensorRef, int | None]] = field(default_factory=dict)
+    # those decoded once by the executor (``fixed_upload``): external index -> its object
+    fixed: dict[int, Any] = field(default_factory=dict)
     # ``_externals``' work that holds until a weight or constant is bound again: the count of
     # binds it was done at, and the ids of the externals that are not this inference's values
     # (None at theirs), or None where one of them has no live id
@@ -489,6 +491,9 @@ class HostReplayer:
             self.replay, "dense_sizes", None)
         # optional (rrtod.executor): frees without a Release frame per value
         self._release: Callable[[list[int]], None] | None = getattr(self.replay, "release", None)
+        # optional too: a definition's upload decoded once for every inference's native runs
+        self._fixed_upload: Callable[[ops_pb2.TensorRef], Any] | None = getattr(
+            self.replay, "fixed_upload", None)
         # optional (``Runner``): the transport's held replies, asked of inside a native run
         self._pace = executor if hasattr(executor, "held") and hasattr(executor, "tick") \
             else None
@@ -1142,12 +1147,14 @@ class HostReplayer:
                    [k for k in range(start, end) if seq.writes[k]],
                    [k - start for k in range(start, end) if k in seq.answered], uploads)
 
-    def _externals(self, act: Active, run: Run) -> list[int | ops_pb2.TensorRef] | None:
+    def _externals(self, act: Active, run: Run
+                   ) -> list[int | ops_pb2.TensorRef | tuple[Any, int]] | None:
         """A run's external tensors in this inference, as ``_bind`` finds them: live ids, and
-        the definition's uploads to decode (each bound to its id, as the one-by-one path binds
-        it); None where one is not there (a weight not bound yet, a persistent tensor). What
-        does not depend on the inference is worked out once per binding (``Run.found``):
-        yolov8n's 17 runs looked up 320 weights an inference."""
+        the definition's uploads (each bound to its id, as the one-by-one path binds it:
+        decoded once, ``Run.fixed``, where the executor can); None where one is not there
+        (a weight not bound yet, a persistent tensor). What does not depend on the inference
+        is worked out once per binding (``Run.found``): yolov8n's 17 runs looked up 320
+        weights an inference."""
         found = run.found
         if found is None or found[0] != self.binds:
             found = run.found = (self.binds, self._fixed_externals(act.seq, run))
@@ -1155,11 +1162,20 @@ class HostReplayer:
         if fixed is None:
             return None
         base = act.base
-        ids: list[int | ops_pb2.TensorRef] = [
+        ids: list[int | ops_pb2.TensorRef | tuple[Any, int]] = [
             base + i if f is None else f
             for (i, _slot, _rec), f in zip(run.externals, fixed, strict=True)]
+        decode = self._fixed_upload
         for e, (rec, bind) in run.uploads.items():
-            ids[e] = rec if bind is None else _with_bind(rec, base + bind)
+            fixed = run.fixed.get(e) if decode is not None else None
+            if fixed is None and decode is not None:
+                fixed = decode(rec)
+                if fixed is not None:
+                    run.fixed[e] = fixed
+            if fixed is not None:
+                ids[e] = (fixed, 0 if bind is None else base + bind)  # type: ignore[assignment]
+            else:
+                ids[e] = rec if bind is None else _with_bind(rec, base + bind)
         return ids
 
     @staticmethod

@@ -242,6 +242,7 @@ class _PacedReplay:
             self.batchable = ext.batchable  # type: ignore[attr-defined]
             self.batch = ext.batch  # type: ignore[attr-defined]
             self._run_batch = ext.run_batch  # type: ignore[attr-defined]
+            self.fixed_upload = getattr(ext, "fixed_upload", None)  # optional with them
 
     def run_prepared(self, prepared: Any, refs: list[Any], out_ids: list[int],
                      ints: list[tuple[list[Any], int]] | None = None,
