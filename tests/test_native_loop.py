@@ -733,3 +733,42 @@ def test_the_gpu_daemons_paced_executor_offers_every_optional_method_the_executo
     offered = [name for name in optional if getattr(ex, name, None) is not None]
     assert "fixed_upload" in offered and "run_batch" in offered
     assert [name for name in offered if getattr(paced, name, None) is None] == []
+
+
+@needs_loop
+def test_a_joined_inference_runs_the_rest_in_native_runs_on_the_apps_values(tmp_path):
+    """A start that joins an inference at call ``p`` (the app made calls ``0..p-1``' values
+    itself; they are live under its ids) runs calls ``p..`` in native runs as any replay does,
+    reading those values by the app's ids; the outputs equal the forward's."""
+    spec = MODELS["cnn"]
+    model, x = spec.make(), spec.inputs(1)[0]
+    d, constants, _ = hostloop.definition(model, x)
+    harness = hostloop.Harness(d, constants, str(tmp_path))
+    x0, x1 = spec.inputs(2, seed=3)
+    harness.replay(x0)  # calibrates the runs
+    r, ex = harness.replayer, harness.executor
+    local = {rid: i for i, rid in enumerate(d.local_ids)}
+    p = len(d.calls) // 2
+    # the app's values for x1 (a whole replay under base ``app``, nothing released)
+    app = hostloop.REPLAY_BASE + 50 * hostloop.SPAN
+    downs: list[ops_pb2.SessionDown] = []
+    for frame in (ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=1, base_id=app,
+                                                             inference=app)),
+                  ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=0, tensor=ops_pb2.TensorRef(
+                      upload=hostloop.codec.tensor_data(x1))))):
+        r.process(frame, downs.append)
+    joined = {0: app}
+    joined.update({local[o]: app + local[o] for call in d.calls[:p] for o in call.out_ids})
+    base = hostloop.REPLAY_BASE + 51 * hostloop.SPAN
+    before = dict(ex.counters)
+    downs.clear()
+    r.process(ops_pb2.SessionUp(start=ops_pb2.ReplayStart(
+        sequence=1, base_id=base, inference=base, position=p, joined=joined)), downs.append)
+    assert not [f for f in downs if f.WhichOneof("msg") == "error"]
+    assert ex.counters["native_calls"] - before["native_calls"] >= (len(d.calls) - p) // 2
+    pushed = {f.fetched.id: f.fetched.tensor for f in downs if f.WhichOneof("msg") == "fetched"}
+    with torch.inference_mode():
+        want = [o for o in torch.utils._pytree.tree_flatten(model(x1))[0]
+                if isinstance(o, torch.Tensor)]
+    got = [hostloop.codec.from_tensor_data(pushed[base + i]) for i in harness.outputs]
+    assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))

@@ -437,6 +437,8 @@ class Active:
     upload_bytes: int = 0
     uploaded_ns: int = 0
     resumed: bool = False  # a loop resumed after a cut (``ReplayStart.loop_choices``)
+    # a join's native runs, from where it joined when no run of the sequence's starts there
+    runs: dict[int, Run] | None = None
     # per call with no app position yet (``Compiled.app_upto``): its answer or its sizes, as
     # (call, result or None, sizes), sent once the variants are chosen
     held: list[tuple[int, ops_pb2.OpResult | None, tuple[int, ...]]] = field(
@@ -957,10 +959,14 @@ class HostReplayer:
         robot, timing = act.seq.robot, act.timing
         sync = getattr(self.replay, "synchronize", None)
         runs = act.seq.runs
-        if (runs is None or act.position < act.seq.runs_from) and timing is None \
-                and not act.joined:
+        if (runs is None or act.position < act.seq.runs_from) and timing is None:
             runs = act.seq.runs = self._runs(act.seq, act.position)
             act.seq.runs_from = act.position
+        elif act.joined and runs and timing is None and (act.runs is not None or (
+                act.position not in runs and act.position > act.seq.runs_from)):
+            if act.runs is None:  # joined inside a run: this inference's own, from there
+                act.runs = self._runs(act.seq, act.position)
+            runs = act.runs
         while act.position < stop:
             k = act.position
             if runs and k in runs and timing is None and self._run_native(act, runs[k], stop, emit):
@@ -1163,7 +1169,7 @@ class HostReplayer:
             return None
         base = act.base
         ids: list[int | ops_pb2.TensorRef | tuple[Any, int]] = [
-            base + i if f is None else f
+            (act.id_of(i) if act.joined else base + i) if f is None else f
             for (i, _slot, _rec), f in zip(run.externals, fixed, strict=True)]
         decode = self._fixed_upload
         for e, (rec, bind) in run.uploads.items():
@@ -1206,9 +1212,10 @@ class HostReplayer:
         calls ran (the rest, if any, run one by one). A value the app released before the run
         and that no later call reads is let go of inside the run, after its last use."""
         seq = act.seq
-        if run.end > stop or act.joined or (act.args and not run.slots.isdisjoint(act.args)) \
-                or (seq.gone and not run.constants.isdisjoint(seq.gone)):
-            return False
+        if run.end > stop or (act.args and not run.slots.isdisjoint(act.args)) \
+                or (seq.gone and not run.constants.isdisjoint(seq.gone)) \
+                or (act.joined and not act.joined.keys().isdisjoint(run.outs)):
+            return False  # (a joined value the run writes: the app's, one by one)
         ids = self._externals(act, run)
         if ids is None:
             return False
