@@ -106,9 +106,9 @@ class Run:
     answered: list[int]  # its calls whose result the app is answered, from its start
     # externals that are bytes the definition holds (a tensor the app makes the same each
     # inference, ``torch.tensor(True)``): external index -> (recorded upload, local index of
-    # its bind id or None), decoded each inference as the one-by-one path decodes them
+    # its bind id or None): each inference gets its own copy, as on the one-by-one path
     uploads: dict[int, tuple[ops_pb2.TensorRef, int | None]] = field(default_factory=dict)
-    # those decoded once by the executor (``fixed_upload``): external index -> its object
+    # those the executor decoded once (``fixed_upload``): external index -> its object
     fixed: dict[int, Any] = field(default_factory=dict)
     # ``_externals``' work that holds until a weight or constant is bound again: the count of
     # binds it was done at, and the ids of the externals that are not this inference's values
@@ -1173,13 +1173,13 @@ class HostReplayer:
             for (i, _slot, _rec), f in zip(run.externals, fixed, strict=True)]
         decode = self._fixed_upload
         for e, (rec, bind) in run.uploads.items():
-            fixed = run.fixed.get(e) if decode is not None else None
-            if fixed is None and decode is not None:
-                fixed = decode(rec)
-                if fixed is not None:
-                    run.fixed[e] = fixed
-            if fixed is not None:
-                ids[e] = (fixed, 0 if bind is None else base + bind)  # type: ignore[assignment]
+            decoded = run.fixed.get(e) if decode is not None else None
+            if decoded is None and decode is not None:
+                decoded = decode(rec)
+                if decoded is not None:
+                    run.fixed[e] = decoded
+            if decoded is not None:
+                ids[e] = (decoded, 0 if bind is None else base + bind)
             else:
                 ids[e] = rec if bind is None else _with_bind(rec, base + bind)
         return ids
