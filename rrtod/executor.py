@@ -168,7 +168,7 @@ class ReplayExtension(Protocol):
     # TensorRef with ``upload``) decoded once into an opaque object, or None where it cannot
     # be (it is then passed as the ref); ``run_batch`` then takes ``(that object, bind id or
     # 0)`` as an external, a fresh copy of the value each time, bound to the id as the ref
-    # would be: a detector's runs decoded ~340 such uploads an inference (~22 us each).
+    # would be (~22 us each to decode; by py-spy's share, some 300-400 an SSDlite frame).
     # Optional, together: ``rows`` (a recorded call as a local operator, ``rrtod.lop.RuleOf``)
     # and ``run_rows(prepared, refs, out_ids, rule, starts, lo, hi)``, which runs rows
     # ``[lo, hi)`` of a prepared call's outputs from tensors holding their rows from
