@@ -5,8 +5,8 @@
 e.g. ``python -m tests.fuzz frames -max_total_time=60 tests/fuzz/corpus/frames``. Only
 rrtod's own code that the target reaches is instrumented for coverage (``TARGET_CODE``; torch
 and protobuf are imported first, as they are): the fuzzer steers by what the daemons' Python
-does with the bytes. Log lines at error
-level or above raise: a bug the daemon would only have logged counts as a crash here.
+does with the bytes. Log lines at error level or above raise: a bug the daemon would only have
+logged counts as a crash here.
 ``make fuzz`` runs every target and keeps the corpus; tests/test_fuzz.py runs a short round.
 """
 
