@@ -96,8 +96,10 @@ class Region:
         if len(data) != up.length:  # cannot happen to a sealed region: said, not assumed
             raise FrameError(f"shared upload [{up.offset}, {end}) read {len(data)} bytes")
         upload.data = data  # the one copy out of the region
+        if up.palette:  # (checked where it is decoded, as on the socket)
+            upload.palette, upload.palette_block = up.palette, up.palette_block
         self.copied = max(self.copied, up.seq)
-        return frame, upload_frame(up.slot, up.meta, data).size
+        return frame, upload_frame(up.slot, up.meta, data, up.palette, up.palette_block).size
 
     def ack(self) -> bytes:
         """The acknowledgement to send with the daemon's next write to the app, if one is
@@ -134,10 +136,12 @@ class Writer:
         with self._lock:
             self.done = max(self.done, seq)
 
-    def put(self, slot: int, meta: bytes, data: Any) -> bytes | None:
-        """The encoded ``SharedUpload`` frame for this upload, its bytes copied into the
-        region; None (send it on the socket) when it is small, does not fit, or the
-        daemon has not acknowledged the region's last upload yet."""
+    def put(self, slot: int, meta: bytes, data: Any, palette: bytes = b"",
+            block: int = 0) -> bytes | None:
+        """The encoded ``SharedUpload`` frame for this upload (``data``, palette-coded with
+        ``palette``), its bytes copied into the region; None (send it on the socket) when it
+        is small, does not fit, or the daemon has not acknowledged the region's last upload
+        yet."""
         n = len(data)
         if n < SHARED_MIN or n > self.size:
             return None
@@ -148,4 +152,5 @@ class Writer:
             seq = self.sent
         self._map[:n] = data
         return encode(local_pb2.LocalRequest(shared_upload=local_pb2.SharedUpload(
-            seq=seq, slot=slot, meta=meta, offset=0, length=n)))
+            seq=seq, slot=slot, meta=meta, offset=0, length=n, palette=palette,
+            palette_block=block)))

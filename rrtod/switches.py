@@ -38,6 +38,9 @@ SWITCHES: dict[str, str] = {
     "RRTO_EVENT_LOOP": "`asyncio`: the daemon runs the standard event loop instead of uvloop",
     "RRTO_SHARED_UPLOADS": "0/false/no/off: this app's replayed inputs go on the socket, not "
                            "through the shared memory region the robot daemon offers",
+    "RRTO_PALETTE": "0/false/no/off: this app's replayed inputs travel raw, never "
+                    "palette-coded (a frame made from 8-bit pixels otherwise travels at a byte "
+                    "an element: docs/record-replay.md)",
     "RRTO_HOP_TRACE": "a directory: daemons and shim write per-hop timestamps there "
                       "(bench.plumbing)",
 }

@@ -148,12 +148,12 @@ class EncodedFrame:
     __slots__ = ("parts", "size", "kind", "upload")
 
     def __init__(self, parts: list[Any], kind: str,
-                 upload: tuple[int, bytes, Any] | None = None):
+                 upload: tuple[int, bytes, Any, bytes, int] | None = None):
         self.parts = parts
         self.size = sum(len(p) for p in parts)
         self.kind = kind
-        # A replayed inference's upload as (slot, serialized meta, raw bytes): a channel may
-        # send it another way (``rrtod.shared_uploads``).
+        # A replayed inference's upload as (slot, serialized meta, data, palette, palette
+        # block): a channel may send it another way (``rrtod.shared_uploads``).
         self.upload = upload
 
     def SerializeToString(self) -> bytes:  # noqa: N802 - the protobuf message method
@@ -169,20 +169,29 @@ _TENSOR_KEY = len_key(ops_pb2.ReplayArg, "tensor")
 _UPLOAD_KEY = len_key(ops_pb2.TensorRef, "upload")
 _META_KEY = len_key(ops_pb2.TensorData, "meta")
 _DATA_KEY = len_key(ops_pb2.TensorData, "data")
+_PALETTE_KEY = len_key(ops_pb2.TensorData, "palette")
+_BLOCK_KEY = int_key(ops_pb2.TensorData, "palette_block")
 
 
-def upload_frame(slot: int, meta: bytes, data: Any) -> EncodedFrame:
+def upload_frame(slot: int, meta: bytes, data: Any, palette: bytes = b"",
+                 block: int = 0) -> EncodedFrame:
     """``SessionUp(arg=ReplayArg(slot, tensor=TensorRef(upload=TensorData(meta, data))))`` in
     wire form, where ``meta`` is a serialized ``TensorMeta`` and ``data`` the tensor's raw bytes
-    (any buffer; not copied)."""
+    (any buffer; not copied), or with ``palette`` its palette-coded bytes
+    (``TensorData.palette``, ``palette_block``)."""
     tensor_data = _META_KEY + varint(len(meta)) + meta + _DATA_KEY + varint(len(data))
-    size = len(tensor_data) + len(data)
+    tail = _PALETTE_KEY + varint(len(palette)) + palette + _BLOCK_KEY + varint(block) \
+        if palette else b""
+    size = len(tensor_data) + len(data) + len(tail)
     ref = _UPLOAD_KEY + varint(size)
     size += len(ref)
     arg = _SLOT_KEY + varint(slot) + _TENSOR_KEY + varint(size)
     size += len(arg)
     head = _ARG_KEY + varint(size) + arg + ref + tensor_data
-    return EncodedFrame([head, data] if len(data) else [head], "arg", (slot, meta, data))
+    parts = [head, data] if len(data) else [head]
+    if tail:
+        parts.append(tail)
+    return EncodedFrame(parts, "arg", (slot, meta, data, palette, block))
 
 
 # ----- ids ---------------------------------------------------------------------------------

@@ -58,15 +58,16 @@ def test_replayed_model_equals_local(fresh, name, tmp_path):
     assert seq["app"] == f"{name}.py" and seq["operators"] > 0
 
 
-def per_replayed_inference(daemon: Any, name: str, tmp: Path) -> dict[str, float]:
+def per_replayed_inference(daemon: Any, name: str, tmp: Path,
+                           env: dict[str, str] | None = None) -> dict[str, float]:
     """Restarted runs of 4 and 10 inferences, all replayed from the saved sequence: what one
     more replayed inference costs (counter differences, so the first inference's extras cancel
-    out). Each run's outputs equal local execution."""
-    same_as_local(name, daemon, "--runs", "4", tmp=tmp)
+    out). Each run's outputs equal local execution. ``env``: the app's extra environment."""
+    same_as_local(name, daemon, "--runs", "4", tmp=tmp, extra_env=env)
     totals = []
     for runs in (4, 10):
         before = finished(daemon)
-        stats = same_as_local(name, daemon, "--runs", str(runs), tmp=tmp)
+        stats = same_as_local(name, daemon, "--runs", str(runs), tmp=tmp, extra_env=env)
         after = finished(daemon)
         assert stats["replays"] == runs and stats["mismatches"] == 0, stats
         assert stats["round_trips"] == 1, stats  # the BlobQuery of the weights, nothing else
@@ -107,6 +108,19 @@ def test_replayed_gru_sends_its_input_once_and_little_else(fresh, tmp_path):
     # What is not tensor bytes (frame headers, metadata, ids, releases): measured ~730 B;
     # 2.7 KB with 8-byte release ids (and then 1 KiB of zero state among the tensors too).
     assert per["wire"] - per["tensors"] <= 1024, per
+
+
+def test_a_camera_frame_normalised_on_the_robot_travels_at_a_byte_a_pixel(fresh, tmp_path):
+    """camera_frames: 8-bit pixels made float and normalised per channel by the app before
+    its model (torchvision's ``ToTensor`` and ``Normalize``). Each replayed inference uploads
+    the frame palette-coded (``codec.palette_of``): a byte an element and a palette of 256
+    float32 values per channel, not four bytes an element, and the app prints what local
+    execution prints."""
+    per = per_replayed_inference(fresh, "camera_frames", tmp_path)
+    assert per["tensors_up"] == 3 * 48 * 64 + 3 * 256 * 4, per
+    assert per["wire"] <= 1.02 * per["tensors"] + 2048, per
+    raw = per_replayed_inference(fresh, "camera_frames", tmp_path, {"RRTO_PALETTE": "0"})
+    assert raw["tensors_up"] == 4 * 3 * 48 * 64, raw  # switched off: float32, as the app has it
 
 
 def test_a_large_replayed_input_comes_through_shared_memory_with_outputs_equal_to_local(

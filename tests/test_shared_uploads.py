@@ -80,6 +80,30 @@ def test_an_upload_through_the_region_is_the_frame_the_socket_would_carry(tmp_pa
     region.close()
 
 
+def test_a_palette_coded_upload_through_the_region_is_the_frame_the_socket_would_carry(
+        tmp_path) -> None:
+    """A camera frame scaled from 8-bit pixels, palette-coded by the shim
+    (``codec.replay_upload``): its byte-an-element data goes through the region, its palette
+    with the small frame, and the host decodes the frame the socket would have carried to
+    the app's exact tensor."""
+    region = Region(SIZE)
+    writer = connected(tmp_path, region)
+    pixels = torch.randint(0, 256, (1, 3, 256, 256), dtype=torch.uint8,
+                           generator=torch.Generator().manual_seed(0))
+    image = pixels.float() / 255
+    inline = codec.replay_upload(7, image, {})
+    slot, meta, coded, palette, block = inline.upload
+    assert palette and len(coded) == image.numel() >= SHARED_MIN
+    framed = writer.put(*inline.upload)
+    assert framed is not None and len(framed) < len(palette) + 100  # its data in the region
+    frame, n = region.frame(request(framed).shared_upload)
+    assert frame == ops_pb2.SessionUp.FromString(inline.SerializeToString())
+    assert n == inline.size
+    assert torch.equal(codec.from_tensor_data(frame.arg.tensor.upload).view(torch.int32),
+                       image.view(torch.int32))
+    region.close()
+
+
 def test_the_region_is_written_again_only_once_the_daemon_acknowledged_it(tmp_path) -> None:
     region = Region(SIZE)
     writer = connected(tmp_path, region)

@@ -69,6 +69,17 @@ def test_size_mismatch_is_rejected():
         codec.from_tensor_data(msg)
 
 
+@pytest.mark.parametrize("palette", [b"", bytes(256 * 4)], ids=["raw", "palette"])
+def test_an_empty_shape_whose_strides_would_overflow_is_refused(palette):
+    """[0, 2**63 - 1, 0, 21] holds no element, but torch works out its strides all the same
+    and raised a RuntimeError (found by fuzzing, tests/fuzz/regressions/codec)."""
+    msg = ops_pb2.TensorData(meta=ops_pb2.TensorMeta(dtype="float32",
+                                                     shape=[0, 2**63 - 1, 0, 21]),
+                             palette=palette, palette_block=1)
+    with pytest.raises(codec.CodecError, match="overflows"):
+        codec.from_tensor_data(msg)
+
+
 def test_values_roundtrip():
     value = [None, True, 3, -2.5, "mean", (1, 2), [], torch.float16, torch.device("cpu"),
              torch.channels_last, torch.strided, 1 + 2j]
@@ -150,3 +161,164 @@ def test_socket_channel_writes_encoded_frames_in_order():
     assert torch.equal(codec.from_tensor_data(got[1].arg.tensor.upload), t)
     a.close()
     b.close()
+
+
+# -- palette-coded uploads (codec.palette_of, TensorData.palette) -------------------------------
+_PIXELS = torch.randint(0, 256, (1, 3, 40, 56), dtype=torch.uint8,
+                        generator=torch.Generator().manual_seed(0))
+_MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+_STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+_HWC = _PIXELS[0].permute(1, 2, 0).contiguous()
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view({8: torch.int64, 4: torch.int32, 2: torch.int16}[t.element_size()])
+
+
+def _sent(t: torch.Tensor) -> tuple[ops_pb2.TensorData, torch.Tensor]:
+    wire = codec.replay_upload(0, t, {}).SerializeToString()
+    data = ops_pb2.SessionUp.FromString(wire).arg.tensor.upload
+    return data, codec.from_tensor_data(data)
+
+
+@pytest.mark.parametrize("t,groups", [
+    (_PIXELS.float() / 255, 1),  # ToTensor: [0, 1]
+    (_PIXELS * torch.tensor(1 / 255), 1),  # a uint8 frame times a float scale
+    ((_PIXELS.float() / 255 - _MEAN) / _STD, 3),  # Normalize: per channel (NCHW)
+    ((_HWC.float() / 255 - _MEAN.view(3)) / _STD.view(3), 3),  # per channel, HWC
+    (_PIXELS.to(torch.float16) / 255, 1),
+    (_PIXELS.to(torch.bfloat16) / 255, 1),
+    (_PIXELS.double() / 255, 1),
+    ((_PIXELS.float() / 255).to(memory_format=torch.channels_last), 1),
+    (_PIXELS[:, :1].float().expand(1, 3, 40, 56) / 255, 1),  # a gray frame: one level a pixel
+    (torch.zeros(1, 3, 40, 56), 1),  # a black frame
+    ((_PIXELS // 4).float() * 3 - 7, 1),  # 64 levels, any scale and offset
+], ids=["scaled", "uint8-times-scale", "normalised", "hwc-normalised", "float16", "bfloat16",
+        "float64", "channels-last", "gray", "black", "64-levels"])
+def test_an_image_from_8_bit_pixels_travels_palette_coded_and_decodes_to_its_exact_bits(
+        t, groups):
+    """Its data is a byte an element, plus ``groups`` palettes of 256 values, and the host
+    gets the app's tensor back bit for bit, in the app's layout."""
+    data, back = _sent(t)
+    assert len(data.data) == t.numel()
+    assert len(data.palette) == groups * codec.PALETTE_LEVELS * t.element_size()
+    assert back.dtype == t.dtype and back.shape == t.shape and back.stride() == t.stride()
+    assert torch.equal(_bits(back), _bits(t))
+
+
+def _with(t: torch.Tensor, index: int, value: float) -> torch.Tensor:
+    t = t.clone()
+    t.view(-1)[index] = value
+    return t
+
+
+@pytest.mark.parametrize("t", [
+    torch.rand(1, 3, 40, 56),  # float data: no palette
+    _with(_PIXELS.float() / 255, 5, 0.5),  # one value off the levels
+    _with(_with(torch.zeros(1, 3, 40, 56), 5, -0.0), 6, 1.0),  # -0.0 beside 0.0: other bits
+    _with(_PIXELS.float() / 255, 7, float("nan")),
+    _with(_PIXELS.float() / 255, 7, float("inf")),
+    (_PIXELS.float() / 255)[:, :, :8, :8],  # fewer elements than PALETTE_MIN
+    _PIXELS, _PIXELS.int(),  # not floating: raw (integers are not coded)
+    _PIXELS.float().sqrt(),  # 256 levels, not evenly spaced
+], ids=["random", "off-level", "negative-zero", "nan", "inf", "small", "uint8", "int32",
+        "uneven"])
+def test_data_that_is_not_on_a_palette_travels_raw(t):
+    data, back = _sent(t)
+    assert not data.palette and len(data.data) == t.numel() * t.element_size()
+    assert torch.equal(back.view(torch.uint8), t.contiguous().view(torch.uint8))
+
+
+def _coded() -> ops_pb2.TensorData:
+    data, _ = _sent((_PIXELS.float() / 255 - _MEAN) / _STD)
+    return data
+
+
+@pytest.mark.parametrize("edit,reason", [
+    (lambda d: setattr(d, "palette", d.palette[:-4]), "palette of"),
+    (lambda d: setattr(d, "palette", d.palette * 30), "palette of"),  # 90 groups
+    (lambda d: setattr(d, "palette_block", 0), "whole blocks"),
+    (lambda d: setattr(d, "palette_block", 11), "whole blocks"),
+    (lambda d: setattr(d, "data", d.data[:-1]), "one an element"),
+    (lambda d: setattr(d.meta, "dtype", "int32"), "only floating"),
+    (lambda d: d.meta.stride.extend([1, 1, 1, 1]), "strides"),
+], ids=["short-palette", "too-many-groups", "block-0", "block-not-whole", "short-data",
+        "integer-dtype", "bad-strides"])
+def test_a_malformed_palette_coding_is_refused(edit, reason):
+    data = _coded()
+    edit(data)
+    with pytest.raises(codec.CodecError, match=reason):
+        codec.from_tensor_data(data)
+
+
+def test_a_palette_decodes_whatever_its_values_are():
+    """The host takes any palette (the shim's are fitted to images; another sender's need
+    not be): each element is its group's entry, and a NaN or infinity in it is a value."""
+    values = torch.tensor([float("nan"), float("inf"), -0.0, 1e30] * 64, dtype=torch.float32)
+    data = ops_pb2.TensorData(meta=ops_pb2.TensorMeta(dtype="float32", shape=[2, 4]),
+                              data=bytes([0, 1, 2, 3, 3, 2, 1, 0]),
+                              palette=values.numpy().tobytes(), palette_block=1)
+    back = codec.from_tensor_data(data)
+    assert torch.equal(_bits(back), _bits(values[[0, 1, 2, 3, 3, 2, 1, 0]].view(2, 4)))
+
+
+def test_an_input_that_was_not_on_a_palette_is_tried_again_only_every_so_many_uploads():
+    """The replay client's memory per INPUT slot (``Sequence.codes``): float data fails the
+    palette's try once, then goes raw untried for ``RETRY_PALETTE`` uploads (each try costs
+    passes over the data), then is tried again; a slot whose data fits is tried every time."""
+    from rrto_plugins.torch.replay import RETRY_PALETTE, Sequence
+
+    seq = Sequence(ops_pb2.SequenceDef(), [], {}, {}, set())
+    floats, image = torch.rand(1, 3, 40, 56), _PIXELS.float() / 255
+    tried = []
+    for _ in range(RETRY_PALETTE + 2):
+        for slot, t in ((0, floats), (1, image)):
+            code = seq.codes(slot)
+            frame = codec.replay_upload(slot, t, {}, code)
+            if code:
+                seq.coded(slot, frame)
+            tried.append((slot, code, bool(frame.upload[3])))
+    assert [code for slot, code, _ in tried if slot == 0] == \
+        [True] + [False] * RETRY_PALETTE + [True]
+    assert all(code and coded for slot, code, coded in tried if slot == 1)
+
+
+def _upload_call(data: ops_pb2.TensorData) -> ops_pb2.OpCall:
+    call = ops_pb2.OpCall(op="aten::mul.Tensor")
+    call.args.add().tensor.upload.CopyFrom(data)
+    return call
+
+
+def test_a_palette_coded_upload_is_the_same_input_only_with_the_same_palette():
+    """The robot's search marks an upload with the same bytes in every inference fixed
+    (``SeqSource.fixed``). Palette-coded uploads (logged from replays that were cut) with the
+    same levels but other palettes are other values: not fixed."""
+    from rrtod.robot.oplog import LoggedCall
+    from rrtod.robot.search import _same_upload
+
+    coded, _ = _sent(_PIXELS.float() / 255)
+    other = ops_pb2.TensorData()
+    other.CopyFrom(coded)
+    other.palette = (torch.frombuffer(bytearray(coded.palette), dtype=torch.float32) * 2
+                     ).numpy().tobytes()
+
+    def log(*uploads: ops_pb2.TensorData) -> list[LoggedCall]:
+        return [LoggedCall(index=n, seq=n, op="aten::mul.Tensor", key=0, refs=(), outputs=(),
+                           raw=_upload_call(u)) for n, u in enumerate(uploads)]
+
+    assert _same_upload(log(coded, coded), [0, 1], 0, 0)
+    assert not _same_upload(log(coded, other), [0, 1], 0, 0)
+
+
+def test_a_fixed_input_recorded_palette_coded_is_compared_with_the_apps_raw_bytes():
+    """A definition's fixed upload that is palette-coded (``_fixed_bytes``) is matched against
+    the app's tensor by its decoded bytes; one that does not decode matches nothing."""
+    from rrto_plugins.torch.replay import _fixed_bytes
+
+    image = _PIXELS.float() / 255
+    coded, _ = _sent(image)
+    assert coded.palette and _fixed_bytes(coded) == image.numpy().tobytes()
+    raw = codec.tensor_data(image)
+    assert _fixed_bytes(raw) == raw.data
+    coded.palette_block = 0
+    assert _fixed_bytes(coded) is None

@@ -30,6 +30,7 @@ import itertools
 import math
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from time import perf_counter_ns, thread_time_ns
@@ -40,6 +41,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from rrto.v1 import ops_pb2
 from rrtod import gcfreeze, loops, lop, partition
+from rrtod.switches import SwitchError, flag
 from rrtod.wire import (
     HOST_ID_BASE,
     READ_VALUE,
@@ -88,6 +90,7 @@ PROFILED = 3  # inferences of each plan whose robot steps are timed (``SequenceP
 # Pushed sizes kept (``ReplaySizes``): inferences, and calls of each (beyond: planned here)
 SIZED_INFERENCES = 16
 SIZED_CALLS = 1 << 16
+RETRY_PALETTE = 64  # uploads of an input slot between tries of a palette that did not fit
 
 
 class _Unreplayable(Exception):
@@ -157,8 +160,9 @@ class Step:
     # sizes multiply)
     syms: list[tuple[tuple[Any, ...], int, int, int]] = field(default_factory=list)
     any_shape: frozenset[int] = frozenset()  # INPUT slots of any shape (dtype and rank fixed)
-    # INPUT slots with fixed bytes (``SeqSource.fixed``): slot -> (bytes, upload strides)
-    fixed: dict[int, tuple[bytes, tuple[int, ...]]] = field(default_factory=dict)
+    # INPUT slots with fixed bytes (``SeqSource.fixed``): slot -> (bytes, upload strides);
+    # None: bytes nothing matches (``_fixed_bytes``)
+    fixed: dict[int, tuple[bytes | None, tuple[int, ...]]] = field(default_factory=dict)
     # everything the step matches and makes, comparable across sequences (``same_prefix``)
     sig: tuple[Any, ...] = ()
     robot: bool = False  # run here, on the app's tensors (its plan's ``Plan.robot_calls``)
@@ -189,6 +193,8 @@ class Sequence:
     # and per input metadata the slot uploaded with it last
     sent: dict[int, tuple[tuple[Any, ...], bytes]] = field(default_factory=dict)  # slot -> latest
     recent: dict[tuple[Any, ...], int] = field(default_factory=dict)
+    # INPUT slot -> uploads left before a palette is tried for it again (``codes``)
+    uncoded: dict[int, int] = field(default_factory=dict)
     mismatches: int = 0
     failed: bool = False  # the host could not replay it
     stale: bool = False  # a fixed input got other bytes: given up at the mismatch
@@ -253,6 +259,21 @@ class Sequence:
     @property
     def id(self) -> int:
         return self.definition.id
+
+    def codes(self, slot: int) -> bool:
+        """Whether to try a palette for this upload of INPUT ``slot`` (``codec.palette_of``).
+        Data that was not on one (float data; a dtype or size never coded) is tried again
+        only every ``RETRY_PALETTE`` uploads: the try's passes cost ~0.4 ms for a 128x128
+        frame here, on every replayed inference of a model fed such data."""
+        left = self.uncoded.get(slot, 0)
+        if left:
+            self.uncoded[slot] = left - 1
+        return not left
+
+    def coded(self, slot: int, frame: Any) -> None:
+        """The upload of ``slot`` went as ``frame`` (tried for a palette: ``codes``)."""
+        if not frame.upload[3]:
+            self.uncoded[slot] = RETRY_PALETTE
 
     def repeat_of(self, slot: int, key: tuple[Any, ...], raw: memoryview) -> int | None:
         """An INPUT slot whose latest data is exactly ``raw`` (with metadata ``key``): ``slot``
@@ -368,6 +389,28 @@ def _guard_indices(seq: Sequence, count: int) -> list[list[int]]:
     return got
 
 
+def _palette_switch() -> bool:
+    """``RRTO_PALETTE`` (default on); a value that is not a boolean is said and ignored."""
+    try:
+        return flag("RRTO_PALETTE", True)
+    except SwitchError as exc:
+        warnings.warn(f"{exc}: ignored", stacklevel=2)
+        return True
+
+
+def _fixed_bytes(upload: ops_pb2.TensorData) -> bytes | None:
+    """The raw bytes a fixed input must have (``SeqSource.fixed``). A definition found in a
+    log with replays that were cut holds their uploads as sent, palette-coded perhaps: decoded
+    here, since the app's tensor is compared raw (None, which nothing matches, if it does not
+    decode)."""
+    if not upload.palette:
+        return bytes(upload.data)
+    try:
+        return bytes(codec.raw_bytes(codec.from_tensor_data(upload)))
+    except codec.CodecError:
+        return None
+
+
 def _shared(d: ops_pb2.SequenceDef, prefix: Sequence) -> int:
     """How many first calls of ``d`` are ``prefix``'s own steps (``loops.shared_calls``,
     with the same symbolic integers). Compiling an unrolling's head steps again for every
@@ -428,7 +471,7 @@ def _compile(d: ops_pb2.SequenceDef, robot: frozenset[int] = frozenset(),
         step.robot = len(steps) in robot
         step.variable = d.HasField("varies_from") and len(steps) >= d.varies_from
         step.any_shape = frozenset(s for s in slots if d.sources[s].any_shape)
-        step.fixed = {s: (bytes(r.upload.data), tuple(r.upload.meta.stride))
+        step.fixed = {s: (_fixed_bytes(r.upload), tuple(r.upload.meta.stride))
                       for s, r in zip(slots, refs, strict=True)
                       if d.sources[s].fixed and r.WhichOneof("ref") == "upload"}
         if not skw and not step.any_shape and all(a is _T or _plain(a) for a in sargs):
@@ -660,6 +703,7 @@ class ReplayClient:
         self._give_up: list[int] = []  # sequences the host failed: the robot records again
         self._lock = threading.Lock()
         self._upload_meta: dict[Any, bytes] = {}  # codec.replay_upload's metadata cache
+        self._palette = _palette_switch()  # inputs palette-coded where they fit (``_upload``)
         # CPU time spent working out a step's outputs (at its first replay, or at each for a
         # step whose sizes vary), in the calls the client times (``dispatch``'s ``timed``):
         # apart from the per-operator cost (``replay_shim_ns``).
@@ -1410,6 +1454,17 @@ class ReplayClient:
                 act.sizes[i] = out[1]
         return True
 
+    def _upload(self, seq: Sequence, slot: int, t: torch.Tensor) -> Any:
+        """INPUT ``slot``'s frame (``codec.replay_upload``: palette-coded where it fits and
+        ``seq`` still tries, ``Sequence.codes``), its bytes counted."""
+        code = self._palette and seq.codes(slot)
+        frame = codec.replay_upload(slot, t, self._upload_meta, code)
+        if code:
+            seq.coded(slot, frame)
+        _, _, data, palette, _ = frame.upload
+        self.session.counters["bytes_up"] += len(data) + len(palette)
+        return frame
+
     def _advance(self, act: Active, result: Any) -> Any:
         act.position += 1
         self.counters["replayed_ops"] += 1
@@ -1664,8 +1719,7 @@ class ReplayClient:
                 band = h.local.narrow(rows.ROW, lo, hi - lo).contiguous()
                 if frames is None:
                     frames = []
-                frames.append(codec.replay_upload(slot, band, self._upload_meta))
-                self.session.counters["bytes_up"] += band.numel() * band.element_size()
+                frames.append(self._upload(act.seq, slot, band))
                 continue
             if kind == _INPUT and h is not None and h.hash is None and h.local is not None:
                 # A value the robot made (``_on_robot``): its data is here, and goes up.
@@ -1696,8 +1750,7 @@ class ReplayClient:
                     if same is not None:
                         frame = ops_pb2.SessionUp(arg=ops_pb2.ReplayArg(slot=slot, same_as=same))
                     else:
-                        frame = codec.replay_upload(slot, t, self._upload_meta)
-                        self.session.counters["bytes_up"] += len(raw)
+                        frame = self._upload(act.seq, slot, t)
                 if frames is None:
                     frames = []
                 frames.append(frame)

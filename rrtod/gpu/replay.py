@@ -676,7 +676,7 @@ class HostReplayer:
         if sources[slot].kind == SRC.INPUT:
             if tensor.WhichOneof("ref") == "upload":
                 seq.latest[slot] = tensor
-                act.upload_bytes += len(tensor.upload.data)
+                act.upload_bytes += len(tensor.upload.data) + len(tensor.upload.palette)
                 act.uploaded_ns = time.perf_counter_ns()
             act.args[slot] = tensor
         else:  # a weight or constant (re)bound: it holds for later inferences too

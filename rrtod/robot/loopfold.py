@@ -731,7 +731,7 @@ def _same_bytes(log: list[LoggedCall], starts: list[tuple[Region, int, int]], q:
             if raw is not None else None
         if ref is None or ref.WhichOneof("ref") != "upload":
             return False
-        key = (ref.upload.data, ref.upload.meta.SerializeToString())
+        key = ref.upload.SerializeToString()  # (bytes, metadata, a palette the bytes index)
         if first is None:
             first = key
         elif key != first:

@@ -262,7 +262,7 @@ def _same_upload(log: list[LoggedCall], blocks: list[int], i: int, k: int) -> bo
             return False
         if first is None:
             first = ref.upload
-        elif ref.upload.data != first.data or ref.upload.meta != first.meta:
+        elif ref.upload != first:  # (bytes, metadata, and a palette the bytes index)
             return False
     return first is not None
 

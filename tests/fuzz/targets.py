@@ -317,11 +317,20 @@ def codec_values(data: bytes) -> None:
     fdp = atheris.FuzzedDataProvider(data)
     builder = Builder(fdp, budget=80)
     if fdp.ConsumeBool():
+        msg = builder.build(ops_pb2.TensorData)
+        if fdp.ConsumeBool():  # a palette of whole groups (the builder's bytes are short)
+            dtype = codec.DTYPES.get(msg.meta.dtype)
+            n = fdp.ConsumeIntInRange(0, 3) * codec.PALETTE_LEVELS * (
+                dtype.itemsize if dtype is not None else 4) + fdp.ConsumeIntInRange(0, 1)
+            seed = fdp.ConsumeBytes(16) or b"\0"
+            msg.palette = (seed * (n // len(seed) + 1))[:n]
+            msg.palette_block = fdp.ConsumeIntInRange(0, 8)
         try:
-            t = codec.from_tensor_data(builder.build(ops_pb2.TensorData))
+            t = codec.from_tensor_data(msg)
         except codec.CodecError:
             return
-        assert t.numel() * t.element_size() <= 1 << 16  # never more than the bytes it came with
+        # never more than the bytes it came with (palette-coded: an element each)
+        assert t.numel() * (1 if msg.palette else t.element_size()) <= len(msg.data)
         assert t.untyped_storage().nbytes() == t.numel() * t.element_size()  # strides: dense
         return
 

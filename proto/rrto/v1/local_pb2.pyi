@@ -68,18 +68,22 @@ class AppWelcome(_message.Message):
     def __init__(self, session: _Optional[str] = ..., host: _Optional[str] = ..., device: _Optional[str] = ..., shared_bytes: _Optional[int] = ...) -> None: ...
 
 class SharedUpload(_message.Message):
-    __slots__ = ("seq", "slot", "meta", "offset", "length")
+    __slots__ = ("seq", "slot", "meta", "offset", "length", "palette", "palette_block")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     SLOT_FIELD_NUMBER: _ClassVar[int]
     META_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
+    PALETTE_FIELD_NUMBER: _ClassVar[int]
+    PALETTE_BLOCK_FIELD_NUMBER: _ClassVar[int]
     seq: int
     slot: int
     meta: bytes
     offset: int
     length: int
-    def __init__(self, seq: _Optional[int] = ..., slot: _Optional[int] = ..., meta: _Optional[bytes] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+    palette: bytes
+    palette_block: int
+    def __init__(self, seq: _Optional[int] = ..., slot: _Optional[int] = ..., meta: _Optional[bytes] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., palette: _Optional[bytes] = ..., palette_block: _Optional[int] = ...) -> None: ...
 
 class InferenceMark(_message.Message):
     __slots__ = ("index", "start_ns", "end_ns", "thread", "search_wait_us")

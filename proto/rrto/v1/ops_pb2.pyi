@@ -35,12 +35,16 @@ class TensorMeta(_message.Message):
     def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., stride: _Optional[_Iterable[int]] = ..., storage_offset: _Optional[int] = ..., device: _Optional[str] = ..., requires_grad: _Optional[bool] = ...) -> None: ...
 
 class TensorData(_message.Message):
-    __slots__ = ("meta", "data")
+    __slots__ = ("meta", "data", "palette", "palette_block")
     META_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    PALETTE_FIELD_NUMBER: _ClassVar[int]
+    PALETTE_BLOCK_FIELD_NUMBER: _ClassVar[int]
     meta: TensorMeta
     data: bytes
-    def __init__(self, meta: _Optional[_Union[TensorMeta, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    palette: bytes
+    palette_block: int
+    def __init__(self, meta: _Optional[_Union[TensorMeta, _Mapping]] = ..., data: _Optional[bytes] = ..., palette: _Optional[bytes] = ..., palette_block: _Optional[int] = ...) -> None: ...
 
 class TensorRef(_message.Message):
     __slots__ = ("id", "upload", "persistent", "bind_id")
