@@ -15,6 +15,7 @@ from typing import NoReturn
 
 from bench.cpus import split
 from bench.harness import SCHEDULED, SYSTEMS, Plan, run
+from bench.inputs import INPUTS
 from bench.link import ALL_LINKS, LINKS
 from bench.models import MODELS, QUICK_MODELS
 from bench.report import update_readme, write
@@ -68,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="put each model's weights in the GPU daemon's cache over a direct "
                              "route before a link's cells (a slow link then carries inferences "
                              "only, as NTO's server has its model already)")
+    parser.add_argument("--inputs", choices=INPUTS, default="randn",
+                        help="each inference's input: normal noise (default), or for image "
+                             "models 8-bit camera frames the app normalises before the model")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds: at least 1")
@@ -85,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         threads=args.threads,
         robot_cpu=args.robot_cpu,
         preload=args.preload_weights,
+        inputs=args.inputs,
     )
     if args.split_cpus:
         try:

@@ -29,6 +29,7 @@ from typing import Any
 from bench import stats
 from bench.cpus import Split, pinned, robot_group
 from bench.energy import RobotMeter
+from bench.inputs import INPUTS_ENV
 from bench.link import ALL_LINKS, LinkProcess, LinkSpec, MeasureServer, measure
 from rrtod.config import PowerConfig
 from rrtod.grpc_options import CHANNEL_OPTIONS, POLLING_EXPERIMENTS, SERVER_OPTIONS
@@ -105,6 +106,9 @@ class Plan:
     # cells (``--preload-weights``): the link then carries inferences only, as NTO's server
     # has its model already. Without it a slow link's first rrto cell uploads them.
     preload: bool = False
+    # What each inference's input is (``--inputs``, ``bench.models.INPUTS``): "randn", or
+    # "frames", 8-bit camera frames an app normalises before its model
+    inputs: str = "randn"
     out_dir: Path = field(default_factory=lambda: REPO / "bench" / "results")
 
     def to_dict(self) -> dict[str, Any]:
@@ -761,6 +765,7 @@ def _run(plan: Plan, log: Any) -> dict[str, Any]:
         os.environ.setdefault(key, value)
     if plan.threads:
         os.environ["OMP_NUM_THREADS"] = str(plan.threads)
+    os.environ[INPUTS_ENV] = plan.inputs  # (the apps and NTO's clients make their inputs)
     process_env = {k: os.environ.get(k) for k in RECORDED_ENV}
     cells: list[dict[str, Any]] = []
     links: dict[str, Any] = {}

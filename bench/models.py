@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 from bench.detectors import SIZE, available
+from bench.inputs import INPUTS_ENV
 
 
 def conv_bn(cin: int, cout: int, k: int = 3, s: int = 1, act: type[nn.Module] = nn.ReLU
@@ -252,6 +254,8 @@ class YoloPose(nn.Module):
         return chosen[..., :4], scores, chosen[..., 5:].reshape(-1, self.k, self.kpts, 3), index
 
 
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -272,9 +276,19 @@ class ModelSpec:
         return model
 
     def inputs(self, count: int, seed: int = 1) -> list[torch.Tensor]:
-        """``count`` fresh deterministic inputs (one per inference)."""
+        """``count`` fresh deterministic inputs (one per inference): normal noise, or with
+        ``RRTO_BENCH_INPUTS=frames`` (``python -m bench --inputs frames``) and an image input
+        (N, 3, H, W), 8-bit camera frames as an app normalises them before its model (made
+        float and normalised per channel by ImageNet's mean and deviation, as torchvision's
+        ``ToTensor`` and ``Normalize`` do)."""
         g = torch.Generator().manual_seed(seed)
-        return [torch.randn(self.input_shape, generator=g) for _ in range(count)]
+        shape = self.input_shape
+        if os.environ.get(INPUTS_ENV, "randn") == "frames" and len(shape) == 4 and shape[1] == 3:
+            mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+            std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+            return [(torch.randint(0, 256, shape, dtype=torch.uint8, generator=g).float() / 255
+                     - mean) / std for _ in range(count)]
+        return [torch.randn(shape, generator=g) for _ in range(count)]
 
 
 MODELS: dict[str, ModelSpec] = {m.name: m for m in [
