@@ -125,6 +125,20 @@ def test_a_camera_frame_normalised_on_the_robot_travels_at_a_byte_a_pixel(fresh,
     assert off["replays"] == 4 and off["bytes_up"] >= 4 * (4 * 3 * 48 * 64), off
 
 
+def test_a_class_map_comes_back_at_a_byte_a_pixel(fresh, tmp_path):
+    """segment_frames: its output is an int64 class map (``argmax`` over 21 classes). The host
+    sends it palette-coded (``codec.int_palette_of``): a byte a pixel and 256 int64 values,
+    not eight bytes a pixel; its input goes palette-coded too. Outputs equal local."""
+    per = per_replayed_inference(fresh, "segment_frames", tmp_path)
+    pixels = 64 * 96
+    assert per["tensors_up"] == 3 * pixels + 3 * 256 * 4, per
+    # Down: the class map coded, the first 3 values the app prints (24 B), and the float64
+    # copy the harness's ``--dump`` reads (floats: the host codes only integers).
+    down = per["tensors"] - per["tensors_up"]
+    assert down == (pixels + 256 * 8) + 3 * 8 + pixels * 8, per  # raw map: pixels * 8
+    assert per["wire"] <= 1.02 * per["tensors"] + 2048, per
+
+
 def test_a_large_replayed_input_comes_through_shared_memory_with_outputs_equal_to_local(
         fresh, tmp_path):
     """big_input's 4 MiB input, at least ``SHARED_MIN``: each replayed inference writes it to

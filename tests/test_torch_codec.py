@@ -240,7 +240,7 @@ def _coded() -> ops_pb2.TensorData:
     (lambda d: setattr(d, "palette_block", 0), "whole blocks"),
     (lambda d: setattr(d, "palette_block", 11), "whole blocks"),
     (lambda d: setattr(d, "data", d.data[:-1]), "one an element"),
-    (lambda d: setattr(d.meta, "dtype", "int32"), "only floating"),
+    (lambda d: setattr(d.meta, "dtype", "uint8"), "only floating"),
     (lambda d: d.meta.stride.extend([1, 1, 1, 1]), "strides"),
 ], ids=["short-palette", "too-many-groups", "block-0", "block-not-whole", "short-data",
         "integer-dtype", "bad-strides"])
@@ -322,3 +322,32 @@ def test_a_fixed_input_recorded_palette_coded_is_compared_with_the_apps_raw_byte
     assert _fixed_bytes(raw) == raw.data
     coded.palette_block = 0
     assert _fixed_bytes(coded) is None
+
+
+@pytest.mark.parametrize("t", [
+    torch.randint(0, 21, (1, 64, 96)),  # a class map from argmax
+    torch.randint(-1000, -745, (80, 80), dtype=torch.int32),  # any 256 consecutive values
+    torch.full((4096,), 7, dtype=torch.int16),
+    torch.randint(0, 21, (1, 96, 64)).transpose(1, 2),  # not contiguous
+], ids=["class-map", "int32-offset", "int16-constant", "transposed"])
+def test_an_integer_output_spanning_fewer_than_256_values_is_sent_a_byte_an_element(t):
+    data = ops_pb2.TensorData.FromString(codec.tensor_data(t, code_ints=True).SerializeToString())
+    assert len(data.data) == t.numel() and len(data.palette) == 256 * t.element_size()
+    back = codec.from_tensor_data(data)
+    assert back.dtype == t.dtype and torch.equal(back, t)
+
+
+@pytest.mark.parametrize("t", [
+    torch.randint(0, 256, (64, 64)),  # 256 values span 255: coded
+    torch.randint(0, 257, (64, 64), generator=torch.Generator().manual_seed(3)),
+    torch.randint(0, 21, (16, 16)),  # fewer than PALETTE_MIN elements
+    torch.full((4096,), 2**15 - 10, dtype=torch.int16),  # its palette would overflow int16
+    torch.randint(0, 2, (64, 64), dtype=torch.uint8),  # a byte already
+], ids=["span-255", "span-256", "small", "near-max", "uint8"])
+def test_integer_coding_only_where_it_fits(t):
+    data = codec.tensor_data(t, code_ints=True)
+    fits = t.dtype in (torch.int16, torch.int32, torch.int64) and t.numel() >= codec.PALETTE_MIN \
+        and int(t.max()) - int(t.min()) < 256 and int(t.min()) + 255 <= torch.iinfo(t.dtype).max
+    assert bool(data.palette) == fits
+    assert torch.equal(codec.from_tensor_data(data), t)
+    assert not codec.tensor_data(t).palette  # only where asked (the host's outputs)

@@ -37,7 +37,7 @@ def read_value(session: Session, proxy: RemoteTensor) -> torch.Tensor:
             data = replay.take(h.id)  # pushed by the host during replay: no round trip
             session.raise_async_errors()
             if data is not None:
-                session.counters["bytes_down"] += len(data.data)
+                session.counters["bytes_down"] += len(data.data) + len(data.palette)
                 return shape_like(codec.from_tensor_data(data), proxy)
             if session.lost is not None or session.is_late():
                 return _after_loss(session, proxy)
@@ -51,7 +51,7 @@ def read_value(session: Session, proxy: RemoteTensor) -> torch.Tensor:
     except DeadlineMissed:
         return _after_loss(session, proxy)
     session.raise_async_errors()
-    session.counters["bytes_down"] += len(reply.tensor.data)
+    session.counters["bytes_down"] += len(reply.tensor.data) + len(reply.tensor.palette)
     return shape_like(codec.from_tensor_data(reply.tensor), proxy)
 
 
@@ -71,7 +71,7 @@ def whole(session: Session, proxy: RemoteTensor) -> None:
                                numbered=True, wait=True)
         session.raise_async_errors()
         data = reply.tensor
-    session.counters["bytes_down"] += len(data.data)
+    session.counters["bytes_down"] += len(data.data) + len(data.palette)
     put_together(h, codec.from_tensor_data(data))
 
 

@@ -926,9 +926,9 @@ class TorchExecutor:
                                    f"{self.poisoned[fetch.id]}", fetch.seq)
             return self._error("UNKNOWN_TENSOR", f"tensor {fetch.id} is not live in this session",
                                fetch.seq)
-        data = codec.tensor_data(t)
+        data = codec.tensor_data(t, code_ints=True)  # (a class map: a byte an element)
         self.counters["fetches"] += 1
-        self.counters["bytes_down"] += len(data.data)
+        self.counters["bytes_down"] += len(data.data) + len(data.palette)
         return iter((ops_pb2.SessionDown(fetched=ops_pb2.Fetched(seq=fetch.seq, tensor=data)),))
 
     def _release(self, ids: Any) -> None:

@@ -1206,7 +1206,7 @@ class ReplayClient:
                 data = act.taken.pop(h.id, None) or self._peek(act, h.id)
                 if data is None:
                     raise _Unreplayable
-                self.session.counters["bytes_down"] += len(data.data)
+                self.session.counters["bytes_down"] += len(data.data) + len(data.palette)
                 downloads.put_together(h, codec.from_tensor_data(data))
             if h.local is not None:
                 return downloads.shape_like(h.local, x)
@@ -1218,7 +1218,7 @@ class ReplayClient:
                     if data is None:
                         raise _Unreplayable
                 if data is not None:
-                    self.session.counters["bytes_down"] += len(data.data)
+                    self.session.counters["bytes_down"] += len(data.data) + len(data.palette)
                     got = downloads.shape_like(codec.from_tensor_data(data), x)
                 else:  # a value the host holds but does not push (forwarded before a join)
                     got = downloads.read_value(self.session, x)
