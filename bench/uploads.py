@@ -5,9 +5,10 @@ A robot app that scales or normalises its 8-bit camera frame before the model up
 four bytes a pixel channel where one would do. The shim codes such a frame with a palette
 (``TensorData.palette``); this reports, per case, the bytes each way, the shim's CPU to encode
 (``codec.replay_upload``: the coding and its check, or the raw frame when the data is not on a
-palette), the host's CPU to decode (``codec.from_tensor_data``), and the link time the bytes
-saved are worth at a few link rates. One thread, medians over ``--repeat`` rounds, measured
-here and now: nothing in it is assumed.
+palette), the host's CPU to decode (``codec.from_tensor_data``), all measured here on one
+thread (medians over ``--repeat`` rounds); and, as arithmetic only (bytes saved x 8 / rate),
+what the bytes saved would take at a few nominal link rates. The end-to-end effect on an
+emulated link is measured by ``python -m bench --inputs frames`` (docs/benchmark.md).
 """
 
 from __future__ import annotations
