@@ -109,26 +109,14 @@ def test_replayed_gru_sends_its_input_once_and_little_else(fresh, tmp_path):
     assert per["wire"] - per["tensors"] <= 1024, per
 
 
-def test_a_camera_frame_normalised_on_the_robot_travels_at_a_byte_a_pixel(fresh, tmp_path):
-    """camera_frames: 8-bit pixels made float and normalised per channel by the app before
-    its model (torchvision's ``ToTensor`` and ``Normalize``). Each replayed inference uploads
-    the frame palette-coded (``codec.palette_of``): a byte an element and a palette of 256
-    float32 values per channel, not four bytes an element, and the app prints what local
-    execution prints."""
-    per = per_replayed_inference(fresh, "camera_frames", tmp_path)
-    assert per["tensors_up"] == 3 * 48 * 64 + 3 * 256 * 4, per
-    assert per["wire"] <= 1.02 * per["tensors"] + 2048, per
-    # Switched off (the sequence is saved by now: every inference replays): float32, as the
-    # app has it.
-    off = same_as_local("camera_frames", fresh, "--runs", "4", tmp=tmp_path,
-                        extra_env={"RRTO_PALETTE": "0"})
-    assert off["replays"] == 4 and off["bytes_up"] >= 4 * (4 * 3 * 48 * 64), off
-
-
-def test_a_class_map_comes_back_at_a_byte_a_pixel(fresh, tmp_path):
-    """segment_frames: its output is an int64 class map (``argmax`` over 21 classes). The host
-    sends it palette-coded (``codec.int_palette_of``): a byte a pixel and 256 int64 values,
-    not eight bytes a pixel; its input goes palette-coded too. Outputs equal local."""
+def test_camera_frames_go_up_and_class_maps_come_down_at_a_byte_a_pixel(fresh, tmp_path):
+    """segment_frames: 8-bit pixels made float and normalised per channel by the app before
+    its model (torchvision's ``ToTensor`` and ``Normalize``), and an int64 class map
+    (``argmax`` over 21 classes) read back. Each replayed inference uploads the frame
+    palette-coded (``codec.palette_of``: a byte an element and 256 float32 values a channel,
+    not four bytes an element) and the host sends the map so (``codec.int_palette_of``: a
+    byte a pixel and 256 int64 values, not eight bytes a pixel); the app prints what local
+    execution prints. With ``RRTO_PALETTE=0`` the frame goes up raw."""
     per = per_replayed_inference(fresh, "segment_frames", tmp_path)
     pixels = 64 * 96
     assert per["tensors_up"] == 3 * pixels + 3 * 256 * 4, per
@@ -137,6 +125,11 @@ def test_a_class_map_comes_back_at_a_byte_a_pixel(fresh, tmp_path):
     down = per["tensors"] - per["tensors_up"]
     assert down == (pixels + 256 * 8) + 3 * 8 + pixels * 8, per  # raw map: pixels * 8
     assert per["wire"] <= 1.02 * per["tensors"] + 2048, per
+    # Switched off (the sequence is saved by now: every inference replays): float32, as the
+    # app has it.
+    off = same_as_local("segment_frames", fresh, "--runs", "4", tmp=tmp_path,
+                        extra_env={"RRTO_PALETTE": "0"})
+    assert off["replays"] == 4 and off["bytes_up"] >= 4 * (4 * 3 * pixels), off
 
 
 def test_a_large_replayed_input_comes_through_shared_memory_with_outputs_equal_to_local(
