@@ -276,7 +276,7 @@ def test_an_input_that_was_not_on_a_palette_is_tried_again_only_every_so_many_up
             code = seq.codes(slot)
             frame = codec.replay_upload(slot, t, {}, code)
             if code:
-                seq.coded(slot, frame)
+                seq.coded(slot, bool(frame.upload[3]))
             tried.append((slot, code, bool(frame.upload[3])))
     assert [code for slot, code, _ in tried if slot == 0] == \
         [True] + [False] * RETRY_PALETTE + [True]

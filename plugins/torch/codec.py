@@ -49,15 +49,15 @@ MAX_PALETTE_GROUPS = 64
 # do not pay for its passes over the data.
 PALETTE_MIN = 4096
 SAMPLE = 2048  # elements a group whose levels make the palette before every element is checked
+# Integer dtypes wider than a byte, palette-coded where their values span fewer than 256
+# (``int_palette_of``); the host codes the outputs it sends so.
+_WIDE_INTS = frozenset({torch.int16, torch.int32, torch.int64})
 # Per floating dtype: the integer type of its bits, and the constant whose addition rounds a
 # value in [0, 2**22) (2**51 for float64) to an integer held in the low bits of its mantissa.
 _BITS: dict[torch.dtype, torch.dtype] = {
     torch.float32: torch.int32, torch.float64: torch.int64,
     torch.float16: torch.int16, torch.bfloat16: torch.int16,
 }
-# Integer dtypes wider than a byte, palette-coded where their values span fewer than 256
-# (``int_palette_of``); the host codes the outputs it sends so.
-_WIDE_INTS = frozenset({torch.int16, torch.int32, torch.int64})
 _ROUNDING = {torch.float32: (1.5 * 2**23, 0x4B400000, torch.int32),
              torch.float64: (1.5 * 2**52, 0x4338000000000000, torch.int64)}
 
@@ -195,14 +195,9 @@ def palette_of(t: torch.Tensor) -> Palette | None:
     that is not such an image costs less than a coding (on one of this machine's cores: ~0.5
     ms a 128x128 frame either way, 1.3 against 3.7 ms a 640x640 one; ``bench.uploads``)."""
     bits_dtype = _BITS.get(t.dtype)
-    if bits_dtype is None or t.numel() < PALETTE_MIN or t.is_complex():
+    if bits_dtype is None or t.numel() < PALETTE_MIN:
         return None
-    x = t.detach()
-    if x.device.type != "cpu":
-        x = x.cpu()
-    if x.is_neg():  # (a lazy negation: its bits are not its values')
-        x = x.resolve_neg()
-    flat = x.contiguous().reshape(-1)
+    flat = _flat(t)
     for groups, block in _groupings(tuple(t.shape)):
         coded = _palette_coded(flat, groups, block, bits_dtype)
         if coded is not None:
@@ -217,10 +212,7 @@ def int_palette_of(t: torch.Tensor) -> Palette | None:
     values from the least on. Exact by construction; one pass finds the span."""
     if t.dtype not in _WIDE_INTS or t.numel() < PALETTE_MIN:
         return None
-    x = t.detach()
-    if x.device.type != "cpu":
-        x = x.cpu()
-    flat = x.contiguous().reshape(-1)
+    flat = _flat(t)
     lo_t, hi_t = torch.aminmax(flat)
     lo, hi = int(lo_t), int(hi_t)
     info = torch.iinfo(t.dtype)
@@ -228,6 +220,16 @@ def int_palette_of(t: torch.Tensor) -> Palette | None:
         return None  # (a palette's last entries must exist in the dtype too)
     indices = flat.sub(lo).to(torch.uint8)
     return Palette(indices, torch.arange(lo, lo + PALETTE_LEVELS, dtype=t.dtype), 1)
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values on the CPU, flat in C-contiguous order (a copy only where needed)."""
+    x = t.detach()
+    if x.device.type != "cpu":
+        x = x.cpu()
+    if x.is_neg():  # (a lazy negation: its bits are not its values')
+        x = x.resolve_neg()
+    return x.contiguous().reshape(-1)
 
 
 def _groupings(shape: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -398,8 +400,8 @@ def from_tensor_data(msg: ops_pb2.TensorData, device: str | torch.device = "cpu"
         extent *= max(s, 1)
     if extent >= 1 << 63:  # (an empty tensor too: torch works out its strides all the same)
         raise CodecError(f"shape {list(shape)} overflows a tensor's strides")
+    stride = _wire_stride(shape, tuple(meta.stride)) if numel else None
     if msg.palette:
-        stride = _wire_stride(shape, tuple(meta.stride)) if numel else None
         values = _from_palette(msg, dtype, numel, device)
         if stride is None:
             return values.view(shape)
@@ -412,7 +414,6 @@ def from_tensor_data(msg: ops_pb2.TensorData, device: str | torch.device = "cpu"
         )
     # Allocated by torch, as the app's tensors are (64-byte aligned; a bytearray is 16), then
     # filled: one copy, as before, and vectorized kernels see the alignment they see locally.
-    stride = _wire_stride(shape, tuple(meta.stride)) if numel else None
     if stride is None:
         out = torch.empty(shape, dtype=dtype)
     else:

@@ -270,9 +270,10 @@ class Sequence:
             self.uncoded[slot] = left - 1
         return not left
 
-    def coded(self, slot: int, frame: Any) -> None:
-        """The upload of ``slot`` went as ``frame`` (tried for a palette: ``codes``)."""
-        if not frame.upload[3]:
+    def coded(self, slot: int, fitted: bool) -> None:
+        """The upload of ``slot`` was tried for a palette (``codes``) and ``fitted`` one, or
+        not."""
+        if not fitted:
             self.uncoded[slot] = RETRY_PALETTE
 
     def repeat_of(self, slot: int, key: tuple[Any, ...], raw: memoryview) -> int | None:
@@ -1459,9 +1460,9 @@ class ReplayClient:
         ``seq`` still tries, ``Sequence.codes``), its bytes counted."""
         code = self._palette and seq.codes(slot)
         frame = codec.replay_upload(slot, t, self._upload_meta, code)
-        if code:
-            seq.coded(slot, frame)
         _, _, data, palette, _ = frame.upload
+        if code:
+            seq.coded(slot, bool(palette))
         self.session.counters["bytes_up"] += len(data) + len(palette)
         return frame
 
