@@ -13,12 +13,15 @@ objects that becomes garbage later is left until the next ``settle``, which firs
 collects everything.
 
 The daemon settles once it has started (its modules, plugins and roles are what it keeps); the
-shim when the app's first replayable sequence arrives (its model and libraries are loaded by
-then), and again at a later definition - a new model, a new variant - at most once a minute.
-A GPU daemon imports torch and its executor only when the first app connects, after its start:
-it settles at its first accepted definition whatever the interval (``once``), and at later ones
-as the shim does. Unsettled, a Mask R-CNN host walked 440 000 objects (torch's, and the compiled
-sequences') in each of 14 full collections over 40 frames, 85-95 ms each.
+shim when the app begins its second inference, having read the first's outputs (its model and
+libraries are loaded by then), and again at a later definition - a new model, a new variant -
+at most once a minute. A GPU daemon imports torch and its executor only when the first app
+connects, after its start: it settles as it makes that session's executor whatever the interval
+(``once``), at later sessions' and at definitions at most once a minute. Neither settles at the
+first definition: a settle there (180-190 ms for a resnet50 app, on each end) held the answer
+back while the app's third inference ran forwarded. Unsettled, a Mask R-CNN host walked
+440 000 objects (torch's, and the compiled sequences') in each of 14 full collections over 40
+frames, 85-95 ms each.
 ``RRTO_GC_FREEZE=0`` leaves the collector as Python sets it.
 """
 

@@ -245,6 +245,24 @@ def test_an_inference_start_waits_for_a_running_search_and_replays_what_it_found
     assert client.counters["search_waits"] == 1 and client.counters["search_wait_ns"] > 0
 
 
+def test_a_search_hinted_before_a_slow_download_is_waited_for_from_the_download():
+    """The robot hints as it forwards the download; the host answers it only once it has run
+    the calls queued before it. The hint's bound counts from the download's reply, not from
+    the hint: else an inference the host takes longer than the bound to run (resnet50
+    forwarded back to back, 127 ms against 100) begins without waiting, and is forwarded."""
+    session = Session()
+    client = ReplayClient(session)  # type: ignore[arg-type]
+    relu, info = torch.ops.aten.relu.default, OpInfo(torch.ops.aten.relu.default)
+    client.search_hint(ops_pb2.SearchHint(running=True, wait_us=300_000))
+    time.sleep(0.4)  # the host runs the inference: past the hint's bound
+    client.downloaded()  # its reply: the bound counts from here
+    threading.Timer(0.1, lambda: (client.define(chain()), client.search_hint(
+        ops_pb2.SearchHint(running=False)))).start()
+    result = client.dispatch(relu, (torch.ones(4),), {}, info, 0, 0)
+    assert result is not MISS and session.sent[0].start.sequence == 5, session.sent
+    assert client.counters["search_waits"] == 1
+
+
 def test_a_call_waits_for_a_search_no_longer_than_the_robot_allows():
     """A hinted search holds the next call of a thread that replays nothing: at an inference
     start (the hint came before a download's reply) or a few calls into it (the hint came at

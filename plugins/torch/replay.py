@@ -713,6 +713,9 @@ class ReplayClient:
         self._search_over = threading.Event()
         self._search_over.set()
         self._search_until = 0.0  # monotonic time past which an inference start stops waiting
+        # the last hint's bound, until counted again from the download it came before
+        self._search_wait_s = 0.0
+        self._settled = False  # the app's objects were settled (``rrtod.gcfreeze``)
         self.counters = {"replays": 0, "mismatches": 0, "replayed_ops": 0, "dropped": 0,
                          "failed": 0, "failed_ahead": 0, "answer_waits": 0, "joined": 0,
                          "switches": 0, "abandoned": 0, "search_waits": 0, "search_wait_ns": 0,
@@ -749,15 +752,18 @@ class ReplayClient:
             for old in others[MAX_PER_THREAD - 1:]:  # the least recently found: told to the
                 self._give_up.append(old.id)        # robot, which drops it on the host too
                 self.counters["dropped"] += 1
-        # The app has what it keeps (its model, its libraries): keep the garbage collector's
-        # full collections off it (``rrtod.gcfreeze``); a later definition looks again
+        # What the app keeps (its model, its libraries) out of the garbage collector's full
+        # collections (``rrtod.gcfreeze``): settled when its second inference began
+        # (``inference_started``; a saved sequence that arrives before it settles here), and
+        # looked at again at a definition a minute or more after that
         gcfreeze.settle(again=True)
 
     def search_hint(self, hint: ops_pb2.SearchHint) -> None:
         """The robot's sequence search is running (for at most ``wait_us`` more, as far as an
         inference start cares) or over; a definition it found was passed to ``define`` before."""
         if hint.running:
-            self._search_until = time.monotonic() + min(hint.wait_us / 1e6, SEARCH_WAIT_MAX_S)
+            self._search_wait_s = min(hint.wait_us / 1e6, SEARCH_WAIT_MAX_S)
+            self._search_until = time.monotonic() + self._search_wait_s
             self._search_over.clear()
         else:
             self._search_over.set()
@@ -1357,8 +1363,17 @@ class ReplayClient:
         tail.append((call, outs))
 
     def downloaded(self) -> None:
-        """The app read a value: an inference ends here (the robot's search sees it so too)."""
+        """The app read a value: an inference ends here (the robot's search sees it so too).
+        A search hinted before this download's reply is waited for from here: the hint comes
+        as the robot forwards the download, which the host answers only once it has run the
+        inference's calls queued before it (resnet50 forwarded back to back: 127 ms, past the
+        hint's 100 ms, so its third inference began without waiting and was forwarded)."""
         self._tls.read_since_begin = True
+        # (the first download after the hint only: Ultralytics' set-up reads 151 values, and
+        # counted again at each, its waits spent the hint budget its third frame needed)
+        wait, self._search_wait_s = self._search_wait_s, 0.0
+        if wait and not self._search_over.is_set():
+            self._search_until = max(self._search_until, time.monotonic() + wait)
         if getattr(self._tls, "tail_bytes", 0):  # something kept, or over the bound
             self._tls.tail, self._tls.tail_bytes = [], 0
 
@@ -1369,6 +1384,13 @@ class ReplayClient:
         join maps that inference's calls, not those of the ones before."""
         if not getattr(self._tls, "read_since_begin", False):
             self._tls.tail, self._tls.tail_bytes = [], 0
+        elif not self._settled:
+            # The app read its first inference's outputs and began another: its model and
+            # libraries are loaded. Settled now (~180 ms for torchvision's resnet50 app), not
+            # at the first definition, which then waited for it while this inference ran
+            # forwarded: its replay began an inference later.
+            self._settled = True
+            gcfreeze.settle()
         self._tls.read_since_begin = False
         self._tls.resumable = None  # (a cut inference's loop is resumed within it only)
         if self._give_up and self.session.lost is None:

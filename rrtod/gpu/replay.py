@@ -732,9 +732,9 @@ class HostReplayer:
         compiled.prepared = [None if k in compiled.robot else self._prepare(call)
                              for k, call in enumerate(compiled.definition.calls)]
         self.sequences[d.id] = compiled
-        # What the daemon keeps from now on (torch, imported for the first app; the compiled
-        # definition): out of the garbage collector's full collections (``rrtod.gcfreeze``)
-        gcfreeze.settle(again=True, once="host definition")
+        # The compiled definition, out of the garbage collector's full collections
+        # (``rrtod.gcfreeze``) if the last settle (at the session's start) is a minute old
+        gcfreeze.settle(again=True)
         pinned = pinned_by(compiled) if not d.loops else compiled.pinned
         emit(ops_pb2.SessionDown(defined=ops_pb2.SequenceAck(
             id=d.id, accepted=True, pinned=pinned or "")))

@@ -33,7 +33,7 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from rrto.v1 import ops_pb2, peer_pb2, peer_pb2_grpc
-from rrtod import __version__, framing
+from rrtod import __version__, framing, gcfreeze
 from rrtod.config import Config
 from rrtod.executor import Executor, ExecutorContext, ReplayExtension
 from rrtod.gpu.access import AccessPolicy, Grant
@@ -565,6 +565,11 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
         if not isinstance(record, InterceptionBackend) or record.executor is None:
             raise PluginError(f"interception backend {name!r} has no host executor")
         executor = record.executor(self._executor_context(grant))
+        # What the daemon keeps from now on (for the first app, the backend's imports: torch)
+        # out of the garbage collector's full collections (``rrtod.gcfreeze``): settled here,
+        # as the app begins, not at its first definition, whose answer waited ~190 ms for it
+        # (the app's third inference then ran forwarded)
+        gcfreeze.settle(again=True, once="host executor")
         if not isinstance(executor, Executor):  # once per session: the contract, not a probe
             missing = ", ".join(problems(executor, Executor))
             raise PluginError(f"interception backend {name!r} built {type(executor).__name__}, "
