@@ -408,6 +408,39 @@ def test_a_replayed_prefix_the_robot_did_not_see_aborted_is_ignored(tmp_path):
     assert rec.log.calls[0].out_ids == [9] and rec.variant_threads == {0}
 
 
+def test_an_inference_that_joined_its_replay_under_way_and_left_it_is_searched_as_a_variant(
+        tmp_path):
+    """A sequence (``relu`` then ``neg``) reached the shim after its inference forwarded the
+    ``relu``: the replay joined it at 1 and was aborted after the ``neg``. The variant's search
+    starts at the inference's first call, the forwarded ``relu``, logged before the replay.
+    Counted back, a call that is not the sequence's first operator marks no variant."""
+    def run(first_op: str) -> Recorder:
+        rec = Recorder("app.py", "s1", DataDependencySearch(), tmp_path / first_op)
+        d = ops_pb2.SequenceDef(id=3, local_ids=[1, 2], outputs=[2])
+        d.calls.add(op="aten::relu.default", out_ids=[1]).args.add().tensor.id = 100
+        d.calls.add(op="aten::neg.default", out_ids=[2]).args.add().tensor.id = 1
+        d.sources.add(kind=ops_pb2.SeqSource.CONSTANT, id=100)
+        d.sources.add(kind=ops_pb2.SeqSource.PRODUCED, id=1)
+        rec._adopt(d, {"id": 3, "thread": 0, "replays": 0, "mismatches": 0, "operators": 2})
+        forwarded = ops_pb2.OpCall(seq=1, op=first_op, out_ids=[50])
+        forwarded.args.add().tensor.id = 100
+        start = ops_pb2.ReplayStart(sequence=3, base_id=REPLAY_BASE, position=1)
+        start.joined[0] = 50
+        for frame in (ops_pb2.SessionUp(call=forwarded), ops_pb2.SessionUp(start=start),
+                      ops_pb2.SessionUp(abort=ops_pb2.ReplayAbort(position=2)),
+                      ops_pb2.SessionUp(call=ops_pb2.OpCall(seq=2, op="aten::exp.default"))):
+            rec.observe(frame)
+        rec.observe_replayed(ops_pb2.ReplayedPrefix(base_id=REPLAY_BASE, start=1,
+                                                    calls=[ops_pb2.OutSizes()]))
+        assert [c.op for c in rec.log.calls] == [first_op, "aten::neg.default",
+                                                 "aten::exp.default"]
+        return rec
+
+    joined = run("aten::relu.default")
+    assert joined.variant_threads == {0} and joined._variant_from[0] is joined.log.calls[0]
+    assert not run("aten::sigmoid.default").variant_threads
+
+
 def test_a_start_of_a_sequence_dropped_meanwhile_is_still_logged_when_aborted(tmp_path):
     """The shim learns of a drop (a replacement, a flush) after the host, which still runs a
     start that crossed it: its abort puts the replayed calls into the op log as for a sequence

@@ -830,11 +830,31 @@ class Recorder:
                     call.seq = next(_REBUILT_SEQS)
                     self.log.results[call.seq] = r.answers[k]
             self.log.insert(r.at, r.fetches, calls, reads)
-            # A variant's search starts at an inference's first call: not at a replay that
-            # joined its inference under way (its first calls were forwarded, logged before).
-            if r.start == 0 and r.d.thread not in self.variant_threads:
+            # A variant's search starts at an inference's first call: a replay that joined its
+            # inference under way has its first calls forwarded, logged before it.
+            first = calls[0] if r.start == 0 else self._joined_from(r)
+            if first is not None and r.d.thread not in self.variant_threads:
                 self.variant_threads.add(r.d.thread)
-                self._variant_from[r.d.thread] = calls[0]
+                self._variant_from[r.d.thread] = first
+
+    def _joined_from(self, r: _Replaying) -> ops_pb2.OpCall | None:
+        """The first call of the inference that replay ``r`` joined under way: the shim
+        mapped the calls its thread forwarded last onto the sequence's first ``r.start``, so
+        it is the ``r.start``-th of that thread's calls (binds aside) logged before ``r``.
+        None unless it is the sequence's first operator. Searched from there, that inference
+        is learnt as a variant from its own end: Mask R-CNN's third frame, which joined its
+        replay at call 441 and left it at 633, was not, and its new branch was learnt from the
+        fourth, two frames later."""
+        left = r.start
+        calls = self.log.calls
+        for k in range(min(r.at, len(calls)) - 1, -1, -1):
+            call = calls[k]
+            if call.thread != r.d.thread or _is_bind(call):
+                continue
+            left -= 1
+            if left == 0:
+                return call if call.op == r.d.calls[0].op else None
+        return None
 
     def _stray(self, call: ops_pb2.OpCall) -> None:
         """A call forwarded on a thread that has sequences. Many of them with no replay in
