@@ -413,7 +413,8 @@ def test_an_inference_that_joined_its_replay_under_way_and_left_it_is_searched_a
     """A sequence (``relu`` then ``neg``) reached the shim after its inference forwarded the
     ``relu``: the replay joined it at 1 and was aborted after the ``neg``. The variant's search
     starts at the inference's first call, the forwarded ``relu``, logged before the replay.
-    Counted back, a call that is not the sequence's first operator marks no variant."""
+    Counted back, a call that is not the sequence's first operator marks no variant. The
+    search waits for the inference's mark, and the mark finds it due."""
     def run(first_op: str) -> Recorder:
         rec = Recorder("app.py", "s1", DataDependencySearch(), tmp_path / first_op)
         d = ops_pb2.SequenceDef(id=3, local_ids=[1, 2], outputs=[2])
@@ -439,6 +440,12 @@ def test_an_inference_that_joined_its_replay_under_way_and_left_it_is_searched_a
     joined = run("aten::relu.default")
     assert joined.variant_threads == {0} and joined._variant_from[0] is joined.log.calls[0]
     assert not run("aten::sigmoid.default").variant_threads
+    # Searched with the log sequence 3 was found in (kept) once it has ended: a search at a
+    # download before its mark is not due, and is no failed search that would make the mark
+    # wait for a later download (Mask R-CNN's: the next frame's end)
+    joined._found_from[3] = ([], [])
+    assert joined.search_now() is None and joined.failed == 0
+    assert joined.inference_ended(0) is True
 
 
 def test_a_start_of_a_sequence_dropped_meanwhile_is_still_logged_when_aborted(tmp_path):
