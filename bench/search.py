@@ -127,9 +127,9 @@ def record_app(name: str, runs: int, tmp: Path) -> Recording:
                 rec.inference_of[f.call.seq] = current[0]
         send(frames)
 
-    def logged_mark(index: int, start_ns: int, end_ns: int) -> None:
+    def logged_mark(index: int, start_ns: int, end_ns: int, **kw: Any) -> None:
         rec.events.append(("mark", index))
-        mark(index, start_ns, end_ns)
+        mark(index, start_ns, end_ns, **kw)
 
     def pre(module: Any, args: Any) -> None:  # the outermost forward starts an inference
         if getattr(itc._tls, "depth", 0) == 1:

@@ -1369,8 +1369,9 @@ class ReplayClient:
         inference's calls queued before it (resnet50 forwarded back to back: 127 ms, past the
         hint's 100 ms, so its third inference began without waiting and was forwarded)."""
         self._tls.read_since_begin = True
-        # (the first download after the hint only: Ultralytics' set-up reads 151 values, and
-        # counted again at each, its waits spent the hint budget its third frame needed)
+        # (the first download after the hint only: Ultralytics' set-up reads 151 values;
+        # counted again at each, its set-up's waits spent most of the hint budget, and its
+        # third frame had 67 ms of it left for a search that took 161)
         wait, self._search_wait_s = self._search_wait_s, 0.0
         if wait and not self._search_over.is_set():
             self._search_until = max(self._search_until, time.monotonic() + wait)
