@@ -715,7 +715,6 @@ class ReplayClient:
         self._search_until = 0.0  # monotonic time past which an inference start stops waiting
         # the last hint's bound, until counted again from the download it came before
         self._search_wait_s = 0.0
-        self._settled = False  # the app's objects were settled (``rrtod.gcfreeze``)
         self.counters = {"replays": 0, "mismatches": 0, "replayed_ops": 0, "dropped": 0,
                          "failed": 0, "failed_ahead": 0, "answer_waits": 0, "joined": 0,
                          "switches": 0, "abandoned": 0, "search_waits": 0, "search_wait_ns": 0,
@@ -1385,12 +1384,11 @@ class ReplayClient:
         join maps that inference's calls, not those of the ones before."""
         if not getattr(self._tls, "read_since_begin", False):
             self._tls.tail, self._tls.tail_bytes = [], 0
-        elif not self._settled:
-            # The app read its first inference's outputs and began another: its model and
-            # libraries are loaded. Settled now (~180 ms for torchvision's resnet50 app), not
-            # at the first definition, which then waited for it while this inference ran
-            # forwarded: its replay began an inference later.
-            self._settled = True
+        else:
+            # The app read an inference's outputs and began another: its model and libraries
+            # are loaded. The first such start settles (~180 ms for torchvision's resnet50
+            # app; later ones return at once), not the first definition, which then waited
+            # for it while this inference ran forwarded: its replay began an inference later.
             gcfreeze.settle()
         self._tls.read_since_begin = False
         self._tls.resumable = None  # (a cut inference's loop is resumed within it only)
