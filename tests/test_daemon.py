@@ -276,7 +276,8 @@ class EchoApp:
         self.conn, welcome = open_app(sock, app)
         assert welcome.WhichOneof("msg") == "welcome", welcome
         self.next_id, self.seq, self.bound = 1000, 0, False
-        self.hints: list[bool] = []  # SearchHint.running, in the order received
+        # (SearchHint.running, .wait_us), in the order received
+        self.hints: list[tuple[bool, int]] = []
         self.inferences = 0
 
     def _id(self) -> int:
@@ -286,12 +287,14 @@ class EchoApp:
     def _send(self, **frame: object) -> None:
         self.conn.send(local_pb2.LocalRequest(session=ops_pb2.SessionUp(**frame)))
 
+    INFERENCE_NS = 7_000_000_000  # how long each inference took, as its mark says
+
     def inference(self) -> int:
         """One inference: the previous one's mark (a shim sends it with its next write), a
         convolution of fresh data, a relu, the download of its output."""
         if self.inferences:
             self.conn.send(local_pb2.LocalRequest(mark=local_pb2.InferenceMark(
-                index=self.inferences)))
+                index=self.inferences, start_ns=0, end_ns=self.INFERENCE_NS)))
         self.inferences += 1
         meta = ops_pb2.TensorMeta(dtype="float32", shape=[4], stride=[1], device="cpu")
         conv = ops_pb2.OpCall(seq=self._id(), op="aten::conv2d.default", out_ids=[self._id()])
@@ -320,7 +323,7 @@ class EchoApp:
             assert reply.WhichOneof("msg") == "session", reply
             if reply.session.WhichOneof("msg") != "search":
                 return reply.session
-            self.hints.append(reply.session.search.running)
+            self.hints.append((reply.session.search.running, reply.session.search.wait_us))
 
 
 def test_an_app_that_downloads_nothing_is_told_of_the_search_at_its_mark(rrtod_daemon):
@@ -373,14 +376,19 @@ def test_record_search_define_replay_persist_and_flush(rrtod_daemon):
         down = app.recv()
         if down.WhichOneof("msg") == "sequence":
             definition = down.sequence
+            told = list(app.hints)
             down = app.recv()
         assert down.fetched.tensor.data == struct.pack("<q", out)
         if definition is not None:
             break
     assert definition is not None, d.logs()[-3000:]
-    # From its second download on the app was told of each search, and of its end: the last
-    # end came right after the definition (read with the next frame below).
-    assert app.hints and app.hints[0] is True, app.hints
+    # From its second download on the app was told of each search (for at most the test
+    # daemons' ``search_wait`` of 5 s), and of its end. The search that found the sequence was told
+    # again as it found it: the app's wait then covers the host's definition, for at most
+    # as long as its last inference took (forwarded, the one the definition saves). Its end
+    # came right after the definition (read with the next frame).
+    assert told[-2:] == [(True, 5_000_000), (True, EchoApp.INFERENCE_NS // 1000)], told
+    assert app.hints == told + [(False, 0)], app.hints
     assert [c.op for c in definition.calls] == ["aten::conv2d.default", "aten::relu.default"]
     kinds = [s.kind for s in definition.sources]
     assert kinds == [ops_pb2.SeqSource.INPUT, ops_pb2.SeqSource.PERSISTENT,
@@ -397,7 +405,8 @@ def test_record_search_define_replay_persist_and_flush(rrtod_daemon):
         upload=ops_pb2.TensorData(meta=meta, data=b"\0" * 16))))
     app._send(arg=ops_pb2.ReplayArg(slot=1, tensor=ops_pb2.TensorRef(id=EchoApp.W)))
     pushed = app.recv()
-    assert app.hints == [True, False] * (len(app.hints) // 2), app.hints  # each search ended
+    # each search ended
+    assert app.hints[:-3] == [(True, 5_000_000), (False, 0)] * (len(app.hints) // 2 - 1)
     out_index = list(definition.local_ids).index(definition.outputs[0])
     assert pushed.fetched.seq == 0 and pushed.fetched.id == base + out_index
     assert pushed.fetched.tensor.data == struct.pack("<q", base + out_index)

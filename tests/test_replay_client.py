@@ -263,6 +263,25 @@ def test_a_search_hinted_before_a_slow_download_is_waited_for_from_the_download(
     assert client.counters["search_waits"] == 1
 
 
+def test_a_hint_that_comes_while_a_call_waits_moves_its_bound():
+    """The robot hints again when its search finds a sequence (the wait now covers the host's
+    definition too): a call already waiting keeps waiting past the first hint's bound, and
+    replays the inference with what was found."""
+    session = Session()
+    client = ReplayClient(session)  # type: ignore[arg-type]
+    relu, info = torch.ops.aten.relu.default, OpInfo(torch.ops.aten.relu.default)
+    client.search_hint(ops_pb2.SearchHint(running=True, wait_us=100_000))
+    threading.Timer(0.05, client.search_hint, (ops_pb2.SearchHint(
+        running=True, wait_us=5_000_000),)).start()  # found at 50 ms: the host defines it
+    threading.Timer(0.3, lambda: (client.define(chain()), client.search_hint(
+        ops_pb2.SearchHint(running=False)))).start()  # defined at 300 ms
+    t0 = time.monotonic()
+    result = client.dispatch(relu, (torch.ones(4),), {}, info, 0, 0)
+    assert result is not MISS and session.sent[0].start.sequence == 5, session.sent
+    assert 0.25 <= time.monotonic() - t0 < 5
+    assert client.counters["search_waits"] == 1
+
+
 def test_a_call_waits_for_a_search_no_longer_than_the_robot_allows():
     """A hinted search holds the next call of a thread that replays nothing: at an inference
     start (the hint came before a download's reply) or a few calls into it (the hint came at

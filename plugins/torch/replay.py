@@ -782,7 +782,12 @@ class ReplayClient:
         if left <= 0:
             return
         t0 = time.perf_counter_ns()
-        self._search_over.wait(left)
+        # (a hint that comes meanwhile moves the bound: the robot found a sequence, and the
+        # wait now covers its definition by the host too)
+        while not self._search_over.wait(left):
+            left = self._search_until - time.monotonic()
+            if left <= 0:
+                break
         self.counters["search_waits"] += 1
         self.counters["search_wait_ns"] += time.perf_counter_ns() - t0
 

@@ -235,6 +235,7 @@ class AppRelay:
         self.phase = Phase.OPENING
         self.lost: str | None = None  # why the host's link went down (``lose_host``)
         self._hinted = False  # the app was told a search is running (``SearchHint``)
+        self._inference_s = 0.0  # how long the app's last inference took (its mark)
         self._task: asyncio.Task[Any] | None = None  # the one running ``serve``
         self.log = log.bind(session=session.id, app=session.app, pid=session.pid,
                             host=session.host.name)
@@ -435,6 +436,7 @@ class AppRelay:
             elif kind == "mark":
                 session.inferences += 1
                 energy.append(request.mark)
+                self._inference_s = max(0, request.mark.end_ns - request.mark.start_ns) / 1e9
                 if self.placer is not None:
                     self._timed(request.mark)
                 if rec is not None:
@@ -445,7 +447,7 @@ class AppRelay:
                     if rec.inference_ended(request.mark.thread):
                         if wait is not None and not self._hinted:
                             await self._hint(wait)  # the app's calls wait at the next one
-                        rec.request_search(self.push_sequence, self._search_ended)
+                        rec.request_search(self._push_found, self._search_ended)
             else:
                 bad = FrameError(f"unexpected {kind or 'empty'} frame inside an app session")
                 break
@@ -552,7 +554,7 @@ class AppRelay:
             return
         for frame in frames:
             if rec.observe(frame):
-                rec.request_search(self.push_sequence, self._search_ended)
+                rec.request_search(self._push_found, self._search_ended)
             if frame.WhichOneof("msg") == "query":
                 for d in rec.restorable():
                     await self.push_sequence(d)
@@ -760,6 +762,19 @@ class AppRelay:
             await self.writer.drain()
         except (ConnectionError, OSError):
             pass  # the app is gone: its session ends on the up side
+
+    async def _push_found(self, d: ops_pb2.SequenceDef) -> None:
+        """A search found ``d``. If the app was told that search is running, its wait now
+        covers the host's definition too (``SearchHint`` again): the search's own bound
+        (``search_wait``) was set before the search, and a search and a definition together
+        may take longer (YOLO ``predict()``: 65 ms of search, then the host's definition; the
+        third frame stopped waiting at 100 ms and was forwarded). Waiting pays while it is
+        shorter than the inference it saves, which would be forwarded: bounded by the app's
+        last inference's duration, never below ``search_wait`` (the shim caps it at 10 s)."""
+        rec = self.recorder
+        if self._hinted and rec is not None:
+            await self._hint(max(self._inference_s, rec.budget.search_wait))
+        await self.push_sequence(d)
 
     async def push_sequence(self, d: ops_pb2.SequenceDef, placed: bool = False) -> None:
         """Host first; the shim gets a definition once the host has accepted it (``defined``,
