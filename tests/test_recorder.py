@@ -552,8 +552,8 @@ def test_an_aborted_replay_is_logged_with_this_inferences_integers_answers_and_d
 def test_the_log_a_sequence_was_found_in_joined_with_an_inference_that_left_it(tmp_path):
     """``_joined``: the kept log, then the calls since the inference that left its sequence
     began, as one log of its own: positions renumbered, each read resolved within it, the
-    inference starts of both (the first new call goes on with the inference the kept log's
-    last mark began), and the oldest inferences left out past ``most`` entries."""
+    inference starts of both (the first new call begins one, whether or not the kept log
+    ends with a mark), and the oldest inferences left out past ``most`` entries."""
     from rrtod.robot.recorder import _joined
 
     app = App()
@@ -576,6 +576,10 @@ def test_the_log_a_sequence_was_found_in_joined_with_an_inference_that_left_it(t
     assert log[3 * per].reads == tuple((p + 3 * per if p >= 0 else p, o, b + 3 * per
                                         if b >= 0 else b) for p, o, b in new[0].reads)
     assert kept[0].index == 0 and new[0].index == 3 * per  # the originals are left alone
+    # Kept as found at the last inference's download, before its mark: the new calls still
+    # begin an inference of their own (else the two run together in the search).
+    log, starts = _joined((kept, kept_starts[:-1]), new, [0, per], most=10 * per)
+    assert starts == [per, 2 * per, 3 * per, 4 * per]
     log, starts = _joined((kept, kept_starts), new, [0, per], most=2 * per)
     assert len(log) == 2 * per and starts == [0, per, 2 * per]  # the first two left out
     assert [e.op for e in log] == [e.op for e in (kept + new)[2 * per:]]
