@@ -24,7 +24,9 @@ robot daemon -> GPU daemon     gRPC ``peer.Peer.Session`` request stream of ``op
                                ``open`` first (the app's versions from its hello), then the
                                app's frames (what the app wrote in one
                                go as one ``batch``) and ``define`` (a sequence found in the op
-                               log). Unary: ``Hello``, ``Ping``; and the standard gRPC health service.
+                               log); a message longer than a quarter second of a link the robot
+                               measured slow is cut into ``part``s (``cut_up``, ``UpParts``).
+                               Unary: ``Hello``, ``Ping``; and the standard gRPC health service.
                                gRPC frames the messages (HTTP/2; limits in grpc_options).
 GPU daemon -> robot daemon     response stream of ``ops.SessionDown``: ``ready`` (with the
                                host's versions), then replies, pushed replay outputs and
@@ -79,6 +81,7 @@ from itertools import accumulate
 from typing import Any
 
 import blake3
+from google.protobuf.message import DecodeError
 
 from rrto.v1 import local_pb2, ops_pb2
 
@@ -205,6 +208,56 @@ RETIRED_KEPT = 8
 # The client binds a persistent tensor (a cached weight) to an id with this operator on a
 # ``TensorRef(persistent=hash, bind_id=id)``; hosts count it as a bind, not as a call.
 BIND_OP = "aten::alias.default"
+
+
+# ----- a SessionUp cut into parts (robot daemon -> GPU host) ---------------------------------
+
+def cut_up(message: ops_pb2.SessionUp, part: int) -> list[ops_pb2.SessionUp]:
+    """``message`` serialized and cut into ``SessionUpPart``s of at most ``part`` bytes."""
+    data = message.SerializeToString()
+    view = memoryview(data)
+    ends = range(part, max(len(data), 1) + part, part)
+    return [ops_pb2.SessionUp(part=ops_pb2.SessionUpPart(
+        data=bytes(view[end - part:end]), last=end >= len(data))) for end in ends]
+
+
+class UpParts:
+    """The GPU host's side of ``cut_up``: joins a stream's parts, in order, into the
+    ``SessionUp`` they were cut from. A part that would make the whole longer than
+    ``limit``, joined bytes that are no ``SessionUp``, and a part inside a part are
+    ``ValueError``s (the host ends the stream with ``INVALID_ARGUMENT``)."""
+
+    def __init__(self, limit: int = MAX_FRAME):
+        self.limit = limit
+        self._parts: list[bytes] = []
+        self._size = 0
+
+    @property
+    def pending(self) -> bool:
+        """Parts of a message have come and its last has not."""
+        return bool(self._parts)
+
+    @property
+    def received(self) -> int:
+        """Bytes of the message under way joined so far (``PartsReceived``)."""
+        return self._size
+
+    def add(self, part: ops_pb2.SessionUpPart) -> tuple[ops_pb2.SessionUp, int] | None:
+        """The message and its bytes once ``part`` was its last, else None."""
+        self._size += len(part.data)
+        if self._size > self.limit:
+            raise ValueError(f"a message cut into parts exceeds {self.limit} bytes")
+        self._parts.append(part.data)
+        if not part.last:
+            return None
+        data, self._parts, self._size = b"".join(self._parts), [], 0
+        try:
+            message = ops_pb2.SessionUp.FromString(data)
+        except DecodeError as exc:
+            raise ValueError(f"parts joined into no SessionUp: {exc}") from None
+        if message.WhichOneof("msg") == "part":
+            raise ValueError("a part inside a part")
+        return message, len(data)
 
 
 def release_of(ids: Iterable[int]) -> ops_pb2.Release:

@@ -13,6 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 import yaml
 
 from rrto.v1 import local_pb2, ops_pb2
@@ -442,3 +443,77 @@ def test_standard_grpc_health_service(rrtod_daemon):
         for service in ("", "rrto.v1.Peer"):
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def _raw_session(address: str, frames: list[ops_pb2.SessionUp]) -> list[ops_pb2.SessionDown]:
+    """One Peer.Session stream on a GPU daemon of the echo backend: ``open``, then ``frames``;
+    the replies after ``ready`` (a batch unpacked), until the host ends the stream."""
+    import grpc
+
+    from rrto.v1 import peer_pb2_grpc
+
+    opened = ops_pb2.SessionUp(open=ops_pb2.SessionOpen(app="raw", executor="echo"))
+    with grpc.insecure_channel(address) as channel:
+        replies = peer_pb2_grpc.PeerStub(channel).Session(iter([opened, *frames]), timeout=30)
+        out = []
+        for down in replies:
+            out.extend(down.batch.frames if down.WhichOneof("msg") == "batch" else [down])
+    assert out[0].WhichOneof("msg") == "ready", out
+    return out[1:]
+
+
+def test_the_host_joins_a_message_cut_into_parts_and_ends_a_stream_of_bad_parts(rrtod_daemon):
+    """A robot daemon cuts a long message into ``part``s on a slow link (``wire.cut_up``): the
+    GPU daemon joins them and handles the message as if it had come whole. Parts that join
+    into no message, or a frame in the middle of a message's parts, end that stream with
+    INVALID_ARGUMENT; the daemon serves the next."""
+    import grpc
+
+    from rrtod.wire import cut_up
+
+    gpu = rrtod_daemon("gpu1", roles=["gpu"], **ECHO)
+    big = ops_pb2.SessionUp(call=ops_pb2.OpCall(seq=7, op="aten::relu.default", sync=True))
+    big.call.args.add().tensor.upload.data = bytes(300_000)
+    pieces = cut_up(big, 64 << 10)
+    replies = _raw_session(gpu.listen, [*pieces,
+                                        ops_pb2.SessionUp(call=ops_pb2.OpCall(seq=8, sync=True))])
+    # each part but the last said received (the robot sees its link move), then the joined
+    # call's answer, then the next frame's
+    assert [r.parts.bytes for r in replies[:len(pieces) - 1]] == [
+        (k + 1) * (64 << 10) for k in range(len(pieces) - 1)]
+    assert [r.result.seq for r in replies[len(pieces) - 1:]] == [7, 8]
+    garbage = ops_pb2.SessionUp(part=ops_pb2.SessionUpPart(data=b"\xff" * 9, last=True))
+    interleaved = [*cut_up(big, 64 << 10)[:2], ops_pb2.SessionUp(call=big.call)]
+    for frames in ([garbage], interleaved):
+        with pytest.raises(grpc.RpcError) as err:
+            _raw_session(gpu.listen, frames)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value
+    assert [r.result.seq for r in _raw_session(gpu.listen, [big])] == [7]
+    assert gpu.proc.poll() is None
+
+
+def test_a_message_longer_than_a_ping_on_a_slow_link_leaves_the_host_up(rrtod_daemon):
+    """At 4 Mbit/s an app's 2 MB value takes 4 s to reach the host, past two lost pings of
+    1 s. The robot measured the link as it came up and writes that message in parts of a
+    quarter second of the link, each write a sign the link moves: the host stays up and the
+    app gets its answer. (Written whole, no write completed while it went: the host was down
+    after ~2 s and the app got HOST_LOST.)"""
+    from bench.link import LinkProcess, LinkSpec
+
+    gpu = rrtod_daemon("gpu1", roles=["gpu"], **ECHO)
+    with LinkProcess(LinkSpec("slow", rtt_ms=2.0, mbps=4.0), [gpu.listen]) as link:
+        robot = rrtod_daemon("robot1", roles=["robot"], **ECHO,
+                             health={"interval": 0.2, "timeout": 1.0, "down_after": 2},
+                             hosts=[{"name": "slow", "address": link.address(0)}])
+        (host,) = robot.wait_for(lambda s: s["hosts"][0]["mbit_s"], what="link measured")["hosts"]
+        assert host["state"] == "up" and 2 < host["mbit_s"] < 6, host
+        conn, welcome = open_app(robot.socket)
+        assert welcome.WhichOneof("msg") == "welcome"
+        frame = call(1, sync=True)
+        frame.session.call.args.add().tensor.upload.data = bytes(2_000_000)
+        conn.send(frame)
+        reply = conn.recv(local_pb2.LocalReply)
+        assert reply.session.result.seq == 1, reply
+        (host,) = robot.ctl("status")["hosts"]
+        assert host["state"] == "up" and host["since"] < time.time() - 4, host
+        conn.close()

@@ -248,3 +248,23 @@ def test_the_throughput_estimate_is_the_best_recent_probe():
         assert best == max(m for _, m in link._probes)
 
     asyncio.run(main())
+
+
+def test_a_link_measured_slow_cuts_messages_into_a_quarter_second_of_it():
+    """``HostLink.part_bytes``: unmeasured, messages go whole; measured, a part is a quarter
+    second of the link, at least 64 KiB; on a link fast enough, none is cut. The link is
+    measured as it first comes up, before any session writes on it."""
+    async def main() -> None:
+        link, stub = link_with(HealthConfig(interval=0.05, timeout=0.5))
+        assert link.part_bytes is None
+        link.start()
+        try:
+            await until(lambda: link.mbit_s is not None, 5)
+        finally:
+            await link.close()
+        assert link.part_bytes is None or link.part_bytes > 64 << 10  # the stub: fast
+        for mbit_s, part in ((10.0, 312_500), (1.0, 64 << 10), (40e3, None)):
+            link.mbit_s = mbit_s
+            assert link.part_bytes == part, mbit_s
+
+    asyncio.run(main())

@@ -118,6 +118,22 @@ def test_a_bad_app_frame_is_answered_after_the_good_ones_went_up() -> None:
     asyncio.run(main())
 
 
+def test_a_part_frame_from_an_app_is_refused() -> None:
+    """Parts (``SessionUpPart``) are the robot daemon's own, towards its host: an app's
+    would have the host join bytes the robot never cut."""
+    async def main() -> None:
+        relay, call, app = await connect()
+        part = local_pb2.LocalRequest(session=ops_pb2.SessionUp(
+            part=ops_pb2.SessionUpPart(data=b"\x08", last=True)))
+        app.sendall(encode(fetch(1)) + encode(part))
+        await asyncio.wait_for(relay.serve(ops_pb2.SessionOpen(app="app.py")), 10)
+        _, error = await replies(app, 2)
+        assert error.error.code and "part frame from an app" in error.error.message, error
+        assert [m.WhichOneof("msg") for m in call.written] == ["open", "fetch"]
+
+    asyncio.run(main())
+
+
 def test_a_cancel_that_is_not_the_hosts_end_propagates() -> None:
     """The daemon stopping cancels the relay: that is not a lost host."""
     async def main() -> None:

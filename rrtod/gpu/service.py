@@ -44,6 +44,7 @@ from rrtod.hookspecs import InterceptionBackend, problems
 from rrtod.local_server import _in_use
 from rrtod.plugins import PluginError, Registry
 from rrtod.tls import LOCAL, peer_identity, server_credentials
+from rrtod.wire import UpParts
 
 log = structlog.get_logger("rrtod.gpu")
 
@@ -619,25 +620,44 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
         loop = asyncio.get_running_loop()
         handler = asyncio.current_task()
 
-        def disconnect(reason: str) -> None:
-            """The client does not read its replies: end the stream rather than buffer them."""
-            bound.warning("client does not read its replies: session aborted", reason=reason)
-            abort = loop.create_task(context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"replies are not being read and exceed the session's memory: {reason}"))
+        def end_stream(code: grpc.StatusCode, details: str) -> None:
+            """End the stream with ``code`` from outside its handler (which is cancelled)."""
+            abort = loop.create_task(context.abort(code, details))
             abort.add_done_callback(lambda t: t.cancelled() or t.exception())
             if handler is not None:
                 handler.cancel()  # the stream may be stuck in a send that never completes
 
+        def disconnect(reason: str) -> None:
+            """The client does not read its replies: end the stream rather than buffer them."""
+            bound.warning("client does not read its replies: session aborted", reason=reason)
+            end_stream(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                       f"replies are not being read and exceed the session's memory: {reason}")
+
         session.outbox.on_overflow = disconnect
 
         async def read_ahead() -> None:
+            parts = UpParts()  # a message the robot cut (``wire.cut_up``), joined back
             try:
                 async for item in frames:
                     frame, nbytes = _unsized(item)
                     if framing.TRACING:
                         framing.hop("gpu.up.read")
                     kind = frame.WhichOneof("msg")
+                    if kind == "part" or parts.pending:
+                        try:
+                            if kind != "part":
+                                raise ValueError(f"a {kind or 'empty'} frame inside parts")
+                            whole = parts.add(frame.part)
+                        except ValueError as exc:
+                            bound.warning("bad parts: session aborted", error=str(exc))
+                            end_stream(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                            return
+                        if whole is None:  # the robot sees its link move (``PartsReceived``)
+                            session.queue(session.outbox.put, ops_pb2.SessionDown(
+                                parts=ops_pb2.PartsReceived(bytes=parts.received)))
+                            continue
+                        frame, nbytes = whole
+                        kind = frame.WhichOneof("msg")
                     batch = list(frame.batch.frames) if kind == "batch" else [frame]
                     end = next((i for i, f in enumerate(batch) if f.WhichOneof("msg") == "close"),
                                None)

@@ -22,9 +22,13 @@ A ping that goes unanswered while a session stream of the link moved data since 
 (``note_progress``: a write the host's flow control let through, a message from the host) is
 not lost: the link is busy, not down. On a slow link a ping waits behind what is queued ahead
 of it (resnet50's 100 MB of weights take 16 s at 50 Mbit/s), and the benchmark's trace links
-once lost their host that way in the middle of a model's first upload. A stalled host takes
-nothing: its streams stop moving once its flow-control windows are full, and the bound above
-runs from then.
+once lost their host that way in the middle of a model's first upload. A single message can
+take longer than that: resnet18's largest weight is 9.4 MB, 7.5 s at 10 Mbit/s, and no write
+completed while it went, so the host was lost in the app's first forward. So the link's
+throughput is probed when it first comes up, and on a link that slow the relay cuts a longer
+message into parts of a quarter second of the link each (``part_bytes``; ``wire.cut_up``),
+each write a sign of progress. A stalled host takes nothing: its streams stop moving once its
+flow-control windows are full, and the bound above runs from then.
 """
 
 from __future__ import annotations
@@ -42,11 +46,15 @@ import structlog
 from rrto.v1 import peer_pb2, peer_pb2_grpc
 from rrtod import __version__
 from rrtod.config import HealthConfig, HostConfig, TLSConfig
+from rrtod.grpc_options import MAX_MESSAGE
 
 THROUGHPUT_PROBE_BYTES = 256 << 10  # a ping this big measures the link's throughput
 SWITCH_PROBE_BYTES = 64 << 10  # a probe after an inference that moved too little to tell
 THROUGHPUT_MAX_AGE_S = 2.0  # a throughput measured longer ago than this is measured again
 THROUGHPUT_WINDOW_S = 60.0  # the estimate is the best probe of this window (a windowed max)
+# A session message is cut into parts of at most this many seconds of the link
+# (``HostLink.part_bytes``), none smaller than ``PART_MIN_BYTES``
+PART_S, PART_MIN_BYTES = 0.25, 64 << 10
 
 log = structlog.get_logger("rrtod.host")
 
@@ -94,6 +102,7 @@ class HostLink:
         # time, Mbit/s) of the last ``THROUGHPUT_WINDOW_S``
         self.mbit_s: float | None = None
         self._probes: deque[tuple[float, float]] = deque(maxlen=16)
+        self._probed = False  # probed once the link was first up (``_monitor``)
 
     # The attributes host balancers read (see plugins/balancers).
     @property
@@ -103,6 +112,17 @@ class HostLink:
     @property
     def rtt_ms(self) -> float | None:
         return statistics.median(self.rtts) * 1e3 if self.rtts else None
+
+    @property
+    def part_bytes(self) -> int | None:
+        """The longest part the relay writes a session message in (``wire.cut_up``): a quarter
+        second of the link's measured throughput (at least ``PART_MIN_BYTES``), or None
+        (messages go whole) while that is unmeasured or past the largest message (on
+        loopback, ~650 MB: no message is cut)."""
+        if not self.mbit_s:
+            return None
+        part = int(self.mbit_s * 1e6 / 8 * PART_S)
+        return max(part, PART_MIN_BYTES) if part < MAX_MESSAGE else None
 
     def note_progress(self) -> None:
         """A session stream on this link moved data (the relay, after each write and read)."""
@@ -213,6 +233,9 @@ class HostLink:
                 self.rtts.append(await self.ping())
                 self._lost = 0
                 self._set_state("up")
+                if not self._probed:  # before the first session's uploads (``part_bytes``)
+                    self._probed = True
+                    await self.probe_throughput()
             except grpc.aio.AioRpcError as exc:
                 if self.state == "up" and self.progressed >= started:
                     self._lost = 0  # queued behind the sessions' data, which the host takes

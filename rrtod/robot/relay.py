@@ -39,7 +39,7 @@ from rrtod.robot.oplog import NUMBERS
 from rrtod.robot.placement import Lane, NeedPull, Placement, Unplaceable
 from rrtod.robot.recorder import Recorder
 from rrtod.robot.scheduling import SessionPlacer, throughput
-from rrtod.wire import session_prefix, session_size
+from rrtod.wire import cut_up, session_prefix, session_size
 
 log = structlog.get_logger("rrtod.robot")
 
@@ -162,13 +162,25 @@ class _Routed:
 
 
 async def _write(call: grpc.aio.StreamStreamCall, frames: list[ops_pb2.SessionUp],
-                 link: Any = None) -> None:
+                 link: Any = None, size: int | None = None) -> None:
     """``frames`` as one gRPC message (a ``SessionUpBatch`` when several); ``link``'s data
-    moved once the host's flow control took it."""
-    if frames:
-        await call.write(frames[0] if len(frames) == 1 else ops_pb2.SessionUp(
-            batch=ops_pb2.SessionUpBatch(frames=frames)))
-        _moved(link)
+    moved once the host's flow control took it. On a link measured slow, a message longer
+    than its ``part_bytes`` goes in parts (``wire.cut_up``): the host says it has each
+    (``PartsReceived``, read in ``down``), a sign that the link moves (``HostLink`` on a ping
+    queued behind it), where a completed write is none once buffers take it. ``size``: the frames' bytes, if
+    known (else counted only where the link is slow)."""
+    if not frames:
+        return
+    message = frames[0] if len(frames) == 1 else ops_pb2.SessionUp(
+        batch=ops_pb2.SessionUpBatch(frames=frames))
+    part = getattr(link, "part_bytes", None)
+    if part is not None and (size if size is not None else message.ByteSize()) > part:
+        for piece in cut_up(message, part):
+            await call.write(piece)
+            _moved(link)
+        return
+    await call.write(message)
+    _moved(link)
 
 
 def _moved(link: Any) -> None:
@@ -412,6 +424,9 @@ class AppRelay:
                     energy.append(None)
                 if fkind == "define" and rec is not None:  # the shim gave one up
                     rec.drop(frame.define.id, forget=True)
+                if fkind == "part":  # the robot daemon's own, towards its host
+                    bad = FrameError("a part frame from an app: parts are the robot daemon's")
+                    break
                 if fkind == "profile":  # the robot's times: for this daemon's scheduler
                     self._profile_later(frame.profile, robot_side=True)
                     continue
@@ -501,11 +516,11 @@ class AppRelay:
                 if n is None:
                     n = f.ByteSize()
                 if batch and size + n > BATCH_BYTES:
-                    await _write(lane.call, batch, lane.link)
+                    await _write(lane.call, batch, lane.link, size)
                     batch, size = [], 0
                 batch.append(f)
                 size += n
-            await _write(lane.call, batch, lane.link)
+            await _write(lane.call, batch, lane.link, size)
 
     async def _to_app(self, frame: ops_pb2.SessionDown) -> None:
         """A replica's frame for the app (``Placement``): logged as the primary's would be."""
@@ -576,6 +591,8 @@ class AppRelay:
                 parts.append(ack)
             for frame in frames:
                 what = frame.WhichOneof("msg")
+                if what == "parts":  # the host has our parts so far: the link moves (above)
+                    continue
                 if placement is not None and what != "defined" and not placement.from_host(
                         lane, frame):
                     continue

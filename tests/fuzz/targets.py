@@ -82,7 +82,7 @@ from rrtod.robot.placement import Lane, NeedPull, Placement
 from rrtod.robot.recorder import Recorder
 from rrtod.robot.relay import AppRelay, AppSession
 from rrtod.robot.scheduling import Scheduling
-from rrtod.wire import HEADER, REPLAY_BASE, SPAN, iter_tensor_refs
+from rrtod.wire import HEADER, REPLAY_BASE, SPAN, UpParts, cut_up, iter_tensor_refs
 from testkit.loopdefs import branched, same_compiled
 
 from . import TARGET_NAMES
@@ -293,6 +293,14 @@ def peer_session(data: bytes) -> None:
             assert _sized_session_up(raw)[1] == len(raw)
         except DecodeError:
             pass
+        joiner = UpParts(limit=1 << 12)  # the same bytes as a message cut into parts
+        step = 1 + (raw[0] if raw else 0) % 64
+        try:
+            for k in range(0, max(len(raw), 1), step):
+                joiner.add(ops_pb2.SessionUpPart(data=raw[k:k + step],
+                                                 last=k + step >= len(raw)))
+        except ValueError:
+            pass
         return
     builder = Builder(fdp, budget=150, schema_of=_host_schema)
     ex = _executor()
@@ -303,9 +311,26 @@ def peer_session(data: bytes) -> None:
         ready = ex.open(ops_pb2.SessionOpen.FromString(request.SerializeToString()))
         assert ready.session
         replayer = HostReplayer(ex)
+        stream = UpParts(limit=1 << 16)  # as the GPU daemon joins parts (gpu.service)
         while fdp.remaining_bytes() and builder.budget > 0:
             wire = builder.build(ops_pb2.SessionUp).SerializeToString()
-            _drive(replayer, ops_pb2.SessionUp.FromString(wire), _emit)
+            frame = ops_pb2.SessionUp.FromString(wire)
+            if frame.WhichOneof("msg") == "part" or stream.pending:
+                try:
+                    if frame.WhichOneof("msg") != "part":
+                        raise ValueError("a frame inside parts")
+                    whole = stream.add(frame.part)
+                except ValueError:
+                    break  # the daemon ends the stream (INVALID_ARGUMENT)
+                if whole is None:
+                    continue
+                frame = whole[0]
+            elif fdp.ConsumeBool():  # cut as a robot on a slow link does, then joined
+                joiner, whole = UpParts(), None
+                for piece in cut_up(frame, fdp.ConsumeIntInRange(1, 256)):
+                    whole = joiner.add(piece.part)
+                assert whole == (frame, frame.ByteSize())
+            _drive(replayer, frame, _emit)
         replayer._finish(_emit)
         assert ex.stats()["bytes_live"] <= QUOTA
     finally:

@@ -268,7 +268,7 @@ class Close(_message.Message):
     def __init__(self) -> None: ...
 
 class SessionUp(_message.Message):
-    __slots__ = ("open", "call", "fetch", "release", "blob", "query", "close", "define", "start", "arg", "abort", "batch", "profile")
+    __slots__ = ("open", "call", "fetch", "release", "blob", "query", "close", "define", "start", "arg", "abort", "batch", "profile", "part")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     CALL_FIELD_NUMBER: _ClassVar[int]
     FETCH_FIELD_NUMBER: _ClassVar[int]
@@ -282,6 +282,7 @@ class SessionUp(_message.Message):
     ABORT_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
     open: SessionOpen
     call: OpCall
     fetch: Fetch
@@ -295,7 +296,16 @@ class SessionUp(_message.Message):
     abort: ReplayAbort
     batch: SessionUpBatch
     profile: SequenceProfile
-    def __init__(self, open: _Optional[_Union[SessionOpen, _Mapping]] = ..., call: _Optional[_Union[OpCall, _Mapping]] = ..., fetch: _Optional[_Union[Fetch, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., blob: _Optional[_Union[BlobPut, _Mapping]] = ..., query: _Optional[_Union[BlobQuery, _Mapping]] = ..., close: _Optional[_Union[Close, _Mapping]] = ..., define: _Optional[_Union[SequenceDef, _Mapping]] = ..., start: _Optional[_Union[ReplayStart, _Mapping]] = ..., arg: _Optional[_Union[ReplayArg, _Mapping]] = ..., abort: _Optional[_Union[ReplayAbort, _Mapping]] = ..., batch: _Optional[_Union[SessionUpBatch, _Mapping]] = ..., profile: _Optional[_Union[SequenceProfile, _Mapping]] = ...) -> None: ...
+    part: SessionUpPart
+    def __init__(self, open: _Optional[_Union[SessionOpen, _Mapping]] = ..., call: _Optional[_Union[OpCall, _Mapping]] = ..., fetch: _Optional[_Union[Fetch, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., blob: _Optional[_Union[BlobPut, _Mapping]] = ..., query: _Optional[_Union[BlobQuery, _Mapping]] = ..., close: _Optional[_Union[Close, _Mapping]] = ..., define: _Optional[_Union[SequenceDef, _Mapping]] = ..., start: _Optional[_Union[ReplayStart, _Mapping]] = ..., arg: _Optional[_Union[ReplayArg, _Mapping]] = ..., abort: _Optional[_Union[ReplayAbort, _Mapping]] = ..., batch: _Optional[_Union[SessionUpBatch, _Mapping]] = ..., profile: _Optional[_Union[SequenceProfile, _Mapping]] = ..., part: _Optional[_Union[SessionUpPart, _Mapping]] = ...) -> None: ...
+
+class SessionUpPart(_message.Message):
+    __slots__ = ("data", "last")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    last: bool
+    def __init__(self, data: _Optional[bytes] = ..., last: _Optional[bool] = ...) -> None: ...
 
 class SessionUpBatch(_message.Message):
     __slots__ = ("frames",)
@@ -304,7 +314,7 @@ class SessionUpBatch(_message.Message):
     def __init__(self, frames: _Optional[_Iterable[_Union[SessionUp, _Mapping]]] = ...) -> None: ...
 
 class SessionDown(_message.Message):
-    __slots__ = ("ready", "result", "fetched", "query", "error", "sequence", "defined", "batch", "answer", "replayed", "search", "profile", "timing", "sizes")
+    __slots__ = ("ready", "result", "fetched", "query", "error", "sequence", "defined", "batch", "answer", "replayed", "search", "profile", "timing", "sizes", "parts")
     READY_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     FETCHED_FIELD_NUMBER: _ClassVar[int]
@@ -319,6 +329,7 @@ class SessionDown(_message.Message):
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
     SIZES_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
     ready: SessionReady
     result: OpResult
     fetched: Fetched
@@ -333,7 +344,14 @@ class SessionDown(_message.Message):
     profile: SequenceProfile
     timing: ReplayTiming
     sizes: ReplaySizes
-    def __init__(self, ready: _Optional[_Union[SessionReady, _Mapping]] = ..., result: _Optional[_Union[OpResult, _Mapping]] = ..., fetched: _Optional[_Union[Fetched, _Mapping]] = ..., query: _Optional[_Union[BlobQueryReply, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., sequence: _Optional[_Union[SequenceDef, _Mapping]] = ..., defined: _Optional[_Union[SequenceAck, _Mapping]] = ..., batch: _Optional[_Union[SessionDownBatch, _Mapping]] = ..., answer: _Optional[_Union[ReplayAnswer, _Mapping]] = ..., replayed: _Optional[_Union[ReplayedPrefix, _Mapping]] = ..., search: _Optional[_Union[SearchHint, _Mapping]] = ..., profile: _Optional[_Union[SequenceProfile, _Mapping]] = ..., timing: _Optional[_Union[ReplayTiming, _Mapping]] = ..., sizes: _Optional[_Union[ReplaySizes, _Mapping]] = ...) -> None: ...
+    parts: PartsReceived
+    def __init__(self, ready: _Optional[_Union[SessionReady, _Mapping]] = ..., result: _Optional[_Union[OpResult, _Mapping]] = ..., fetched: _Optional[_Union[Fetched, _Mapping]] = ..., query: _Optional[_Union[BlobQueryReply, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., sequence: _Optional[_Union[SequenceDef, _Mapping]] = ..., defined: _Optional[_Union[SequenceAck, _Mapping]] = ..., batch: _Optional[_Union[SessionDownBatch, _Mapping]] = ..., answer: _Optional[_Union[ReplayAnswer, _Mapping]] = ..., replayed: _Optional[_Union[ReplayedPrefix, _Mapping]] = ..., search: _Optional[_Union[SearchHint, _Mapping]] = ..., profile: _Optional[_Union[SequenceProfile, _Mapping]] = ..., timing: _Optional[_Union[ReplayTiming, _Mapping]] = ..., sizes: _Optional[_Union[ReplaySizes, _Mapping]] = ..., parts: _Optional[_Union[PartsReceived, _Mapping]] = ...) -> None: ...
+
+class PartsReceived(_message.Message):
+    __slots__ = ("bytes",)
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    def __init__(self, bytes: _Optional[int] = ...) -> None: ...
 
 class ReplaySizes(_message.Message):
     __slots__ = ("base_id", "positions", "ranks", "dims")
