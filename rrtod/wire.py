@@ -34,7 +34,9 @@ GPU daemon -> robot daemon     response stream of ``ops.SessionDown``: ``ready``
                                daemon unpacks for the app), ``defined`` (``SequenceAck``) and,
                                after a ``ReplayAbort``, ``replayed`` (``ReplayedPrefix``: the
                                sizes of what the aborted replay ran; kept by the robot daemon,
-                               never passed on). The robot daemon logs ``result`` replies with
+                               never passed on), and ``parts`` (``PartsReceived``: each part of
+                               a message cut into parts but the last has come; never passed
+                               on). The robot daemon logs ``result`` replies with
                                ``outs`` (the outputs of a ``want_meta`` call), ``answer``s and
                                ``replayed`` for the op log, and the replies to fetches of
                                one element (values the app read, ``scalar_of``). An ``error``

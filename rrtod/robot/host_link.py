@@ -27,8 +27,9 @@ take longer than that: resnet18's largest weight is 9.4 MB, 7.5 s at 10 Mbit/s, 
 completed while it went, so the host was lost in the app's first forward. So the link's
 throughput is probed when it first comes up, and on a link that slow the relay cuts a longer
 message into parts of a quarter second of the link each (``part_bytes``; ``wire.cut_up``),
-each write a sign of progress. A stalled host takes nothing: its streams stop moving once its
-flow-control windows are full, and the bound above runs from then.
+which the host says it has one by one (``PartsReceived``: a message from the host). A stalled
+host takes nothing: its streams stop moving once its flow-control windows are full, and the
+bound above runs from then.
 """
 
 from __future__ import annotations

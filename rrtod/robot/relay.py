@@ -166,9 +166,9 @@ async def _write(call: grpc.aio.StreamStreamCall, frames: list[ops_pb2.SessionUp
     """``frames`` as one gRPC message (a ``SessionUpBatch`` when several); ``link``'s data
     moved once the host's flow control took it. On a link measured slow, a message longer
     than its ``part_bytes`` goes in parts (``wire.cut_up``): the host says it has each
-    (``PartsReceived``, read in ``down``), a sign that the link moves (``HostLink`` on a ping
-    queued behind it), where a completed write is none once buffers take it. ``size``: the frames' bytes, if
-    known (else counted only where the link is slow)."""
+    (``PartsReceived``, read in ``down``), a sign that the link moves for a ping queued
+    behind it, where a completed write is none once buffers took it. ``size``: the frames'
+    bytes, if known (else counted only where the link is slow)."""
     if not frames:
         return
     message = frames[0] if len(frames) == 1 else ops_pb2.SessionUp(
