@@ -25,7 +25,7 @@ robot daemon -> GPU daemon     gRPC ``peer.Peer.Session`` request stream of ``op
                                app's frames (what the app wrote in one
                                go as one ``batch``) and ``define`` (a sequence found in the op
                                log); a message longer than a quarter second of a link the robot
-                               measured slow is cut into ``part``s (``cut_up``, ``UpParts``).
+                               measured slow is cut into ``part``s (``cut``, ``Parts``).
                                Unary: ``Hello``, ``Ping``; and the standard gRPC health service.
                                gRPC frames the messages (HTTP/2; limits in grpc_options).
 GPU daemon -> robot daemon     response stream of ``ops.SessionDown``: ``ready`` (with the
@@ -80,7 +80,7 @@ import math
 import struct
 from collections.abc import Callable, Iterable
 from itertools import accumulate
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import blake3
 from google.protobuf.message import DecodeError
@@ -212,24 +212,30 @@ RETIRED_KEPT = 8
 BIND_OP = "aten::alias.default"
 
 
-# ----- a SessionUp cut into parts (robot daemon -> GPU host) ---------------------------------
+# ----- a peer stream's message cut into parts (``MessagePart``) -------------------------------
 
-def cut_up(message: ops_pb2.SessionUp, part: int) -> list[ops_pb2.SessionUp]:
-    """``message`` serialized and cut into ``SessionUpPart``s of at most ``part`` bytes."""
+PeerMessage = TypeVar("PeerMessage", ops_pb2.SessionUp, ops_pb2.SessionDown)
+
+
+def cut(message: PeerMessage, part: int) -> list[PeerMessage]:
+    """``message`` serialized and cut into ``MessagePart``s of at most ``part`` bytes, each
+    as a message of its kind."""
+    kind = type(message)
     data = message.SerializeToString()
     view = memoryview(data)
     ends = range(part, max(len(data), 1) + part, part)
-    return [ops_pb2.SessionUp(part=ops_pb2.SessionUpPart(
-        data=bytes(view[end - part:end]), last=end >= len(data))) for end in ends]
+    return [kind(part=ops_pb2.MessagePart(data=bytes(view[end - part:end]),
+                                          last=end >= len(data))) for end in ends]
 
 
-class UpParts:
-    """The GPU host's side of ``cut_up``: joins a stream's parts, in order, into the
-    ``SessionUp`` they were cut from. A part that would make the whole longer than
-    ``limit``, joined bytes that are no ``SessionUp``, and a part inside a part are
-    ``ValueError``s (the host ends the stream with ``INVALID_ARGUMENT``)."""
+class Parts(Generic[PeerMessage]):
+    """The far end of ``cut``: joins a stream's parts, in order, into the message of ``kind``
+    they were cut from. A part that would make the whole longer than ``limit``, joined bytes
+    that are no such message, and a part inside a part are ``ValueError``s (the stream ends:
+    the host's with ``INVALID_ARGUMENT``, the robot's as a broken host stream)."""
 
-    def __init__(self, limit: int = MAX_FRAME):
+    def __init__(self, kind: type[PeerMessage], limit: int = MAX_FRAME):
+        self.kind = kind
         self.limit = limit
         self._parts: list[bytes] = []
         self._size = 0
@@ -244,7 +250,19 @@ class UpParts:
         """Bytes of the message under way joined so far (``PartsReceived``)."""
         return self._size
 
-    def add(self, part: ops_pb2.SessionUpPart) -> tuple[ops_pb2.SessionUp, int] | None:
+    def take(self, message: PeerMessage) -> tuple[PeerMessage, int | None] | None:
+        """``message`` as read off the stream: itself (its size unknown: None) unless it is a
+        part; None while a message's parts are coming; the joined message and its bytes when
+        ``message`` was its last part. Another frame in the middle of a message's parts is a
+        ``ValueError``, as ``add``'s are."""
+        kind = message.WhichOneof("msg")
+        if kind != "part":
+            if self._parts:
+                raise ValueError(f"a {kind or 'empty'} frame inside parts")
+            return message, None
+        return self.add(message.part)
+
+    def add(self, part: ops_pb2.MessagePart) -> tuple[PeerMessage, int] | None:
         """The message and its bytes once ``part`` was its last, else None."""
         self._size += len(part.data)
         if self._size > self.limit:
@@ -254,9 +272,9 @@ class UpParts:
             return None
         data, self._parts, self._size = b"".join(self._parts), [], 0
         try:
-            message = ops_pb2.SessionUp.FromString(data)
+            message = self.kind.FromString(data)
         except DecodeError as exc:
-            raise ValueError(f"parts joined into no SessionUp: {exc}") from None
+            raise ValueError(f"parts joined into no {self.kind.__name__}: {exc}") from None
         if message.WhichOneof("msg") == "part":
             raise ValueError("a part inside a part")
         return message, len(data)

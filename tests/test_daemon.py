@@ -445,14 +445,17 @@ def test_standard_grpc_health_service(rrtod_daemon):
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def _raw_session(address: str, frames: list[ops_pb2.SessionUp]) -> list[ops_pb2.SessionDown]:
-    """One Peer.Session stream on a GPU daemon of the echo backend: ``open``, then ``frames``;
-    the replies after ``ready`` (a batch unpacked), until the host ends the stream."""
+def _raw_session(address: str, frames: list[ops_pb2.SessionUp],
+                 part_bytes: int = 0) -> list[ops_pb2.SessionDown]:
+    """One Peer.Session stream on a GPU daemon of the echo backend: ``open`` (with
+    ``part_bytes``), then ``frames``; the messages after ``ready`` (a batch unpacked), until
+    the host ends the stream."""
     import grpc
 
     from rrto.v1 import peer_pb2_grpc
 
-    opened = ops_pb2.SessionUp(open=ops_pb2.SessionOpen(app="raw", executor="echo"))
+    opened = ops_pb2.SessionUp(open=ops_pb2.SessionOpen(app="raw", executor="echo",
+                                                        part_bytes=part_bytes))
     with grpc.insecure_channel(address) as channel:
         replies = peer_pb2_grpc.PeerStub(channel).Session(iter([opened, *frames]), timeout=30)
         out = []
@@ -462,19 +465,23 @@ def _raw_session(address: str, frames: list[ops_pb2.SessionUp]) -> list[ops_pb2.
     return out[1:]
 
 
-def test_the_host_joins_a_message_cut_into_parts_and_ends_a_stream_of_bad_parts(rrtod_daemon):
-    """A robot daemon cuts a long message into ``part``s on a slow link (``wire.cut_up``): the
+def test_the_host_joins_a_message_cut_into_parts_and_ends_a_stream_of_bad_parts(rrtod_daemon,
+                                                                             monkeypatch):
+    """A robot daemon cuts a long message into ``part``s on a slow link (``wire.cut``): the
     GPU daemon joins them and handles the message as if it had come whole. Parts that join
     into no message, or a frame in the middle of a message's parts, end that stream with
     INVALID_ARGUMENT; the daemon serves the next."""
     import grpc
 
-    from rrtod.wire import cut_up
+    from rrtod.wire import Parts, cut
+
+    monkeypatch.syspath_prepend(str(ECHO_PLUGIN))
+    from rrto_testkit import LARGE  # the echo backend's large replies
 
     gpu = rrtod_daemon("gpu1", roles=["gpu"], **ECHO)
     big = ops_pb2.SessionUp(call=ops_pb2.OpCall(seq=7, op="aten::relu.default", sync=True))
     big.call.args.add().tensor.upload.data = bytes(300_000)
-    pieces = cut_up(big, 64 << 10)
+    pieces = cut(big, 64 << 10)
     replies = _raw_session(gpu.listen, [*pieces,
                                         ops_pb2.SessionUp(call=ops_pb2.OpCall(seq=8, sync=True))])
     # each part but the last said received (the robot sees its link move), then the joined
@@ -482,23 +489,36 @@ def test_the_host_joins_a_message_cut_into_parts_and_ends_a_stream_of_bad_parts(
     assert [r.parts.bytes for r in replies[:len(pieces) - 1]] == [
         (k + 1) * (64 << 10) for k in range(len(pieces) - 1)]
     assert [r.result.seq for r in replies[len(pieces) - 1:]] == [7, 8]
-    garbage = ops_pb2.SessionUp(part=ops_pb2.SessionUpPart(data=b"\xff" * 9, last=True))
-    interleaved = [*cut_up(big, 64 << 10)[:2], ops_pb2.SessionUp(call=big.call)]
+    garbage = ops_pb2.SessionUp(part=ops_pb2.MessagePart(data=b"\xff" * 9, last=True))
+    interleaved = [*cut(big, 64 << 10)[:2], ops_pb2.SessionUp(call=big.call)]
     for frames in ([garbage], interleaved):
         with pytest.raises(grpc.RpcError) as err:
             _raw_session(gpu.listen, frames)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value
     assert [r.result.seq for r in _raw_session(gpu.listen, [big])] == [7]
+    # A robot on a slow link says how long a part of the host's messages may be: a longer
+    # reply comes in parts, which join into it.
+    fetch = ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=9, id=LARGE + 300_000))
+    replies = _raw_session(gpu.listen, [fetch], part_bytes=64 << 10)
+    assert len(replies) == 5 and all(r.WhichOneof("msg") == "part" for r in replies)
+    joiner = Parts(ops_pb2.SessionDown)
+    (whole,) = [w for r in replies if (w := joiner.add(r.part)) is not None]
+    assert whole[0].fetched.seq == 9 and len(whole[0].fetched.tensor.data) == 300_000
+    assert [r.fetched.seq for r in _raw_session(gpu.listen, [fetch])] == [9]  # 0: whole
     assert gpu.proc.poll() is None
 
 
-def test_a_message_longer_than_a_ping_on_a_slow_link_leaves_the_host_up(rrtod_daemon):
+def test_a_message_longer_than_a_ping_on_a_slow_link_leaves_the_host_up(rrtod_daemon, monkeypatch):
     """At 4 Mbit/s an app's 2 MB value takes 4 s to reach the host, past two lost pings of
-    1 s. The robot measured the link as it came up and writes that message in parts of a
-    quarter second of the link, each write a sign the link moves: the host stays up and the
-    app gets its answer. (Written whole, no write completed while it went: the host was down
-    after ~2 s and the app got HOST_LOST.)"""
+    1 s, and so does a 2 MB reply coming back. The robot measured the link as it came up:
+    it writes its message in parts of a quarter second of the link, which the host says it
+    has one by one, and the host sends its reply so too. The host stays up and the app gets
+    both answers. (Sent whole, nothing showed the link moving: the host was down after ~2 s
+    and the app got HOST_LOST.)"""
     from bench.link import LinkProcess, LinkSpec
+
+    monkeypatch.syspath_prepend(str(ECHO_PLUGIN))
+    from rrto_testkit import LARGE  # the echo backend's large replies
 
     gpu = rrtod_daemon("gpu1", roles=["gpu"], **ECHO)
     with LinkProcess(LinkSpec("slow", rtt_ms=2.0, mbps=4.0), [gpu.listen]) as link:
@@ -514,6 +534,11 @@ def test_a_message_longer_than_a_ping_on_a_slow_link_leaves_the_host_up(rrtod_da
         conn.send(frame)
         reply = conn.recv(local_pb2.LocalReply)
         assert reply.session.result.seq == 1, reply
+        conn.send(local_pb2.LocalRequest(session=ops_pb2.SessionUp(
+            fetch=ops_pb2.Fetch(seq=2, id=LARGE + 2_000_000))))
+        reply = conn.recv(local_pb2.LocalReply)
+        assert reply.session.fetched.seq == 2, reply
+        assert len(reply.session.fetched.tensor.data) == 2_000_000
         (host,) = robot.ctl("status")["hosts"]
-        assert host["state"] == "up" and host["since"] < time.time() - 4, host
+        assert host["state"] == "up" and host["since"] < time.time() - 8, host
         conn.close()

@@ -119,12 +119,12 @@ def test_a_bad_app_frame_is_answered_after_the_good_ones_went_up() -> None:
 
 
 def test_a_part_frame_from_an_app_is_refused() -> None:
-    """Parts (``SessionUpPart``) are the robot daemon's own, towards its host: an app's
+    """Parts (``MessagePart``) are the robot daemon's own, towards its host: an app's
     would have the host join bytes the robot never cut."""
     async def main() -> None:
         relay, call, app = await connect()
         part = local_pb2.LocalRequest(session=ops_pb2.SessionUp(
-            part=ops_pb2.SessionUpPart(data=b"\x08", last=True)))
+            part=ops_pb2.MessagePart(data=b"\x08", last=True)))
         app.sendall(encode(fetch(1)) + encode(part))
         await asyncio.wait_for(relay.serve(ops_pb2.SessionOpen(app="app.py")), 10)
         _, error = await replies(app, 2)

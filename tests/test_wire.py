@@ -233,35 +233,41 @@ def test_an_output_is_final_after_the_last_write_of_its_storage() -> None:
 
 
 def test_a_message_cut_into_parts_joins_back_into_itself() -> None:
-    """``cut_up`` (robot daemon) and ``UpParts`` (GPU host): any part size, the last part
+    """``cut`` and ``Parts`` (robot daemon to GPU host, and back): any part size, the last part
     marked; the host gets the message and its bytes once the last has come."""
-    from rrtod.wire import UpParts, cut_up
+    from rrtod.wire import Parts, cut
 
-    message = ops_pb2.SessionUp(blob=ops_pb2.BlobPut(hash=b"h" * 16, tensor=ops_pb2.TensorData(
-        data=bytes(range(256)) * 40)))
-    size = message.ByteSize()
-    for part in (1000, size - 1, size, size + 1, 1 << 20):
-        parts = cut_up(message, part)
-        assert len(parts) == -(-size // part)
-        assert [p.part.last for p in parts] == [False] * (len(parts) - 1) + [True]
-        assert all(0 < len(p.part.data) <= part for p in parts)
-        joiner = UpParts()
-        assert [joiner.add(p.part) for p in parts[:-1]] == [None] * (len(parts) - 1)
-        assert joiner.pending == (len(parts) > 1)
-        assert joiner.add(parts[-1].part) == (message, size) and not joiner.pending
-    (empty,) = cut_up(ops_pb2.SessionUp(), 10)  # nothing to cut: one empty last part
-    assert UpParts().add(empty.part) == (ops_pb2.SessionUp(), 0)
+    data = ops_pb2.TensorData(data=bytes(range(256)) * 40)
+    for message in (ops_pb2.SessionUp(blob=ops_pb2.BlobPut(hash=b"h" * 16, tensor=data)),
+                    ops_pb2.SessionDown(fetched=ops_pb2.Fetched(seq=3, tensor=data))):
+        size = message.ByteSize()
+        for part in (1000, size - 1, size, size + 1, 1 << 20):
+            parts = cut(message, part)
+            assert len(parts) == -(-size // part) and all(type(p) is type(message) for p in parts)
+            assert [p.part.last for p in parts] == [False] * (len(parts) - 1) + [True]
+            assert all(0 < len(p.part.data) <= part for p in parts)
+            joiner = Parts(type(message))
+            assert [joiner.add(p.part) for p in parts[:-1]] == [None] * (len(parts) - 1)
+            assert joiner.pending == (len(parts) > 1)
+            assert joiner.add(parts[-1].part) == (message, size) and not joiner.pending
+    (empty,) = cut(ops_pb2.SessionUp(), 10)  # nothing to cut: one empty last part
+    assert Parts(ops_pb2.SessionUp).add(empty.part) == (ops_pb2.SessionUp(), 0)
 
 
 def test_parts_that_join_into_no_message_or_past_the_limit_are_refused() -> None:
-    from rrtod.wire import UpParts, cut_up
+    from rrtod.wire import Parts, cut
 
     with pytest.raises(ValueError, match="exceeds 100 bytes"):
-        joiner = UpParts(limit=100)
-        joiner.add(ops_pb2.SessionUpPart(data=b"x" * 60))
-        joiner.add(ops_pb2.SessionUpPart(data=b"x" * 60))  # refused before it is kept
+        joiner = Parts(ops_pb2.SessionUp, limit=100)
+        joiner.add(ops_pb2.MessagePart(data=b"x" * 60))
+        joiner.add(ops_pb2.MessagePart(data=b"x" * 60))  # refused before it is kept
     with pytest.raises(ValueError, match="no SessionUp"):
-        UpParts().add(ops_pb2.SessionUpPart(data=b"\xff\xff\xff", last=True))
-    inner = cut_up(ops_pb2.SessionUp(close=ops_pb2.Close()), 1)[0]
+        Parts(ops_pb2.SessionUp).add(ops_pb2.MessagePart(data=b"\xff\xff\xff", last=True))
+    joiner = Parts(ops_pb2.SessionUp)  # read off the stream: a frame, then a message's parts
+    close = ops_pb2.SessionUp(close=ops_pb2.Close())
+    assert joiner.take(close) == (close, None) and joiner.take(cut(close, 1)[0]) is None
+    with pytest.raises(ValueError, match="a close frame inside parts"):
+        joiner.take(close)
+    inner = cut(ops_pb2.SessionUp(close=ops_pb2.Close()), 1)[0]
     with pytest.raises(ValueError, match="part inside a part"):
-        UpParts().add(ops_pb2.SessionUpPart(data=inner.SerializeToString(), last=True))
+        Parts(ops_pb2.SessionUp).add(ops_pb2.MessagePart(data=inner.SerializeToString(), last=True))

@@ -44,7 +44,7 @@ from rrtod.hookspecs import InterceptionBackend, problems
 from rrtod.local_server import _in_use
 from rrtod.plugins import PluginError, Registry
 from rrtod.tls import LOCAL, peer_identity, server_credentials
-from rrtod.wire import UpParts
+from rrtod.wire import Parts, cut
 
 log = structlog.get_logger("rrtod.gpu")
 
@@ -304,11 +304,15 @@ def add_peer(servicer: peer_pb2_grpc.PeerServicer, server: Any) -> None:
         server.add_registered_method_handlers(service, handlers)
 
 
-def _down(replies: list[ops_pb2.SessionDown]) -> ops_pb2.SessionDown:
-    """One message for replies that are ready together (``SessionDownBatch``)."""
-    if len(replies) == 1:
-        return replies[0]
-    return ops_pb2.SessionDown(batch=ops_pb2.SessionDownBatch(frames=replies))
+def _down(replies: list[ops_pb2.SessionDown], size: int,
+          part: int) -> list[ops_pb2.SessionDown]:
+    """The messages for replies that are ready together (``size`` bytes): one
+    (``SessionDownBatch``), or its parts (``wire.cut``) where it is longer than ``part``, the
+    robot's ``SessionOpen.part_bytes`` (its link slow: each part it reads shows the link
+    moving to a ping queued behind the rest)."""
+    message = replies[0] if len(replies) == 1 else ops_pb2.SessionDown(
+        batch=ops_pb2.SessionDownBatch(frames=replies))
+    return cut(message, part) if part and size > part else [message]
 
 
 class HostSession:
@@ -636,28 +640,24 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
         session.outbox.on_overflow = disconnect
 
         async def read_ahead() -> None:
-            parts = UpParts()  # a message the robot cut (``wire.cut_up``), joined back
+            parts = Parts(ops_pb2.SessionUp)  # a message the robot cut (``wire.cut``), joined
             try:
                 async for item in frames:
                     frame, nbytes = _unsized(item)
                     if framing.TRACING:
                         framing.hop("gpu.up.read")
+                    try:
+                        whole = parts.take(frame)
+                    except ValueError as exc:
+                        bound.warning("bad parts: session aborted", error=str(exc))
+                        end_stream(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                        return
+                    if whole is None:  # the robot sees its link move (``PartsReceived``)
+                        session.queue(session.outbox.put, ops_pb2.SessionDown(
+                            parts=ops_pb2.PartsReceived(bytes=parts.received)))
+                        continue
+                    frame, nbytes = whole[0], whole[1] or nbytes
                     kind = frame.WhichOneof("msg")
-                    if kind == "part" or parts.pending:
-                        try:
-                            if kind != "part":
-                                raise ValueError(f"a {kind or 'empty'} frame inside parts")
-                            whole = parts.add(frame.part)
-                        except ValueError as exc:
-                            bound.warning("bad parts: session aborted", error=str(exc))
-                            end_stream(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-                            return
-                        if whole is None:  # the robot sees its link move (``PartsReceived``)
-                            session.queue(session.outbox.put, ops_pb2.SessionDown(
-                                parts=ops_pb2.PartsReceived(bytes=parts.received)))
-                            continue
-                        frame, nbytes = whole
-                        kind = frame.WhichOneof("msg")
                     batch = list(frame.batch.frames) if kind == "batch" else [frame]
                     end = next((i for i, f in enumerate(batch) if f.WhichOneof("msg") == "close"),
                                None)
@@ -686,6 +686,7 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
                               **{k: f"app {a}, host {h}" for k, (a, h) in skew.items()})
             yield ops_pb2.SessionDown(ready=ready)
             reader = loop.create_task(read_ahead())
+            part = first.open.part_bytes  # (0: every message whole)
             done = False
             while not done:
                 out: list[ops_pb2.SessionDown] = []
@@ -695,14 +696,16 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
                         done = True
                         break
                     if out and size + n > BATCH_BYTES:  # large values go on in their own message
-                        yield _down(out)
+                        for message in _down(out, size, part):
+                            yield message
                         out, size = [], 0
                     out.append(reply)
                     size += n
                 if out:
                     if framing.TRACING:
                         framing.hop("gpu.down.yield")
-                    yield _down(out)
+                    for message in _down(out, size, part):
+                        yield message
             await reader
         finally:
             if reader is not None:

@@ -25,11 +25,12 @@ of it (resnet50's 100 MB of weights take 16 s at 50 Mbit/s), and the benchmark's
 once lost their host that way in the middle of a model's first upload. A single message can
 take longer than that: resnet18's largest weight is 9.4 MB, 7.5 s at 10 Mbit/s, and no write
 completed while it went, so the host was lost in the app's first forward. So the link's
-throughput is probed when it first comes up, and on a link that slow the relay cuts a longer
-message into parts of a quarter second of the link each (``part_bytes``; ``wire.cut_up``),
-which the host says it has one by one (``PartsReceived``: a message from the host). A stalled
-host takes nothing: its streams stop moving once its flow-control windows are full, and the
-bound above runs from then.
+throughput is probed when it first comes up, and on a link that slow a longer message goes
+in parts of a quarter second of the link each (``part_bytes``; ``wire.cut``), both ways: the
+host says it has each of the robot's (``PartsReceived``), and cuts its own replies at the size
+the robot states (``SessionOpen.part_bytes``); each is a message from the host. A stalled host
+takes nothing: its streams stop moving once its flow-control windows are full, and the bound
+above runs from then.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ class HostLink:
 
     @property
     def part_bytes(self) -> int | None:
-        """The longest part the relay writes a session message in (``wire.cut_up``): a quarter
+        """The longest part the relay writes a session message in (``wire.cut``): a quarter
         second of the link's measured throughput (at least ``PART_MIN_BYTES``), or None
         (messages go whole) while that is unmeasured or past the largest message (on
         loopback, ~650 MB: no message is cut)."""

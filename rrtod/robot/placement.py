@@ -57,7 +57,16 @@ from rrto.v1 import ops_pb2
 from rrtod import loops
 from rrtod.hookspecs import Job
 from rrtod.robot.host_link import HostLink
-from rrtod.wire import BIND_OP, HOST_ID_BASE, REPLAY_BASE, SPAN, iter_tensor_refs, release_of, released_ids
+from rrtod.wire import (
+    BIND_OP,
+    HOST_ID_BASE,
+    REPLAY_BASE,
+    SPAN,
+    Parts,
+    iter_tensor_refs,
+    release_of,
+    released_ids,
+)
 
 log = structlog.get_logger("rrtod.robot")
 
@@ -799,8 +808,23 @@ class Placement:
         """A replica's messages: its answers to this daemon, and the app's outputs."""
         why = "stream ended"
         try:
-            await lane.write([ops_pb2.SessionUp(open=self.open_request)])
+            opened = ops_pb2.SessionOpen()
+            opened.CopyFrom(self.open_request)
+            opened.part_bytes = lane.link.part_bytes or 0  # (its own link's)
+            await lane.write([ops_pb2.SessionUp(open=opened)])
+            parts = Parts(ops_pb2.SessionDown)
+            note = getattr(lane.link, "note_progress", None)  # (a test's stand-in may lack it)
             while (message := await lane.call.read()) is not grpc.aio.EOF:
+                if note is not None:
+                    note()  # the link moves: a ping queued behind this is not lost
+                try:
+                    whole = parts.take(message)  # (``wire.cut``)
+                except ValueError as exc:
+                    why = f"bad parts: {exc}"
+                    break
+                if whole is None:
+                    continue
+                message = whole[0]
                 frames = (message.batch.frames if message.WhichOneof("msg") == "batch"
                           else (message,))
                 for down in frames:

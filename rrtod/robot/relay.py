@@ -39,7 +39,7 @@ from rrtod.robot.oplog import NUMBERS
 from rrtod.robot.placement import Lane, NeedPull, Placement, Unplaceable
 from rrtod.robot.recorder import Recorder
 from rrtod.robot.scheduling import SessionPlacer, throughput
-from rrtod.wire import cut_up, session_prefix, session_size
+from rrtod.wire import Parts, cut, session_prefix, session_size
 
 log = structlog.get_logger("rrtod.robot")
 
@@ -165,7 +165,7 @@ async def _write(call: grpc.aio.StreamStreamCall, frames: list[ops_pb2.SessionUp
                  link: Any = None, size: int | None = None) -> None:
     """``frames`` as one gRPC message (a ``SessionUpBatch`` when several); ``link``'s data
     moved once the host's flow control took it. On a link measured slow, a message longer
-    than its ``part_bytes`` goes in parts (``wire.cut_up``): the host says it has each
+    than its ``part_bytes`` goes in parts (``wire.cut``): the host says it has each
     (``PartsReceived``, read in ``down``), a sign that the link moves for a ping queued
     behind it, where a completed write is none once buffers took it. ``size``: the frames'
     bytes, if known (else counted only where the link is slow)."""
@@ -175,7 +175,7 @@ async def _write(call: grpc.aio.StreamStreamCall, frames: list[ops_pb2.SessionUp
         batch=ops_pb2.SessionUpBatch(frames=frames))
     part = getattr(link, "part_bytes", None)
     if part is not None and (size if size is not None else message.ByteSize()) > part:
-        for piece in cut_up(message, part):
+        for piece in cut(message, part):
             await call.write(piece)
             _moved(link)
         return
@@ -580,8 +580,17 @@ class AppRelay:
         accepted one into the definition the shim gets."""
         session, rec, writer = self.session, self.recorder, self.writer
         placement, lane = self.placement, self.lane
+        joiner = Parts(ops_pb2.SessionDown)  # a message the host cut (``wire.cut``), joined
         while (message := await self.call.read()) is not grpc.aio.EOF:
             _moved(session.host)
+            try:
+                whole = joiner.take(message)
+            except ValueError as exc:
+                raise grpc.aio.AioRpcError(grpc.StatusCode.DATA_LOSS, None, None,
+                                           f"bad parts from the host: {exc}") from None
+            if whole is None:
+                continue
+            message = whole[0]
             if framing.TRACING:
                 framing.hop("robot.down.read")
             frames = (message.batch.frames if message.WhichOneof("msg") == "batch"

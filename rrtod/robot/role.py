@@ -177,7 +177,8 @@ class RobotRole:
                              budget)
         request = ops_pb2.SessionOpen(
             app=hello.app, pid=cred[0], uid=cred[1], robot=self.config.node,
-            executor=hello.executor or self.config.intercept.backend, versions=hello.versions)
+            executor=hello.executor or self.config.intercept.backend, versions=hello.versions,
+            part_bytes=link.part_bytes or 0)
         call = link.open_session()
         placement = None
         if self.config.placement == "inference":

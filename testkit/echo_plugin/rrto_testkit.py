@@ -1,6 +1,7 @@
 """A third-party-style plugin used by the daemon tests: an ``echo`` interception backend whose
 host executor needs no framework. It counts calls, acknowledges ``sync`` calls, answers fetches
-with a tensor whose bytes encode the fetched id, and fails an op named ``test::boom`` — enough
+with a tensor whose bytes encode the fetched id (or, past ``LARGE``, as many bytes as it says),
+and fails an op named ``test::boom`` — enough
 to check the relay's ordering, error paths and accounting without torch."""
 
 from __future__ import annotations
@@ -9,6 +10,10 @@ import struct
 
 from rrto.v1 import ops_pb2
 from rrtod.hookspecs import InterceptionBackend, PluginRecord, hookimpl
+
+# A fetch of an id in [LARGE, LARGE + 2**32) is answered with ``id - LARGE`` zero bytes: a large
+# reply. (Among the ids an app allocates, far above those a test counts up to, below replays'.)
+LARGE = 1 << 48
 
 
 class EchoExecutor:
@@ -31,6 +36,11 @@ class EchoExecutor:
                     code="OP_FAILED", message="boom", seq=frame.call.seq))
             elif frame.call.sync:
                 yield ops_pb2.SessionDown(result=ops_pb2.OpResult(seq=frame.call.seq))
+        elif kind == "fetch" and LARGE <= frame.fetch.id < LARGE + (1 << 32):
+            n = frame.fetch.id - LARGE  # a large reply: that many bytes
+            meta = ops_pb2.TensorMeta(dtype="uint8", shape=[n], stride=[1], device="cpu")
+            yield ops_pb2.SessionDown(fetched=ops_pb2.Fetched(
+                seq=frame.fetch.seq, tensor=ops_pb2.TensorData(meta=meta, data=bytes(n))))
         elif kind == "fetch":
             data = struct.pack("<q", frame.fetch.id)
             meta = ops_pb2.TensorMeta(dtype="int64", shape=[1], stride=[1], device="cpu")

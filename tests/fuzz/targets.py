@@ -82,7 +82,7 @@ from rrtod.robot.placement import Lane, NeedPull, Placement
 from rrtod.robot.recorder import Recorder
 from rrtod.robot.relay import AppRelay, AppSession
 from rrtod.robot.scheduling import Scheduling
-from rrtod.wire import HEADER, REPLAY_BASE, SPAN, UpParts, cut_up, iter_tensor_refs
+from rrtod.wire import HEADER, REPLAY_BASE, SPAN, Parts, cut, iter_tensor_refs
 from testkit.loopdefs import branched, same_compiled
 
 from . import TARGET_NAMES
@@ -293,14 +293,15 @@ def peer_session(data: bytes) -> None:
             assert _sized_session_up(raw)[1] == len(raw)
         except DecodeError:
             pass
-        joiner = UpParts(limit=1 << 12)  # the same bytes as a message cut into parts
         step = 1 + (raw[0] if raw else 0) % 64
-        try:
-            for k in range(0, max(len(raw), 1), step):
-                joiner.add(ops_pb2.SessionUpPart(data=raw[k:k + step],
-                                                 last=k + step >= len(raw)))
-        except ValueError:
-            pass
+        for kind in (ops_pb2.SessionUp, ops_pb2.SessionDown):  # the bytes cut into parts, as
+            joiner = Parts(kind, limit=1 << 12)  # the host joins a robot's and the robot a host's
+            try:
+                for k in range(0, max(len(raw), 1), step):
+                    joiner.add(ops_pb2.MessagePart(data=raw[k:k + step],
+                                                   last=k + step >= len(raw)))
+            except ValueError:
+                pass
         return
     builder = Builder(fdp, budget=150, schema_of=_host_schema)
     ex = _executor()
@@ -311,23 +312,21 @@ def peer_session(data: bytes) -> None:
         ready = ex.open(ops_pb2.SessionOpen.FromString(request.SerializeToString()))
         assert ready.session
         replayer = HostReplayer(ex)
-        stream = UpParts(limit=1 << 16)  # as the GPU daemon joins parts (gpu.service)
+        stream = Parts(ops_pb2.SessionUp, limit=1 << 16)  # as the GPU daemon joins parts (gpu.service)
         while fdp.remaining_bytes() and builder.budget > 0:
             wire = builder.build(ops_pb2.SessionUp).SerializeToString()
             frame = ops_pb2.SessionUp.FromString(wire)
-            if frame.WhichOneof("msg") == "part" or stream.pending:
-                try:
-                    if frame.WhichOneof("msg") != "part":
-                        raise ValueError("a frame inside parts")
-                    whole = stream.add(frame.part)
-                except ValueError:
-                    break  # the daemon ends the stream (INVALID_ARGUMENT)
-                if whole is None:
-                    continue
+            try:
+                whole = stream.take(frame)
+            except ValueError:
+                break  # the daemon ends the stream (INVALID_ARGUMENT)
+            if whole is None:
+                continue
+            if whole[1] is not None:  # a joined message
                 frame = whole[0]
             elif fdp.ConsumeBool():  # cut as a robot on a slow link does, then joined
-                joiner, whole = UpParts(), None
-                for piece in cut_up(frame, fdp.ConsumeIntInRange(1, 256)):
+                joiner, whole = Parts(ops_pb2.SessionUp), None
+                for piece in cut(frame, fdp.ConsumeIntInRange(1, 256)):
                     whole = joiner.add(piece.part)
                 assert whole == (frame, frame.ByteSize())
             _drive(replayer, frame, _emit)

@@ -222,7 +222,7 @@ class Error(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., seq: _Optional[int] = ..., sequence: _Optional[int] = ..., base_id: _Optional[int] = ..., position: _Optional[int] = ..., in_replay: _Optional[bool] = ...) -> None: ...
 
 class SessionOpen(_message.Message):
-    __slots__ = ("app", "pid", "uid", "robot", "executor", "memory_quota", "versions")
+    __slots__ = ("app", "pid", "uid", "robot", "executor", "memory_quota", "versions", "part_bytes")
     class VersionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -237,6 +237,7 @@ class SessionOpen(_message.Message):
     EXECUTOR_FIELD_NUMBER: _ClassVar[int]
     MEMORY_QUOTA_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    PART_BYTES_FIELD_NUMBER: _ClassVar[int]
     app: str
     pid: int
     uid: int
@@ -244,7 +245,8 @@ class SessionOpen(_message.Message):
     executor: str
     memory_quota: int
     versions: _containers.ScalarMap[str, str]
-    def __init__(self, app: _Optional[str] = ..., pid: _Optional[int] = ..., uid: _Optional[int] = ..., robot: _Optional[str] = ..., executor: _Optional[str] = ..., memory_quota: _Optional[int] = ..., versions: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    part_bytes: int
+    def __init__(self, app: _Optional[str] = ..., pid: _Optional[int] = ..., uid: _Optional[int] = ..., robot: _Optional[str] = ..., executor: _Optional[str] = ..., memory_quota: _Optional[int] = ..., versions: _Optional[_Mapping[str, str]] = ..., part_bytes: _Optional[int] = ...) -> None: ...
 
 class SessionReady(_message.Message):
     __slots__ = ("session", "device", "versions")
@@ -296,10 +298,10 @@ class SessionUp(_message.Message):
     abort: ReplayAbort
     batch: SessionUpBatch
     profile: SequenceProfile
-    part: SessionUpPart
-    def __init__(self, open: _Optional[_Union[SessionOpen, _Mapping]] = ..., call: _Optional[_Union[OpCall, _Mapping]] = ..., fetch: _Optional[_Union[Fetch, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., blob: _Optional[_Union[BlobPut, _Mapping]] = ..., query: _Optional[_Union[BlobQuery, _Mapping]] = ..., close: _Optional[_Union[Close, _Mapping]] = ..., define: _Optional[_Union[SequenceDef, _Mapping]] = ..., start: _Optional[_Union[ReplayStart, _Mapping]] = ..., arg: _Optional[_Union[ReplayArg, _Mapping]] = ..., abort: _Optional[_Union[ReplayAbort, _Mapping]] = ..., batch: _Optional[_Union[SessionUpBatch, _Mapping]] = ..., profile: _Optional[_Union[SequenceProfile, _Mapping]] = ..., part: _Optional[_Union[SessionUpPart, _Mapping]] = ...) -> None: ...
+    part: MessagePart
+    def __init__(self, open: _Optional[_Union[SessionOpen, _Mapping]] = ..., call: _Optional[_Union[OpCall, _Mapping]] = ..., fetch: _Optional[_Union[Fetch, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., blob: _Optional[_Union[BlobPut, _Mapping]] = ..., query: _Optional[_Union[BlobQuery, _Mapping]] = ..., close: _Optional[_Union[Close, _Mapping]] = ..., define: _Optional[_Union[SequenceDef, _Mapping]] = ..., start: _Optional[_Union[ReplayStart, _Mapping]] = ..., arg: _Optional[_Union[ReplayArg, _Mapping]] = ..., abort: _Optional[_Union[ReplayAbort, _Mapping]] = ..., batch: _Optional[_Union[SessionUpBatch, _Mapping]] = ..., profile: _Optional[_Union[SequenceProfile, _Mapping]] = ..., part: _Optional[_Union[MessagePart, _Mapping]] = ...) -> None: ...
 
-class SessionUpPart(_message.Message):
+class MessagePart(_message.Message):
     __slots__ = ("data", "last")
     DATA_FIELD_NUMBER: _ClassVar[int]
     LAST_FIELD_NUMBER: _ClassVar[int]
@@ -314,7 +316,7 @@ class SessionUpBatch(_message.Message):
     def __init__(self, frames: _Optional[_Iterable[_Union[SessionUp, _Mapping]]] = ...) -> None: ...
 
 class SessionDown(_message.Message):
-    __slots__ = ("ready", "result", "fetched", "query", "error", "sequence", "defined", "batch", "answer", "replayed", "search", "profile", "timing", "sizes", "parts")
+    __slots__ = ("ready", "result", "fetched", "query", "error", "sequence", "defined", "batch", "answer", "replayed", "search", "profile", "timing", "sizes", "parts", "part")
     READY_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     FETCHED_FIELD_NUMBER: _ClassVar[int]
@@ -330,6 +332,7 @@ class SessionDown(_message.Message):
     TIMING_FIELD_NUMBER: _ClassVar[int]
     SIZES_FIELD_NUMBER: _ClassVar[int]
     PARTS_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
     ready: SessionReady
     result: OpResult
     fetched: Fetched
@@ -345,7 +348,8 @@ class SessionDown(_message.Message):
     timing: ReplayTiming
     sizes: ReplaySizes
     parts: PartsReceived
-    def __init__(self, ready: _Optional[_Union[SessionReady, _Mapping]] = ..., result: _Optional[_Union[OpResult, _Mapping]] = ..., fetched: _Optional[_Union[Fetched, _Mapping]] = ..., query: _Optional[_Union[BlobQueryReply, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., sequence: _Optional[_Union[SequenceDef, _Mapping]] = ..., defined: _Optional[_Union[SequenceAck, _Mapping]] = ..., batch: _Optional[_Union[SessionDownBatch, _Mapping]] = ..., answer: _Optional[_Union[ReplayAnswer, _Mapping]] = ..., replayed: _Optional[_Union[ReplayedPrefix, _Mapping]] = ..., search: _Optional[_Union[SearchHint, _Mapping]] = ..., profile: _Optional[_Union[SequenceProfile, _Mapping]] = ..., timing: _Optional[_Union[ReplayTiming, _Mapping]] = ..., sizes: _Optional[_Union[ReplaySizes, _Mapping]] = ..., parts: _Optional[_Union[PartsReceived, _Mapping]] = ...) -> None: ...
+    part: MessagePart
+    def __init__(self, ready: _Optional[_Union[SessionReady, _Mapping]] = ..., result: _Optional[_Union[OpResult, _Mapping]] = ..., fetched: _Optional[_Union[Fetched, _Mapping]] = ..., query: _Optional[_Union[BlobQueryReply, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., sequence: _Optional[_Union[SequenceDef, _Mapping]] = ..., defined: _Optional[_Union[SequenceAck, _Mapping]] = ..., batch: _Optional[_Union[SessionDownBatch, _Mapping]] = ..., answer: _Optional[_Union[ReplayAnswer, _Mapping]] = ..., replayed: _Optional[_Union[ReplayedPrefix, _Mapping]] = ..., search: _Optional[_Union[SearchHint, _Mapping]] = ..., profile: _Optional[_Union[SequenceProfile, _Mapping]] = ..., timing: _Optional[_Union[ReplayTiming, _Mapping]] = ..., sizes: _Optional[_Union[ReplaySizes, _Mapping]] = ..., parts: _Optional[_Union[PartsReceived, _Mapping]] = ..., part: _Optional[_Union[MessagePart, _Mapping]] = ...) -> None: ...
 
 class PartsReceived(_message.Message):
     __slots__ = ("bytes",)
