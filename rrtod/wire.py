@@ -21,7 +21,8 @@ robot daemon -> app (shim)     same socket, ``HEADER`` + ``local.LocalReply``: `
                                the next inference start waits for) and ``error``
                                (``HOST_LOST`` ends the session); ``ctl`` to ``rrtoctl``.
 robot daemon -> GPU daemon     gRPC ``peer.Peer.Session`` request stream of ``ops.SessionUp``:
-                               ``open`` first (the app's versions from its hello), then the
+                               ``open`` first (the app's versions from its hello; the
+                               robot's ``part_bytes`` on a slow link), then the
                                app's frames (what the app wrote in one
                                go as one ``batch``) and ``define`` (a sequence found in the op
                                log); a message longer than a quarter second of a link the robot
@@ -35,8 +36,10 @@ GPU daemon -> robot daemon     response stream of ``ops.SessionDown``: ``ready``
                                after a ``ReplayAbort``, ``replayed`` (``ReplayedPrefix``: the
                                sizes of what the aborted replay ran; kept by the robot daemon,
                                never passed on), and ``parts`` (``PartsReceived``: each part of
-                               a message cut into parts but the last has come; never passed
-                               on). The robot daemon logs ``result`` replies with
+                               the robot's message cut into parts but the last has come; never
+                               passed on); a message longer than ``SessionOpen.part_bytes``
+                               comes in ``part``s, which the robot daemon joins (``Parts``).
+                               The robot daemon logs ``result`` replies with
                                ``outs`` (the outputs of a ``want_meta`` call), ``answer``s and
                                ``replayed`` for the op log, and the replies to fetches of
                                one element (values the app read, ``scalar_of``). An ``error``
@@ -257,7 +260,7 @@ class Parts(Generic[PeerMessage]):
         ``ValueError``, as ``add``'s are."""
         kind = message.WhichOneof("msg")
         if kind != "part":
-            if self._parts:
+            if self.pending:
                 raise ValueError(f"a {kind or 'empty'} frame inside parts")
             return message, None
         return self.add(message.part)
