@@ -250,6 +250,43 @@ def test_the_throughput_estimate_is_the_best_recent_probe():
     asyncio.run(main())
 
 
+def test_a_link_too_slow_for_the_full_probe_is_measured_with_the_first_one():
+    """Under ~2 Mbit/s the full probe (256 KiB) would outlast a ping's timeout: the first,
+    16 KiB probe says so, and its figure is the estimate (such a link then cuts its messages
+    into parts). A fast link is measured with the full probe too, and that figure stands."""
+
+    class Rated(Stub):
+        mbit_s = 1.0
+
+        async def Ping(self, request, timeout):  # noqa: N802
+            took = 0.002 + len(request.payload) * 8 / (self.mbit_s * 1e6)
+            self.pings.append(len(request.payload))
+            if took > timeout:
+                await asyncio.sleep(timeout)
+                raise grpc.aio.AioRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, None, None,
+                                           "Deadline Exceeded")
+            await asyncio.sleep(took)
+            return object()
+
+    async def main() -> None:
+        for mbit_s, probes in ((1.0, [0, 16 << 10]), (200.0, [0, 16 << 10, 256 << 10])):
+            link, _ = link_with(HealthConfig(timeout=1.0))
+            stub = link.stub = Rated()  # type: ignore[assignment]
+            stub.mbit_s = mbit_s
+            link.state = "up"
+            measured = await link.probe_throughput(max_age_s=0)
+            assert stub.pings == probes
+            assert measured is not None and 0.5 * mbit_s < measured <= 1.05 * mbit_s, measured
+        assert link.part_bytes is None or link.part_bytes > 64 << 10
+        slow, _ = link_with(HealthConfig(timeout=1.0))
+        slow.stub = Rated()  # type: ignore[assignment]
+        slow.state = "up"
+        await slow.probe_throughput(max_age_s=0)
+        assert slow.part_bytes == 64 << 10  # a quarter second of 1 Mbit/s, at least 64 KiB
+
+    asyncio.run(main())
+
+
 def test_a_link_measured_slow_cuts_messages_into_a_quarter_second_of_it():
     """``HostLink.part_bytes``: unmeasured, messages go whole; measured, a part is a quarter
     second of the link, at least 64 KiB; on a link fast enough, none is cut. The link is

@@ -50,7 +50,9 @@ from rrtod import __version__
 from rrtod.config import HealthConfig, HostConfig, TLSConfig
 from rrtod.grpc_options import MAX_MESSAGE
 
-THROUGHPUT_PROBE_BYTES = 256 << 10  # a ping this big measures the link's throughput
+THROUGHPUT_PROBE_BYTES = 256 << 10  # a ping this big measures the link's throughput...
+# ...once one this big said it would take under half a ping's timeout (else this one does)
+FIRST_PROBE_BYTES = 16 << 10
 SWITCH_PROBE_BYTES = 64 << 10  # a probe after an inference that moved too little to tell
 THROUGHPUT_MAX_AGE_S = 2.0  # a throughput measured longer ago than this is measured again
 THROUGHPUT_WINDOW_S = 60.0  # the estimate is the best probe of this window (a windowed max)
@@ -179,19 +181,33 @@ class HostLink:
         600 kB input read 15.6 Mbit/s on a 50 Mbit/s link, so the estimate is a windowed
         maximum (as BBR estimates a bottleneck's bandwidth) of probes taken each time a
         scheduler asks. None if it cannot be measured (the host is down). Schedulers place
-        calls with it (``rrtod.robot.scheduling``)."""
+        calls with it (``rrtod.robot.scheduling``). A link too slow to carry the full probe
+        within a ping's ``timeout`` (256 KiB take 1 s at 2 Mbit/s) is measured with the
+        first, smaller one (``FIRST_PROBE_BYTES``): the full probe went unanswered there,
+        and such a link, the slowest, sent its messages whole (``part_bytes``). A fast link
+        is measured with the full one, as the small one's time is mostly the round trip's
+        noise there."""
         now = time.monotonic()
         if self._probes and now - self._probes[-1][0] < max_age_s or not self.up:
             return self.mbit_s
         try:
             self.rtts.append(await self._timed_ping(b""))
-            full = await self._timed_ping(bytes(THROUGHPUT_PROBE_BYTES))
+            mbit_s = await self._probe(FIRST_PROBE_BYTES)
         except grpc.aio.AioRpcError:
             return self.mbit_s
-        self._probes.append((now, THROUGHPUT_PROBE_BYTES * 8 / 1e6
-                             / max(full - min(self.rtts), 1e-6)))
+        if THROUGHPUT_PROBE_BYTES * 8 / 1e6 / mbit_s < self.health.timeout / 2:
+            try:
+                mbit_s = await self._probe(THROUGHPUT_PROBE_BYTES)
+            except grpc.aio.AioRpcError:
+                pass  # (slower since, or queued behind data: the first probe's figure)
+        self._probes.append((now, mbit_s))
         self.mbit_s = max(m for at, m in self._probes if now - at <= THROUGHPUT_WINDOW_S)
         return self.mbit_s
+
+    async def _probe(self, nbytes: int) -> float:
+        """Mbit/s of one ping that carries ``nbytes``, less the least round trip measured."""
+        took = await self._timed_ping(bytes(nbytes))
+        return nbytes * 8 / 1e6 / max(took - min(self.rtts), 1e-6)
 
     async def time_upload(self, nbytes: int = SWITCH_PROBE_BYTES) -> float | None:
         """Seconds ``nbytes`` take to reach the host now beyond the link's own round trip: one
