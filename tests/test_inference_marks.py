@@ -19,16 +19,20 @@ from rrto_plugins.torch.proxy import Handle, new_proxy
 
 
 class _Channel:
+    answers_marks = True
+
     def __init__(self) -> None:
         self.marks: list[tuple[int, int, int]] = []
         self.threads: list[int] = []
         self.waited: list[int] = []
+        self.left: list[bool] = []
 
     def mark(self, index: int, start_ns: int, end_ns: int, thread: int = 0,
-             search_wait_us: int = 0) -> None:
+             search_wait_us: int = 0, left_replay: bool = False) -> None:
         self.marks.append((index, start_ns, end_ns))
         self.threads.append(thread)
         self.waited.append(search_wait_us)
+        self.left.append(left_replay)
 
 
 class _Session:
@@ -129,10 +133,33 @@ def test_a_mark_says_how_long_the_app_waited_for_searches_since_the_previous_one
     outside any inference (set-up) included."""
     icpt, session, model = _interceptor(monkeypatch)
     session.replay = types.SimpleNamespace(counters={"search_wait_ns": 0},
-                                           runs_here=lambda thread: None)
+                                           runs_here=lambda thread: None,
+                                           left_inference=lambda: False)
     session.replay.counters["search_wait_ns"] = 3_000_000  # before the first inference
     _infer(icpt, model, torch.zeros(2))
     session.replay.counters["search_wait_ns"] = 3_500_000
     _infer(icpt, model, torch.zeros(2))
     _infer(icpt, model, torch.zeros(2))
     assert session.channel.waited == [3000, 500, 0]
+
+
+def test_the_mark_of_an_inference_that_left_its_replay_is_flagged_and_its_answer_awaited(
+        monkeypatch) -> None:
+    """An inference that left its replay and forwarded after it: its mark says so
+    (``left_replay``), and the replay client is told to wait for the robot's answer before
+    the mark goes, so that the answer cannot come first. The others are not flagged."""
+    icpt, session, model = _interceptor(monkeypatch)
+    left = [False, True, False]
+    awaited: list[int] = []
+    session.replay = types.SimpleNamespace(
+        counters={"search_wait_ns": 0}, runs_here=lambda thread: None,
+        left_inference=lambda: left.pop(0),
+        await_answer=lambda: awaited.append(len(session.channel.marks)))
+    for _ in range(3):
+        _infer(icpt, model, torch.zeros(2))
+    assert session.channel.left == [False, True, False]
+    assert awaited == [1]  # before the second mark was written
+    session.channel.answers_marks = False  # a loopback: nothing would answer
+    left.append(True)
+    _infer(icpt, model, torch.zeros(2))
+    assert session.channel.left[-1] is False and awaited == [1]

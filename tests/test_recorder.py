@@ -408,6 +408,47 @@ def test_a_replayed_prefix_the_robot_did_not_see_aborted_is_ignored(tmp_path):
     assert rec.log.calls[0].out_ids == [9] and rec.variant_threads == {0}
 
 
+def test_a_variant_search_is_waited_for_as_long_as_the_inference_forwarded(tmp_path):
+    """At the mark of an inference that left its sequence, a search with the kept log is
+    due: the app's next start may wait for it as long as that inference forwarded after the
+    abort (what the variant found saves it). A switch to a known variant forwarded nothing
+    in between. A waited-for search that finds nothing stops such waits until one finds."""
+    rec = relu_in_use(tmp_path)
+    rec._found_from[3] = ([], [])  # sequence 3 has loop variants: its log is kept
+    abort_then_forward(rec, 9)
+    time.sleep(0.05)
+    assert rec.inference_ended(0)  # the merge search is due
+    assert 0.05 <= rec.forwarded_s < 5 and rec.variant_wait(0) == rec.forwarded_s
+    assert rec.variant_wait(1) is None  # no variant of thread 1
+
+    async def search(found: ops_pb2.SequenceDef | None) -> None:
+        rec.search_now = lambda: found  # type: ignore[method-assign]
+        pushed: list[ops_pb2.SequenceDef] = []
+
+        async def push(d: ops_pb2.SequenceDef) -> None:
+            pushed.append(d)
+
+        await rec._search(push, None)
+        assert pushed == ([found] if found is not None else [])
+
+    asyncio.run(search(None))  # waited for, found nothing
+    assert not rec.variant_hints and rec.variant_wait(0) is None
+    asyncio.run(search(None))  # not waited for: changes nothing
+    assert not rec.variant_hints
+    rec.variant_hints = True
+    assert rec.variant_wait(0) is not None
+    asyncio.run(search(ops_pb2.SequenceDef(id=4)))
+    assert rec.variant_hints
+    # aborted, then a variant switched to at once: nothing forwarded in between
+    rec.observe(ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=3, base_id=11)))
+    rec.observe(ops_pb2.SessionUp(abort=ops_pb2.ReplayAbort(position=1)))
+    rec.observe(ops_pb2.SessionUp(start=ops_pb2.ReplayStart(sequence=3, base_id=12,
+                                                             position=1)))
+    time.sleep(0.05)
+    rec.inference_ended(0)
+    assert rec.forwarded_s < 0.05
+
+
 def test_an_inference_that_joined_its_replay_under_way_and_left_it_is_searched_as_a_variant(
         tmp_path):
     """A sequence (``relu`` then ``neg``) reached the shim after its inference forwarded the

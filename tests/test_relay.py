@@ -353,3 +353,69 @@ def test_a_plan_the_host_holds_is_switched_to_by_a_local_message_and_a_timed_rep
         relay.close()
 
     asyncio.run(main())
+
+
+class _Recorder:
+    """The recorder as the relay asks it at an inference mark: a search is due there, and
+    ``wait`` is what a variant search asks the app to wait (None: no variant search)."""
+
+    searching = True
+
+    def __init__(self, wait: float | None) -> None:
+        self.wait = wait
+        self.searches = 0
+
+    def app_waited(self, seconds: float) -> None:
+        pass
+
+    def hint_wait(self) -> float | None:
+        return None  # a sequence is in use
+
+    def inference_ended(self, thread: int = 0) -> bool:
+        return True
+
+    def variant_wait(self, thread: int) -> float | None:
+        return self.wait
+
+    def request_search(self, push, ended) -> None:
+        self.searches += 1
+
+    def observe(self, frame) -> bool:
+        return False
+
+    def awaiting_host(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_mark_of_an_inference_that_left_its_replay_is_answered() -> None:
+    """``InferenceMark.left_replay``: the app's next inference start waits to hear whether
+    the robot searches for the way that inference went. A variant search due there is hinted
+    with its bound; with no search the answer is that none runs, at once."""
+    async def main() -> None:
+        for wait in (1.5, None):
+            relay, call, app = await connect()
+            relay.recorder = _Recorder(wait)  # type: ignore[assignment]
+            await relay.open(ops_pb2.SessionOpen(app="app.py"))
+            task = asyncio.get_running_loop().create_task(relay.run())
+            app.sendall(encode(local_pb2.LocalRequest(mark=local_pb2.InferenceMark(
+                index=3, start_ns=1, end_ns=2, left_replay=True))))
+            reader, _ = await asyncio.open_unix_connection(sock=app)
+            while True:
+                reply = await asyncio.wait_for(read_frame(reader, local_pb2.LocalReply), 10)
+                if reply.WhichOneof("msg") == "session" \
+                        and reply.session.WhichOneof("msg") == "search":
+                    break
+            hint = reply.session.search
+            if wait is None:
+                assert not hint.running
+            else:
+                assert hint.running and hint.wait_us == 1_500_000
+            assert relay.recorder.searches == 1
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            relay.close()
+
+    asyncio.run(main())

@@ -598,3 +598,48 @@ def test_a_sequence_given_up_is_told_at_the_next_inference_start_never_into_a_lo
     session.lost = "gone"
     client.inference_started()  # does not raise
     assert len(session.sent) == 1
+
+
+def test_after_an_inference_left_its_replay_the_next_start_waits_for_the_robots_answer():
+    """The app's call differs from its replay, and the rest is forwarded: a hint that comes
+    now is not waited for within that inference (a sequence found would not join it: its
+    first calls were replayed, not forwarded). Its mark goes flagged, the client told first
+    (``await_answer``): the next inference start waits for the robot's answer, and a search
+    the robot runs for the way it went replays that inference whole with what it found. An
+    answer that the robot runs nothing ends the wait at once."""
+    session = Session()
+    client = ReplayClient(session)  # type: ignore[arg-type]
+    client.define(chain())
+    relu, exp, sigmoid = (torch.ops.aten.relu.default, torch.ops.aten.exp.default,
+                          torch.ops.aten.sigmoid.default)
+    client.inference_started()
+    x = client.dispatch(relu, (torch.ones(4),), {}, OpInfo(relu), 0, 0)
+    assert x is not MISS and not client.left_inference()
+    assert client.dispatch(exp, (x,), {}, OpInfo(exp), 0, 0) is MISS  # chain() has neg
+    assert client.left_inference() and session.sent[-1].abort.position == 1
+    client.search_hint(ops_pb2.SearchHint(running=True, wait_us=5_000_000))
+    assert client.dispatch(sigmoid, (torch.ones(4),), {}, OpInfo(sigmoid), 0, 0) is MISS
+    assert client.counters["search_waits"] == 0  # forwarded at once
+    client.search_hint(ops_pb2.SearchHint(running=False))
+
+    client.await_answer()  # its mark goes
+    client.inference_started()
+    assert not client.left_inference()
+    variant = chain()
+    variant.id = 6
+    threading.Timer(0.02, client.search_hint, (ops_pb2.SearchHint(
+        running=True, wait_us=5_000_000),)).start()  # the answer: a search runs
+    threading.Timer(0.2, lambda: (client.define(variant), client.search_hint(
+        ops_pb2.SearchHint(running=False)))).start()  # found, and defined by the host
+    t0 = time.monotonic()
+    assert client.dispatch(relu, (torch.ones(4),), {}, OpInfo(relu), 0, 0) is not MISS
+    assert 0.15 <= time.monotonic() - t0 < 5
+    starts = [f.start for f in session.sent if f.WhichOneof("msg") == "start"]
+    assert starts[-1].sequence == 6 and client.counters["search_waits"] == 1
+
+    client._tls.active = None  # (that inference ends)
+    client.await_answer()
+    client.inference_started()
+    client.search_hint(ops_pb2.SearchHint(running=False))  # the answer: nothing runs
+    assert client.dispatch(relu, (torch.ones(4),), {}, OpInfo(relu), 0, 0) is not MISS
+    assert client.counters["search_waits"] == 1

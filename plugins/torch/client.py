@@ -57,11 +57,13 @@ _sample = random.Random().random
 class _Dead:
     """The channel of a forked child: sends nothing."""
 
+    answers_marks = False
+
     def send(self, frames: list) -> None:
         raise OSError("no connection in a forked child")
 
     def mark(self, index: int, start_ns: int, end_ns: int, thread: int = 0,
-             search_wait_us: int = 0) -> None:
+             search_wait_us: int = 0, left_replay: bool = False) -> None:
         pass
 
     def flush_marks(self) -> None:

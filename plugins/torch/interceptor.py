@@ -233,9 +233,13 @@ class TorchInterceptor:
         waited = replay.counters["search_wait_ns"] if replay is not None else 0
         with self._lock:
             waited, self._waited_ns = waited - self._waited_ns, waited
+        channel = self.session.channel
+        left = replay is not None and channel.answers_marks and replay.left_inference()
+        if left:  # the robot may search for the way it went: the next start waits to hear
+            replay.await_answer()
         try:
-            self.session.channel.mark(open_.index, open_.start_ns, open_.end_ns,
-                                      thread=open_.thread, search_wait_us=max(0, waited) // 1000)
+            channel.mark(open_.index, open_.start_ns, open_.end_ns, thread=open_.thread,
+                         search_wait_us=max(0, waited) // 1000, left_replay=left)
         except OSError:
             pass  # a lost connection is reported by the next forwarded call
 

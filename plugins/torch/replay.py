@@ -86,6 +86,10 @@ RELEASE_STREAM_AT = 64  # ... and while the app runs ahead of the host (``_advan
 # The longest an inference start waits for a search (``SearchHint``): the robot's
 # ``record.search_wait`` bounds it (at most this); a guard against a robot's wrong value.
 SEARCH_WAIT_MAX_S = 10.0
+# How long an inference start waits for the robot's answer to the mark of an inference that
+# left its replay (``InferenceMark.left_replay``): a write and a reply on the unix socket,
+# ~1 ms; a robot busy elsewhere is not waited for past this.
+MARK_ANSWER_S = 0.05
 PROFILED = 3  # inferences of each plan whose robot steps are timed (``SequenceProfile``)
 # Pushed sizes kept (``ReplaySizes``): inferences, and calls of each (beyond: planned here)
 SIZED_INFERENCES = 16
@@ -767,6 +771,20 @@ class ReplayClient:
         else:
             self._search_over.set()
 
+    def left_inference(self) -> bool:
+        """This thread's inference under way left a replay and forwarded after it."""
+        return getattr(self._tls, "left", False)
+
+    def await_answer(self) -> None:
+        """The mark of an inference that left its replay is about to go: the next inference
+        start waits for the robot's answer (``search_hint``), at most ``MARK_ANSWER_S``, as
+        for a search. The robot may search for the way it went (a variant of the sequence it
+        left), and that inference would otherwise replay the old one and leave it again at
+        the same place. Set before the mark is written, so that the answer cannot come
+        first."""
+        self._search_until = max(self._search_until, time.monotonic() + MARK_ANSWER_S)
+        self._search_over.clear()
+
     @property
     def search_pending(self) -> bool:
         """The robot said a search is running, and has not said it is over."""
@@ -951,7 +969,9 @@ class ReplayClient:
         if resumed is not None:
             act = resumed  # (matched, its frames sent)
         elif act is None:
-            if not self._search_over.is_set():
+            if not self._search_over.is_set() and not getattr(self._tls, "left", False):
+                # (not within an inference that left its replay: a sequence found now would
+                # not join it, as the calls it replayed are no forwarded ones to map)
                 self._await_search()
             seqs = self.sequences.get(thread, ())
             for seq in seqs:
@@ -1396,6 +1416,7 @@ class ReplayClient:
             # for it while this inference ran forwarded: its replay began an inference later.
             gcfreeze.settle()
         self._tls.read_since_begin = False
+        self._tls.left = False
         self._tls.resumable = None  # (a cut inference's loop is resumed within it only)
         if self._give_up and self.session.lost is None:
             # (a thread with no sequence left never replays a call to say it then)
@@ -1886,6 +1907,7 @@ class ReplayClient:
         self._aborted[act.base] = act.position
         self._tls.active = None
         self._tls.resumable = _resume_point(act)
+        self._tls.left = True
         self.counters["mismatches"] += 1
         seq.mismatches += 1
         if seq.mismatches >= GIVE_UP_AFTER or seq.stale:

@@ -618,6 +618,15 @@ class Recorder:
         self._superseded: list[int] = []
         # thread -> ((log cleared, marks), searches with the log kept since that mark)
         self._merge_tries: dict[int, tuple[tuple[int, int] | None, int]] = {}
+        # How long the app forwarded in its last inference after leaving a replay: from an
+        # abort to the next start or mark (``observe``), summed at the mark (``forwarded_s``).
+        # What a variant found at that mark saves the next inference, so what its start may
+        # wait for that search (``variant_wait``), until one such wait found nothing.
+        self._left_at: float | None = None
+        self._forwarding_s = 0.0
+        self.forwarded_s = 0.0
+        self.variant_hints = True
+        self._variant_hinted = False
         self.strays: dict[int, int] = {}  # thread -> calls forwarded since its last replay
         # Inferences of this session that started as replays, whatever became of their
         # sequence since (one with more loop variants replaces the one it came from, and the
@@ -651,14 +660,16 @@ class Recorder:
             if kind == "fetch":
                 self._quiet = False
                 if self.searching:
-                    if not frame.fetch.in_forward \
-                            or self.log.recorded - self._mark_at > UNMARKED_FRAMES:
+                    if self.searches_at(frame.fetch):
                         return self.search_due()
                     # A value the model reads (Mask R-CNN reads each box's corners, dozens a
                     # frame): no inference ends here, and a search at each held the robot's
                     # CPU for seconds a frame and spent the search budget within a few frames.
                     self._deferred = True
         elif kind == "start":
+            if self._left_at is not None:  # a variant switched to, or a loop resumed
+                self._forwarding_s += time.monotonic() - self._left_at
+                self._left_at = None
             summary = self.sequences.get(frame.start.sequence)
             resume = frame.start.loop_count or frame.start.loop_choices
             if resume:  # the same inference, resumed after a branch it forwarded
@@ -694,6 +705,8 @@ class Recorder:
             if self._replay is not None:
                 self._arg(self._replay, frame.arg)
         elif kind == "abort":
+            if self._left_at is None:
+                self._left_at = time.monotonic()
             r, self._replay = self._replay, None
             summary = self.sequences.get(r.d.id) if r is not None else None
             if summary is not None:
@@ -708,6 +721,12 @@ class Recorder:
         elif kind == "query":
             self.seen_hashes.update(bytes(h) for h in frame.query.hashes)
         return False
+
+    def searches_at(self, fetch: ops_pb2.Fetch) -> bool:
+        """Whether a search may start at ``fetch`` (``observe``), the budget aside: a value
+        the app reads outside its forward, or inside one that has gone on unmarked too long.
+        (A value read inside the forward defers the search to the inference's mark.)"""
+        return not fetch.in_forward or self.log.recorded - self._mark_at > UNMARKED_FRAMES
 
     def _keep_cut(self, r: _Replaying) -> None:
         """``r``'s calls go into the log when the host's account of them comes."""
@@ -734,6 +753,10 @@ class Recorder:
         since the last mark (``Fetch.in_forward``), whose searches wait for this."""
         self.search_due()  # a cleared log starts afresh (the marks' positions too)
         self.log.mark(thread)
+        if self._left_at is not None:
+            self._forwarding_s += time.monotonic() - self._left_at
+            self._left_at = None
+        self.forwarded_s, self._forwarding_s = self._forwarding_s, 0.0
         quiet, self._quiet = self._quiet, True
         deferred, self._deferred = self._deferred, False
         span, self._mark_at = self.log.recorded - self._mark_at, self.log.recorded
@@ -910,6 +933,23 @@ class Recorder:
             return None
         return min(self.budget.search_wait, left)
 
+    def variant_wait(self, thread: int) -> float | None:
+        """Asked at a mark that made a search of ``thread``'s variant with the log kept due
+        (``inference_ended``): seconds the app's next inference start may wait for it
+        (``SearchHint``). Else that inference replays the sequence it left, leaves it where
+        this one did and forwards the rest: Mask R-CNN's 4th frame forwarded ~1 300 calls
+        while the variant its 3rd frame showed was searched (1.0-1.3 s). So the bound is
+        how long the inference that ended forwarded after leaving its replay
+        (``forwarded_s``): what the variant found saves. None when it forwarded nothing,
+        when this is no variant search, or once a variant search waited for found nothing
+        (an app whose frames keep going new ways would wait at every one); a variant found
+        waits again."""
+        if not self.variant_hints or self.forwarded_s <= 0 \
+                or thread not in self.variant_threads or self._merge_base(thread) is None:
+            return None
+        self._variant_hinted = True
+        return self.forwarded_s
+
     def awaiting_host(self) -> bool:
         """A definition is on its way to the host, or a search is running."""
         return bool(self._pending) or self._searching is not None
@@ -933,9 +973,13 @@ class Recorder:
                 if d is not None or not self._rerun:
                     break
         except Exception:  # a search bug costs replay, never the session
+            d = None
             log.exception("sequence search failed", session=self.session, app=self.app)
         finally:
             self._searching = None
+        if self._variant_hinted:  # the app waited for this search
+            self._variant_hinted = False
+            self.variant_hints = d is not None
         if ended is not None:
             await ended()
 

@@ -460,9 +460,13 @@ class AppRelay:
                         await out.flush()  # before the mark are logged first
                     wait = rec.hint_wait()  # asked before the inference counts, as at a download
                     if rec.inference_ended(request.mark.thread):
+                        if wait is None:  # a variant of a sequence in use, searched now?
+                            wait = rec.variant_wait(request.mark.thread)
                         if wait is not None and not self._hinted:
                             await self._hint(wait)  # the app's calls wait at the next one
                         rec.request_search(self._push_found, self._search_ended)
+                if request.mark.left_replay and not self._hinted:
+                    await self._tell_app(_SEARCH_OVER)  # no search for it: the app goes on
             else:
                 bad = FrameError(f"unexpected {kind or 'empty'} frame inside an app session")
                 break
@@ -746,8 +750,9 @@ class AppRelay:
         """If ``frames`` download a value and the search that will start on it is one the
         app's next inference start should wait for, tell the app now (``SearchHint``): before
         the download reaches the host, so before its reply reaches the app."""
-        if not any(f.WhichOneof("msg") == "fetch" for f in frames):
-            return False
+        if not any(f.WhichOneof("msg") == "fetch" and rec.searches_at(f.fetch) for f in frames):
+            return False  # (a value read inside a forward starts no search: Mask R-CNN's
+            # second frame reads ~600, and each was hinted and ended, 1 200 frames to the app)
         wait = rec.hint_wait()
         if wait is None:
             return False

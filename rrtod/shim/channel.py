@@ -34,16 +34,20 @@ class Channel(Protocol):
     session: str  # the session id the daemon gave
     host: str  # the GPU host it chose
     device: str  # the host's device
+    # a robot daemon answers a mark with ``left_replay`` (``SearchHint``); a loopback does not
+    answers_marks: bool
 
     def start(self, on_down: OnDown, on_lost: OnLost) -> None: ...
     # frames: messages, or wire.EncodedFrame (a message in wire form, which also answers
     # SerializeToString and WhichOneof)
     def send(self, frames: list[ops_pb2.SessionUp]) -> None: ...
     def mark(self, index: int, start_ns: int, end_ns: int, thread: int = 0,
-             search_wait_us: int = 0) -> None:
+             search_wait_us: int = 0, left_replay: bool = False) -> None:
         """Report one inference's span (CLOCK_MONOTONIC ns) for energy accounting, where app
         thread ``thread``'s next inference starts (the robot's search), and how long the app
-        waited for searches since its previous mark (the robot's hint budget)."""
+        waited for searches since its previous mark (the robot's hint budget).
+        ``left_replay``: the inference left a replay and forwarded after it; sent at once,
+        answered with a ``SearchHint``."""
         ...
     def flush_marks(self) -> None: ...
     def close(self) -> None: ...
@@ -82,6 +86,7 @@ class SocketChannel:
     """The robot daemon's unix socket: ``AppHello`` -> ``AppWelcome``, then session frames."""
 
     _marks: list[bytes] | tuple[()] = ()  # queued inference marks (a list once connected)
+    answers_marks = True  # the robot daemon answers a mark with ``left_replay``
     # the region for large replayed inputs (``rrtod.shared_uploads``), if the daemon sent one
     shared: _shared.Writer | None = None
 
@@ -176,7 +181,7 @@ class SocketChannel:
             send_parts(self.sock.sock, parts)
 
     def mark(self, index: int, start_ns: int, end_ns: int, thread: int = 0,
-             search_wait_us: int = 0) -> None:
+             search_wait_us: int = 0, left_replay: bool = False) -> None:
         """Queue an inference mark for the app's next write. A mark ends with the app's last
         read of an inference's outputs, just before its next inference starts. Written at once,
         it woke the robot daemon for its energy bookkeeping right when that start arrived, on
@@ -184,12 +189,17 @@ class SocketChannel:
         thread that wrote it a little later cost more still (its wake-ups take the GIL from the
         app thread: up to +8 ms on this loaded 2-core machine). With the next frames, it costs
         nothing and is accounted after they are relayed. So the daemon learns of an inference
-        when the app sends its next one (or exits: ``flush_marks``)."""
+        when the app sends its next one (or exits: ``flush_marks``). Except the mark of an
+        inference that left its replay (``left_replay``), written at once: the robot may
+        search for the way it went, and the app's next inference waits for its answer."""
         wire = encode(local_pb2.LocalRequest(mark=local_pb2.InferenceMark(
             index=index, start_ns=start_ns, end_ns=end_ns, thread=thread,
-            search_wait_us=search_wait_us)))
+            search_wait_us=search_wait_us, left_replay=left_replay)))
         with self._wlock:
             self._marks.append(wire)
+            if left_replay:
+                parts, self._marks = self._marks, []
+                send_parts(self.sock.sock, parts)
 
     def flush_marks(self) -> None:
         """Write queued marks now (the app exits)."""
@@ -208,6 +218,8 @@ class SocketChannel:
 
 class LoopbackChannel:
     """Feeds frames straight into an executor in this process (unit tests, benchmarks)."""
+
+    answers_marks = False  # no robot daemon: no search, no answer to a mark
 
     def __init__(self, executor, app: str = "loopback",
                  versions: dict[str, str] | None = None, reopen: Any = None) -> None:
@@ -236,7 +248,7 @@ class LoopbackChannel:
                     self._on_down(ops_pb2.SessionDown.FromString(down.SerializeToString()))
 
     def mark(self, index: int, start_ns: int, end_ns: int, thread: int = 0,
-             search_wait_us: int = 0) -> None:
+             search_wait_us: int = 0, left_replay: bool = False) -> None:
         self.marks.append((index, start_ns, end_ns))
 
     def flush_marks(self) -> None:

@@ -86,18 +86,20 @@ class SharedUpload(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., slot: _Optional[int] = ..., meta: _Optional[bytes] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., palette: _Optional[bytes] = ..., palette_block: _Optional[int] = ...) -> None: ...
 
 class InferenceMark(_message.Message):
-    __slots__ = ("index", "start_ns", "end_ns", "thread", "search_wait_us")
+    __slots__ = ("index", "start_ns", "end_ns", "thread", "search_wait_us", "left_replay")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     START_NS_FIELD_NUMBER: _ClassVar[int]
     END_NS_FIELD_NUMBER: _ClassVar[int]
     THREAD_FIELD_NUMBER: _ClassVar[int]
     SEARCH_WAIT_US_FIELD_NUMBER: _ClassVar[int]
+    LEFT_REPLAY_FIELD_NUMBER: _ClassVar[int]
     index: int
     start_ns: int
     end_ns: int
     thread: int
     search_wait_us: int
-    def __init__(self, index: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., thread: _Optional[int] = ..., search_wait_us: _Optional[int] = ...) -> None: ...
+    left_replay: bool
+    def __init__(self, index: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., thread: _Optional[int] = ..., search_wait_us: _Optional[int] = ..., left_replay: _Optional[bool] = ...) -> None: ...
 
 class LocalRequest(_message.Message):
     __slots__ = ("app_hello", "session", "ctl", "mark", "shared_upload")
