@@ -287,6 +287,38 @@ def test_a_link_too_slow_for_the_full_probe_is_measured_with_the_first_one():
     asyncio.run(main())
 
 
+def test_the_ping_loop_probes_again_and_the_part_size_follows_a_link_that_slowed(monkeypatch):
+    """A robot driving out of range: its link was measured fast when it came up, and its
+    messages went whole. The ping loop probes again every ``REPROBE_S``; once the fast probes
+    have left the window, the estimate is the slow link's and long messages go in parts."""
+    from rrtod.robot import host_link
+
+    monkeypatch.setattr(host_link, "REPROBE_S", 0.2)
+    monkeypatch.setattr(host_link, "THROUGHPUT_WINDOW_S", 0.5)
+
+    class Rated(Stub):
+        mbit_s = 40e3  # as loopback: (next to) no message is cut
+
+        async def Ping(self, request, timeout):  # noqa: N802
+            await asyncio.sleep(0.001 + len(request.payload) * 8 / (self.mbit_s * 1e6))
+            return object()
+
+    async def main() -> None:
+        link, _ = link_with(HealthConfig(interval=0.05, timeout=1.0))
+        stub = link.stub = Rated()  # type: ignore[assignment]
+        link.start()
+        try:
+            await until(lambda: link.mbit_s is not None, 5)
+            assert link.part_bytes is None or link.part_bytes > 10 << 20
+            stub.mbit_s = 4.0
+            await until(lambda: (link.part_bytes or 1 << 30) < 1 << 20, 10)
+        finally:
+            await link.close()
+        assert link.mbit_s < 8 and 100_000 < link.part_bytes < 150_000  # 1/4 s of ~4 Mbit/s
+
+    asyncio.run(main())
+
+
 def test_a_link_measured_slow_cuts_messages_into_a_quarter_second_of_it():
     """``HostLink.part_bytes``: unmeasured, messages go whole; measured, a part is a quarter
     second of the link, at least 64 KiB; on a link fast enough, none is cut. The link is

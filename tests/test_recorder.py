@@ -418,8 +418,9 @@ def test_a_variant_search_is_waited_for_as_long_as_the_inference_forwarded(tmp_p
     abort_then_forward(rec, 9)
     time.sleep(0.05)
     assert rec.inference_ended(0)  # the merge search is due
-    assert 0.05 <= rec.forwarded_s < 5 and rec.variant_wait(0) == rec.forwarded_s
-    assert rec.variant_wait(1) is None  # no variant of thread 1
+    assert 0.05 <= rec.forwarded_s < 5 and rec.variant_wait(0, True) == rec.forwarded_s
+    assert rec.variant_wait(1, True) is None  # no variant of thread 1
+    assert rec.variant_wait(0, False) is None  # no search due, none running
 
     async def search(found: ops_pb2.SequenceDef | None) -> None:
         rec.search_now = lambda: found  # type: ignore[method-assign]
@@ -432,11 +433,11 @@ def test_a_variant_search_is_waited_for_as_long_as_the_inference_forwarded(tmp_p
         assert pushed == ([found] if found is not None else [])
 
     asyncio.run(search(None))  # waited for, found nothing
-    assert not rec.variant_hints and rec.variant_wait(0) is None
+    assert not rec.variant_hints and rec.variant_wait(0, True) is None
     asyncio.run(search(None))  # not waited for: changes nothing
     assert not rec.variant_hints
     rec.variant_hints = True
-    assert rec.variant_wait(0) is not None
+    assert rec.variant_wait(0, True) is not None
     asyncio.run(search(ops_pb2.SequenceDef(id=4)))
     assert rec.variant_hints
     # aborted, then a variant switched to at once: nothing forwarded in between

@@ -374,7 +374,7 @@ class _Recorder:
     def inference_ended(self, thread: int = 0) -> bool:
         return True
 
-    def variant_wait(self, thread: int) -> float | None:
+    def variant_wait(self, thread: int, due: bool) -> float | None:
         return self.wait
 
     def request_search(self, push, ended) -> None:

@@ -25,12 +25,12 @@ of it (resnet50's 100 MB of weights take 16 s at 50 Mbit/s), and the benchmark's
 once lost their host that way in the middle of a model's first upload. A single message can
 take longer than that: resnet18's largest weight is 9.4 MB, 7.5 s at 10 Mbit/s, and no write
 completed while it went, so the host was lost in the app's first forward. So the link's
-throughput is probed when it first comes up, and on a link that slow a longer message goes
-in parts of a quarter second of the link each (``part_bytes``; ``wire.cut``), both ways: the
-host says it has each of the robot's (``PartsReceived``), and cuts its own replies at the size
-the robot states (``SessionOpen.part_bytes``); each is a message from the host. A stalled host
-takes nothing: its streams stop moving once its flow-control windows are full, and the bound
-above runs from then.
+throughput is probed when it first comes up (and every ``REPROBE_S`` after), and on a link
+that slow a longer message goes in parts of a quarter second of the link each (``part_bytes``;
+``wire.cut``), both ways: the host says it has each of the robot's (``PartsReceived``), and
+cuts its own replies at the size the robot states (``SessionOpen.part_bytes``); each is a
+message from the host. A stalled host takes nothing: its streams stop moving once its
+flow-control windows are full, and the bound above runs from then.
 """
 
 from __future__ import annotations
@@ -56,6 +56,10 @@ FIRST_PROBE_BYTES = 16 << 10
 SWITCH_PROBE_BYTES = 64 << 10  # a probe after an inference that moved too little to tell
 THROUGHPUT_MAX_AGE_S = 2.0  # a throughput measured longer ago than this is measured again
 THROUGHPUT_WINDOW_S = 60.0  # the estimate is the best probe of this window (a windowed max)
+# The ping loop probes at least this often (so the window holds a probe taken on the link as
+# it is now: a robot driving out of range cuts its messages to the slower link within a
+# window and a half)
+REPROBE_S = THROUGHPUT_WINDOW_S / 2
 # A session message is cut into parts of at most this many seconds of the link
 # (``HostLink.part_bytes``), none smaller than ``PART_MIN_BYTES``
 PART_S, PART_MIN_BYTES = 0.25, 64 << 10
@@ -106,7 +110,7 @@ class HostLink:
         # time, Mbit/s) of the last ``THROUGHPUT_WINDOW_S``
         self.mbit_s: float | None = None
         self._probes: deque[tuple[float, float]] = deque(maxlen=16)
-        self._probed = False  # probed once the link was first up (``_monitor``)
+        self._probe_due = 0.0  # when the ping loop probes next (``_monitor``)
 
     # The attributes host balancers read (see plugins/balancers).
     @property
@@ -251,9 +255,9 @@ class HostLink:
                 self.rtts.append(await self.ping())
                 self._lost = 0
                 self._set_state("up")
-                if not self._probed:  # before the first session's uploads (``part_bytes``)
-                    self._probed = True
-                    await self.probe_throughput()
+                if started >= self._probe_due:  # first before the first session's uploads
+                    self._probe_due = started + REPROBE_S  # (``part_bytes``), then and again
+                    await self.probe_throughput(max_age_s=REPROBE_S)
             except grpc.aio.AioRpcError as exc:
                 if self.state == "up" and self.progressed >= started:
                     self._lost = 0  # queued behind the sessions' data, which the host takes

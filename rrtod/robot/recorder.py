@@ -933,19 +933,21 @@ class Recorder:
             return None
         return min(self.budget.search_wait, left)
 
-    def variant_wait(self, thread: int) -> float | None:
-        """Asked at a mark that made a search of ``thread``'s variant with the log kept due
-        (``inference_ended``): seconds the app's next inference start may wait for it
-        (``SearchHint``). Else that inference replays the sequence it left, leaves it where
-        this one did and forwards the rest: Mask R-CNN's 4th frame forwarded ~1 300 calls
-        while the variant its 3rd frame showed was searched (1.0-1.3 s). So the bound is
-        how long the inference that ended forwarded after leaving its replay
-        (``forwarded_s``): what the variant found saves. None when it forwarded nothing,
-        when this is no variant search, or once a variant search waited for found nothing
-        (an app whose frames keep going new ways would wait at every one); a variant found
-        waits again."""
+    def variant_wait(self, thread: int, due: bool) -> float | None:
+        """Asked at ``thread``'s mark, once counted (``inference_ended``; ``due``: a search is
+        due there): seconds the app's next inference start may wait for the search of the
+        way that inference went, a variant of a sequence in use (``SearchHint``), due there
+        or running (one started at its last download). Else that inference replays the
+        sequence it left, leaves it where this one did and forwards the rest: Mask R-CNN's
+        4th frame forwarded ~1 300 calls while the variant its 3rd frame showed was
+        searched (1.0-1.3 s). So the bound is how long the inference that ended forwarded
+        after leaving its replay (``forwarded_s``): what the variant found saves. None when
+        it forwarded nothing, when no search looks for a variant of ``thread``, or once a
+        variant search waited for found nothing (an app whose frames keep going new ways
+        would wait at every one); a variant found waits again."""
         if not self.variant_hints or self.forwarded_s <= 0 \
-                or thread not in self.variant_threads or self._merge_base(thread) is None:
+                or thread not in self.variant_threads \
+                or not (due or self._searching is not None):
             return None
         self._variant_hinted = True
         return self.forwarded_s

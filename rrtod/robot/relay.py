@@ -459,11 +459,12 @@ class AppRelay:
                     if rec.searching:  # the search sees the inference whole: the frames
                         await out.flush()  # before the mark are logged first
                     wait = rec.hint_wait()  # asked before the inference counts, as at a download
-                    if rec.inference_ended(request.mark.thread):
-                        if wait is None:  # a variant of a sequence in use, searched now?
-                            wait = rec.variant_wait(request.mark.thread)
-                        if wait is not None and not self._hinted:
-                            await self._hint(wait)  # the app's calls wait at the next one
+                    due = rec.inference_ended(request.mark.thread)
+                    if wait is None or not due:  # a variant of a sequence in use, searched?
+                        wait = rec.variant_wait(request.mark.thread, due)
+                    if wait is not None and not self._hinted:
+                        await self._hint(wait)  # the app's calls wait at the next one
+                    if due:
                         rec.request_search(self._push_found, self._search_ended)
                 if request.mark.left_replay and not self._hinted:
                     await self._tell_app(_SEARCH_OVER)  # no search for it: the app goes on
