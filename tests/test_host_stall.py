@@ -290,7 +290,8 @@ def test_a_link_too_slow_for_the_full_probe_is_measured_with_the_first_one():
 def test_the_ping_loop_probes_again_and_the_part_size_follows_a_link_that_slowed(monkeypatch):
     """A robot driving out of range: its link was measured fast when it came up, and its
     messages went whole. The ping loop probes again every ``REPROBE_S``; once the fast probes
-    have left the window, the estimate is the slow link's and long messages go in parts."""
+    have left the window, the estimate is the slow link's and long messages go in parts. A
+    link that goes down forgets its probes (measured again once up)."""
     from rrtod.robot import host_link
 
     monkeypatch.setattr(host_link, "REPROBE_S", 0.2)
@@ -315,6 +316,8 @@ def test_the_ping_loop_probes_again_and_the_part_size_follows_a_link_that_slowed
         finally:
             await link.close()
         assert link.mbit_s < 8 and 100_000 < link.part_bytes < 150_000  # 1/4 s of ~4 Mbit/s
+        link._set_state("down", "gone")  # the link may come back another: unmeasured till then
+        assert link.mbit_s is None and link.part_bytes is None and not link._probes
 
     asyncio.run(main())
 

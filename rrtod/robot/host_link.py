@@ -156,6 +156,9 @@ class HostLink:
         self.state = state
         self.last_error = error
         if previous == "up" and state == "down":
+            # (the link may come back another: measured afresh when it is up again)
+            self._probes.clear()
+            self.mbit_s, self._probe_due = None, 0.0
             for callback in list(self.on_down):
                 try:
                     callback(self, why or error or "down")
