@@ -220,6 +220,17 @@ BIND_OP = "aten::alias.default"
 PeerMessage = TypeVar("PeerMessage", ops_pb2.SessionUp, ops_pb2.SessionDown)
 
 
+# The smallest part a GPU host cuts its replies into, whatever part size the robot states
+MIN_PART = 64 << 10
+
+
+def reply_part(stated: int) -> int:
+    """The part size a host cuts its replies at for a robot that stated ``stated``
+    (``SessionOpen.part_bytes``, ``SessionUp.part_bytes``; 0: whole): at least ``MIN_PART``. A
+    robot that stated 1 would have a 100 MB reply cut into 100 million messages."""
+    return max(stated, MIN_PART) if stated else 0
+
+
 def cut(message: PeerMessage, part: int) -> list[PeerMessage]:
     """``message`` serialized and cut into ``MessagePart``s of at most ``part`` bytes, each
     as a message of its kind."""

@@ -505,6 +505,15 @@ def test_the_host_joins_a_message_cut_into_parts_and_ends_a_stream_of_bad_parts(
     (whole,) = [w for r in replies if (w := joiner.add(r.part)) is not None]
     assert whole[0].fetched.seq == 9 and len(whole[0].fetched.tensor.data) == 300_000
     assert [r.fetched.seq for r in _raw_session(gpu.listen, [fetch])] == [9]  # 0: whole
+    # The robot measured its link again and restates the size (``SessionUp.part_bytes``):
+    # the replies after it come so. A size under 64 KiB is cut at 64 KiB (a robot that
+    # stated 1 byte would have the host cut a reply into one message per byte).
+    replies = _raw_session(gpu.listen, [ops_pb2.SessionUp(part_bytes=1), fetch])
+    assert len(replies) == 5 and all(r.WhichOneof("msg") == "part"
+                                     and len(r.part.data) <= 64 << 10 for r in replies)
+    replies = _raw_session(gpu.listen, [ops_pb2.SessionUp(part_bytes=0), fetch],
+                           part_bytes=64 << 10)
+    assert [r.fetched.seq for r in replies] == [9]  # restated: whole from then
     assert gpu.proc.poll() is None
 
 

@@ -119,17 +119,43 @@ def test_a_bad_app_frame_is_answered_after_the_good_ones_went_up() -> None:
 
 
 def test_a_part_frame_from_an_app_is_refused() -> None:
-    """Parts (``MessagePart``) are the robot daemon's own, towards its host: an app's
-    would have the host join bytes the robot never cut."""
+    """Parts (``MessagePart``) and their size are the robot daemon's own, towards its
+    host: an app's would have the host join bytes the robot never cut, or cut its replies
+    at a size the robot never measured."""
+    async def main() -> None:
+        for kind, frame in (("part", ops_pb2.SessionUp(
+                part=ops_pb2.MessagePart(data=b"\x08", last=True))),
+                            ("part_bytes", ops_pb2.SessionUp(part_bytes=1))):
+            relay, call, app = await connect()
+            app.sendall(encode(fetch(1)) + encode(local_pb2.LocalRequest(session=frame)))
+            await asyncio.wait_for(relay.serve(ops_pb2.SessionOpen(app="app.py")), 10)
+            _, error = await replies(app, 2)
+            assert error.error.code and f"{kind} frame from an app" in error.error.message
+            assert [m.WhichOneof("msg") for m in call.written] == ["open", "fetch"]
+
+    asyncio.run(main())
+
+
+def test_a_link_measured_again_restates_its_part_size() -> None:
+    """The host cuts its replies at the size the robot stated at the open; a link measured
+    again since (``HostLink.part_bytes`` changed) restates it before its next frames
+    (``SessionUp.part_bytes``), once."""
     async def main() -> None:
         relay, call, app = await connect()
-        part = local_pb2.LocalRequest(session=ops_pb2.SessionUp(
-            part=ops_pb2.MessagePart(data=b"\x08", last=True)))
-        app.sendall(encode(fetch(1)) + encode(part))
-        await asyncio.wait_for(relay.serve(ops_pb2.SessionOpen(app="app.py")), 10)
-        _, error = await replies(app, 2)
-        assert error.error.code and "part frame from an app" in error.error.message, error
-        assert [m.WhichOneof("msg") for m in call.written] == ["open", "fetch"]
+        relay.session.host.part_bytes = None  # type: ignore[attr-defined]
+        await relay.open(ops_pb2.SessionOpen(app="app.py"))
+        task = asyncio.get_running_loop().create_task(relay.run())
+        relay.session.host.part_bytes = 100_000  # type: ignore[attr-defined]
+        app.sendall(encode(fetch(1)))
+        await asyncio.sleep(0.1)
+        app.sendall(encode(fetch(2)))
+        await asyncio.sleep(0.1)
+        kinds = [m.WhichOneof("msg") for m in call.written]
+        assert kinds == ["open", "part_bytes", "fetch", "fetch"], kinds
+        assert call.written[1].part_bytes == 100_000
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        relay.close()
 
     asyncio.run(main())
 

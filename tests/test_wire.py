@@ -232,6 +232,15 @@ def test_an_output_is_final_after_the_last_write_of_its_storage() -> None:
     assert wire.final_writes(d, None, None) == {0: 0, 1: 3, 2: 2, 3: 4}
 
 
+def test_a_host_cuts_its_replies_at_no_less_than_64_kib() -> None:
+    """``reply_part``: the size a robot states is a network value; 0 is whole."""
+    from rrtod.wire import MIN_PART, reply_part
+
+    assert MIN_PART == 64 << 10
+    assert [reply_part(n) for n in (0, 1, MIN_PART - 1, MIN_PART, 10 << 20)] == [
+        0, MIN_PART, MIN_PART, MIN_PART, 10 << 20]
+
+
 def test_a_message_cut_into_parts_joins_back_into_itself() -> None:
     """``cut`` and ``Parts`` (robot daemon to GPU host, and back): any part size, the last part
     marked; the host gets the message and its bytes once the last has come."""

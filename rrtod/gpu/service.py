@@ -44,7 +44,7 @@ from rrtod.hookspecs import InterceptionBackend, problems
 from rrtod.local_server import _in_use
 from rrtod.plugins import PluginError, Registry
 from rrtod.tls import LOCAL, peer_identity, server_credentials
-from rrtod.wire import Parts, cut
+from rrtod.wire import Parts, cut, reply_part
 
 log = structlog.get_logger("rrtod.gpu")
 
@@ -639,7 +639,11 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
 
         session.outbox.on_overflow = disconnect
 
+        # the size the robot's link takes a message in (``_down``; 0: whole), as it states it
+        part = reply_part(first.open.part_bytes)
+
         async def read_ahead() -> None:
+            nonlocal part
             parts = Parts(ops_pb2.SessionUp)  # a message the robot cut (``wire.cut``), joined
             try:
                 async for item in frames:
@@ -658,6 +662,9 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
                         continue
                     frame, nbytes = whole[0], whole[1] or nbytes
                     kind = frame.WhichOneof("msg")
+                    if kind == "part_bytes":  # the robot measured its link again
+                        part = reply_part(frame.part_bytes)
+                        continue
                     batch = list(frame.batch.frames) if kind == "batch" else [frame]
                     end = next((i for i, f in enumerate(batch) if f.WhichOneof("msg") == "close"),
                                None)
@@ -686,7 +693,6 @@ class GpuRole(peer_pb2_grpc.PeerServicer):
                               **{k: f"app {a}, host {h}" for k, (a, h) in skew.items()})
             yield ops_pb2.SessionDown(ready=ready)
             reader = loop.create_task(read_ahead())
-            part = first.open.part_bytes  # (0: every message whole)
             done = False
             while not done:
                 out: list[ops_pb2.SessionDown] = []

@@ -49,6 +49,7 @@ from rrto.v1 import peer_pb2, peer_pb2_grpc
 from rrtod import __version__
 from rrtod.config import HealthConfig, HostConfig, TLSConfig
 from rrtod.grpc_options import MAX_MESSAGE
+from rrtod.wire import MIN_PART
 
 THROUGHPUT_PROBE_BYTES = 256 << 10  # a ping this big measures the link's throughput...
 # ...once one this big said it would take under half a ping's timeout (else this one does)
@@ -62,7 +63,7 @@ THROUGHPUT_WINDOW_S = 60.0  # the estimate is the best probe of this window (a w
 REPROBE_S = THROUGHPUT_WINDOW_S / 2
 # A session message is cut into parts of at most this many seconds of the link
 # (``HostLink.part_bytes``), none smaller than ``PART_MIN_BYTES``
-PART_S, PART_MIN_BYTES = 0.25, 64 << 10
+PART_S, PART_MIN_BYTES = 0.25, MIN_PART
 
 log = structlog.get_logger("rrtod.host")
 

@@ -247,6 +247,7 @@ class AppRelay:
         self.phase = Phase.OPENING
         self.lost: str | None = None  # why the host's link went down (``lose_host``)
         self._hinted = False  # the app was told a search is running (``SearchHint``)
+        self._stated_part = 0  # the part size the host cuts its replies at, as stated to it
         self._inference_s = 0.0  # how long the app's last inference took (its mark)
         self._task: asyncio.Task[Any] | None = None  # the one running ``serve``
         self.log = log.bind(session=session.id, app=session.app, pid=session.pid,
@@ -314,6 +315,7 @@ class AppRelay:
     async def open(self, request: ops_pb2.SessionOpen) -> None:
         """Open the host's session and welcome the app."""
         session = self.session
+        self._stated_part = request.part_bytes
         await self.call.write(ops_pb2.SessionUp(open=request))
         first = await self.call.read()
         if first is grpc.aio.EOF or first.WhichOneof("msg") != "ready":
@@ -424,8 +426,8 @@ class AppRelay:
                     energy.append(None)
                 if fkind == "define" and rec is not None:  # the shim gave one up
                     rec.drop(frame.define.id, forget=True)
-                if fkind == "part":  # the robot daemon's own, towards its host
-                    bad = FrameError("a part frame from an app: parts are the robot daemon's")
+                if fkind in ("part", "part_bytes"):  # the robot daemon's own, towards its host
+                    bad = FrameError(f"a {fkind} frame from an app: the robot daemon's only")
                     break
                 if fkind == "profile":  # the robot's times: for this daemon's scheduler
                     self._profile_later(frame.profile, robot_side=True)
@@ -559,8 +561,13 @@ class AppRelay:
         rec = self.recorder
         hinted = (not self._hinted and rec is not None
                   and await self._hint_search(rec, frames))
+        link = self.session.host
         async with self.write_lock:
-            await _write(self.call, frames, self.session.host)
+            part = getattr(link, "part_bytes", None) or 0
+            if part != self._stated_part:  # the link was measured again: the host cuts so too
+                self._stated_part = part
+                await self.call.write(ops_pb2.SessionUp(part_bytes=part))
+            await _write(self.call, frames, link)
         if framing.TRACING:
             framing.hop("robot.up.written")
         await self._observe_up(frames)

@@ -270,7 +270,7 @@ class Close(_message.Message):
     def __init__(self) -> None: ...
 
 class SessionUp(_message.Message):
-    __slots__ = ("open", "call", "fetch", "release", "blob", "query", "close", "define", "start", "arg", "abort", "batch", "profile", "part")
+    __slots__ = ("open", "call", "fetch", "release", "blob", "query", "close", "define", "start", "arg", "abort", "batch", "profile", "part", "part_bytes")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     CALL_FIELD_NUMBER: _ClassVar[int]
     FETCH_FIELD_NUMBER: _ClassVar[int]
@@ -285,6 +285,7 @@ class SessionUp(_message.Message):
     BATCH_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     PART_FIELD_NUMBER: _ClassVar[int]
+    PART_BYTES_FIELD_NUMBER: _ClassVar[int]
     open: SessionOpen
     call: OpCall
     fetch: Fetch
@@ -299,7 +300,8 @@ class SessionUp(_message.Message):
     batch: SessionUpBatch
     profile: SequenceProfile
     part: MessagePart
-    def __init__(self, open: _Optional[_Union[SessionOpen, _Mapping]] = ..., call: _Optional[_Union[OpCall, _Mapping]] = ..., fetch: _Optional[_Union[Fetch, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., blob: _Optional[_Union[BlobPut, _Mapping]] = ..., query: _Optional[_Union[BlobQuery, _Mapping]] = ..., close: _Optional[_Union[Close, _Mapping]] = ..., define: _Optional[_Union[SequenceDef, _Mapping]] = ..., start: _Optional[_Union[ReplayStart, _Mapping]] = ..., arg: _Optional[_Union[ReplayArg, _Mapping]] = ..., abort: _Optional[_Union[ReplayAbort, _Mapping]] = ..., batch: _Optional[_Union[SessionUpBatch, _Mapping]] = ..., profile: _Optional[_Union[SequenceProfile, _Mapping]] = ..., part: _Optional[_Union[MessagePart, _Mapping]] = ...) -> None: ...
+    part_bytes: int
+    def __init__(self, open: _Optional[_Union[SessionOpen, _Mapping]] = ..., call: _Optional[_Union[OpCall, _Mapping]] = ..., fetch: _Optional[_Union[Fetch, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., blob: _Optional[_Union[BlobPut, _Mapping]] = ..., query: _Optional[_Union[BlobQuery, _Mapping]] = ..., close: _Optional[_Union[Close, _Mapping]] = ..., define: _Optional[_Union[SequenceDef, _Mapping]] = ..., start: _Optional[_Union[ReplayStart, _Mapping]] = ..., arg: _Optional[_Union[ReplayArg, _Mapping]] = ..., abort: _Optional[_Union[ReplayAbort, _Mapping]] = ..., batch: _Optional[_Union[SessionUpBatch, _Mapping]] = ..., profile: _Optional[_Union[SequenceProfile, _Mapping]] = ..., part: _Optional[_Union[MessagePart, _Mapping]] = ..., part_bytes: _Optional[int] = ...) -> None: ...
 
 class MessagePart(_message.Message):
     __slots__ = ("data", "last")
