@@ -82,7 +82,16 @@ from rrtod.robot.placement import Lane, NeedPull, Placement
 from rrtod.robot.recorder import Recorder
 from rrtod.robot.relay import AppRelay, AppSession
 from rrtod.robot.scheduling import Scheduling
-from rrtod.wire import HEADER, REPLAY_BASE, SPAN, Parts, cut, iter_tensor_refs
+from rrtod.wire import (
+    HEADER,
+    MIN_PART,
+    REPLAY_BASE,
+    SPAN,
+    Parts,
+    cut,
+    iter_tensor_refs,
+    reply_part,
+)
 from testkit.loopdefs import branched, same_compiled
 
 from . import TARGET_NAMES
@@ -329,6 +338,10 @@ def peer_session(data: bytes) -> None:
                 for piece in cut(frame, fdp.ConsumeIntInRange(1, 256)):
                     whole = joiner.add(piece.part)
                 assert whole == (frame, frame.ByteSize())
+            if frame.WhichOneof("msg") == "part_bytes":  # the stream's, as gpu.service reads it
+                part = reply_part(frame.part_bytes)
+                assert part == 0 or MIN_PART <= part == max(frame.part_bytes, MIN_PART)
+                continue
             _drive(replayer, frame, _emit)
         replayer._finish(_emit)
         assert ex.stats()["bytes_live"] <= QUOTA
