@@ -234,12 +234,15 @@ class TorchInterceptor:
         with self._lock:
             waited, self._waited_ns = waited - self._waited_ns, waited
         channel = self.session.channel
-        left = replay is not None and channel.answers_marks and replay.left_inference()
+        # (a channel that does not say it answers such a mark, a wrapper's, is not waited on)
+        left = (replay is not None and getattr(channel, "answers_marks", False)
+                and replay.left_inference())
         if left:  # the robot may search for the way it went: the next start waits to hear
             replay.await_answer()
         try:
             channel.mark(open_.index, open_.start_ns, open_.end_ns, thread=open_.thread,
-                         search_wait_us=max(0, waited) // 1000, left_replay=left)
+                         search_wait_us=max(0, waited) // 1000,
+                         **({"left_replay": True} if left else {}))
         except OSError:
             pass  # a lost connection is reported by the next forwarded call
 

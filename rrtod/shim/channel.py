@@ -35,6 +35,7 @@ class Channel(Protocol):
     host: str  # the GPU host it chose
     device: str  # the host's device
     # a robot daemon answers a mark with ``left_replay`` (``SearchHint``); a loopback does not
+    # (a channel that does not declare it, a wrapper's, is taken not to, and gets no such mark)
     answers_marks: bool
 
     def start(self, on_down: OnDown, on_lost: OnLost) -> None: ...
