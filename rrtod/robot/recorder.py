@@ -621,7 +621,8 @@ class Recorder:
         # How long the app forwarded in its last inference after leaving a replay: from an
         # abort to the next start or mark (``observe``), summed at the mark (``forwarded_s``).
         # What a variant found at that mark saves the next inference, so what its start may
-        # wait for that search (``variant_wait``), until one such wait found nothing.
+        # wait for that search (``variant_wait``), until one such wait found nothing. Kept per
+        # session: threads that leave their replays at once add up (a longer bound, no more).
         self._left_at: float | None = None
         self._forwarding_s = 0.0
         self.forwarded_s = 0.0
