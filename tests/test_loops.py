@@ -5,6 +5,7 @@ unrolled definition's first calls exactly; what a loop may read is checked."""
 from __future__ import annotations
 
 import dataclasses
+from itertools import pairwise
 
 import pytest
 
@@ -315,6 +316,25 @@ def test_each_call_of_the_hosts_order_knows_its_place_in_the_apps():
     assert sorted(where) == list(range(len(app.calls)))
     assert all(host.calls[k] == app.calls[a] for k, a in enumerate(where))
     for u in samples(d):
+        compile_sequence(u)
+
+
+def test_the_samples_a_host_checks_hold_each_variant_alone_and_after_the_one_before_it():
+    """Defining a loop with ``k`` variants compiles ``k + 3`` samples (was ``3k + 1``): no
+    iteration, each variant alone (the first and the last iteration), and one chain
+    0, 1, ..., k-1, 0 in the app's order and the host's, in which each variant follows the
+    one before it, as the pairs it replaces had them."""
+    d = branched()
+    third = d.loops[0].variants.add(when=[2.0], local_ids=[33], outputs=[33])
+    third.calls.append(call("aten::abs", [33], tensor(20)))
+    third.sources.add(kind=SRC.PRODUCED, id=20)
+    k = len(d.loops[0].variants)
+    chain = [0, 1, 2, 0]
+    got = samples(d)
+    assert got == [unroll(d, 0, choices=[]), *(unroll(d, 1, choices=[v]) for v in range(k)),
+                   unroll(d, 4, choices=chain), unroll(d, 4, choices=chain, bodies_first=True)]
+    assert {(a, b) for a, b in pairwise(chain)} == {(v, (v + 1) % k) for v in range(k)}
+    for u in got:
         compile_sequence(u)
 
 

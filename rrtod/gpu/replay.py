@@ -792,12 +792,13 @@ class HostReplayer:
             return compile_sequence(d, written, viewed, prefix=prefix, copied=copied)
         why = None
         seq = compile_sequence(loops.head(d), written, viewed, prefix=prefix)
+        layout = loops.layout_of(d)
         if check:  # (each sample compiled once, on the head: its ``pinned_by`` is read off it)
-            for n, u in enumerate(loops.samples(d)):
+            for n, u in enumerate(loops.samples(d, layout)):
                 sample = self._compile(u, check=n == 1, prefix=seq)
                 why = why or (sample.pinned if n == 1 and u.loops else pinned_by(sample))
         seq.folded, seq.counted, seq.checked, seq.pinned = d, loops.counted_by(d), check, why
-        seq.layout = loops.layout_of(d)
+        seq.layout = layout
         return seq
 
     def _prepared(self, templates: dict[Any, Any], key: Any, call: ops_pb2.OpCall) -> Any:
