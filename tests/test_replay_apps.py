@@ -329,6 +329,42 @@ def test_steady_app_idiom_replays_with_outputs_equal_to_local(fresh, name, tmp_p
     assert stats["replays"] > 0 and stats["failed"] == 0, stats
 
 
+@pytest.mark.parametrize("name", ["thread_per_frame", "worker_turns"])
+def test_inferences_that_take_turns_on_changing_threads_replay_as_one_threads(fresh, name,
+                                                                             tmp_path):
+    """Frames run one at a time, each on another thread (``plugins/torch/lanes.py``): a new
+    thread per frame, or three workers in turn. The threads share a lane, so the robot sees
+    their inferences one after the other as one thread's: one sequence is found after two
+    frames and every later frame replays, whichever thread runs it, with outputs equal to
+    local. Before lanes, no thread showed an inference twice: nothing ever replayed."""
+    import numpy as np
+    import torch
+
+    from compat.idioms.apps import IDIOMS, make_model
+
+    frames = 8
+    root, dump = APPS.parents[1], tmp_path / f"{name}.npz"
+    env = app_env(OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1", PYTHONPATH=str(root))
+    env.update(fresh.env, RRTO_STATS="1", RRTO_FALLBACK="error")
+    cmd = [str(BIN / "rrto-run"), "--", sys.executable, "-m", "compat.idioms.run",
+           "--entry", json.dumps({"idiom": name}), "--dump", str(dump), "--frames", str(frames)]
+    out = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    stats = shim_stats(out.stderr) or {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        want = [o.numpy() for o in IDIOMS[name](make_model(), frames)]
+    finally:
+        torch.set_num_threads(threads)
+    got = np.load(dump)
+    assert [got[f"o{i}"].tobytes() for i in range(frames)] == [w.tobytes() for w in want]
+    assert stats["by_inference"]["replays"] == [0, 0] + [1] * (frames - 2), stats
+    assert stats["mismatches"] == 0 and stats["failed"] == 0, stats
+    (seq,) = fresh.ask("sequences")["sequences"]
+    assert seq["thread"] == 0 and seq["replays"] == frames - 2, seq
+
+
 def test_shapes_that_follow_the_data_replay_with_one_reply_per_inference(fresh, tmp_path):
     """``dynamic_head``: a count of detections that differs every frame (``nonzero``, a boolean
     mask), integers the app derives from it, a buffer it creates in its forward sized by it and

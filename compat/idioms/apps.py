@@ -163,6 +163,46 @@ def threads(model, frames):
     return out + [results[i] for i in range(1, frames)]
 
 
+def thread_per_frame(model, frames):
+    """Each frame on a thread of its own, one after the other (a server that starts a thread
+    per request): no thread runs the model twice."""
+    results: dict[int, torch.Tensor] = {}
+
+    def work(i: int) -> None:
+        results[i] = infer(model, i)
+    for i in range(frames):
+        t = threading.Thread(target=work, args=(i,))
+        t.start()
+        t.join()
+    return [results[i] for i in range(frames)]
+
+
+def worker_turns(model, frames):
+    """Three long-lived workers take the frames in turn, one at a time (a ROS 2
+    ``MultiThreadedExecutor`` whose pool threads take the next callback when free)."""
+    import queue
+
+    jobs = [queue.Queue() for _ in range(3)]
+    done: queue.Queue = queue.Queue()
+
+    def worker(q: queue.Queue) -> None:
+        while (i := q.get()) is not None:
+            done.put((i, infer(model, i)))
+    workers = [threading.Thread(target=worker, args=(q,)) for q in jobs]
+    for w in workers:
+        w.start()
+    results = {}
+    for i in range(frames):
+        jobs[i % 3].put(i)
+        k, y = done.get()
+        results[k] = y
+    for q in jobs:
+        q.put(None)
+    for w in workers:
+        w.join()
+    return [results[i] for i in range(frames)]
+
+
 class Frames(torch.utils.data.Dataset):
     """Pre-processing in the worker, and a model that runs there too (a teacher, a feature
     extractor): a worker is a forked child, so it must not use the parent's session."""
@@ -257,4 +297,5 @@ IDIOMS: dict[str, Callable[[nn.Module, int], list[Any]]] = {
     f.__name__: f for f in (
         deepcopy_model, deepcopy_tensor, pickle_model, save_state_dict, load_state_dict_later,
         fuse_conv_bn, inplace_weight_edit, half_float_to, ema_copy, threads,
+        thread_per_frame, worker_turns,
         dataloader_workers, fork_child, buffer_state, numpy_pil, torch_compile)}

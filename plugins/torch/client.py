@@ -40,6 +40,7 @@ from .assignment import Assignment
 from .errors import DeadlineMissed, HostLost, OffloadError, RemoteOpError
 from .fallback import run_local, run_lost, writes_local
 from .journal import Journal, Unrecoverable
+from .lanes import Lanes
 from .metadata import MetaCache, OpInfo, app_device, arg_at, materialize, restride
 from .proxy import Handle, RemoteTensor, new_proxy
 from .reconnect import Reconnect
@@ -185,7 +186,8 @@ class RemoteSession:
         self._assigning: dict[int, Assignment] = {}
         # Persistent tensors written on the host since the last fork (_note_writes), by id.
         self._written: weakref.WeakValueDictionary[int, Handle] = weakref.WeakValueDictionary()
-        self._threads = itertools.count(0)
+        # The wire's thread index: a lane that app threads taking turns share (lanes.py)
+        self.lanes = Lanes()
         self.counters: collections.Counter[str] = collections.Counter()
         self._metadata = MetaCache(self.counters)
         # Told of every proxy the app reads (the interceptor ends inference marks with them).
@@ -341,6 +343,7 @@ class RemoteSession:
     def inference_started(self) -> None:
         """A thread's outermost module call (the interceptor's): the journal's window moves;
         after a loss, rebuilt values the app dropped go, and the way back is tried."""
+        self.lanes.begin()  # (a thread that has no lane takes one here: lanes.py)
         if self.replay is not None:
             self.replay.inference_started()
         if self.deadline_ns:
@@ -361,6 +364,13 @@ class RemoteSession:
             self.journal.begin(self._thread())
         elif self.fallback == "local":
             self._reconnect.poll()
+
+    def inference_ended(self) -> None:
+        """This thread's inference ended (the interceptor's mark: its outputs read). Its lane
+        may go to the next thread that begins one, unless its replay is still under way."""
+        replay = self.replay
+        if replay is None or replay.active is None:
+            self.lanes.end()
 
     def persistent_handles(self) -> list[Handle]:
         """The live persistent tensors' handles a new host must have (not those written
@@ -606,10 +616,7 @@ class RemoteSession:
         return self._thread()
 
     def _thread(self) -> int:
-        idx = getattr(self._tls, "idx", None)
-        if idx is None:
-            idx = self._tls.idx = next(self._threads)
-        return idx
+        return self.lanes.lane()
 
     def _info(self, func: Any) -> OpInfo:
         # Keyed by id: an OpOverload hashes in Python, an int in C; the info holds the

@@ -225,7 +225,9 @@ class TorchInterceptor:
             del self._open[threading.get_ident()]
             self._close(open_)
 
-    def _close(self, open_: _Open) -> None:
+    def _close(self, open_: _Open, own: bool = True) -> None:
+        """``open_`` ends: its mark goes to the robot daemon. ``own``: it is this thread's
+        inference (not one left open at exit), whose lane another thread may now take."""
         if self.stats_enabled:
             self.by_inference[open_.index] = tuple(
                 now - then for now, then in zip(self._counters(), open_.counters, strict=True))
@@ -245,12 +247,15 @@ class TorchInterceptor:
                          **({"left_replay": True} if left else {}))
         except OSError:
             pass  # a lost connection is reported by the next forwarded call
+        ended = getattr(self.session, "inference_ended", None) if own else None
+        if ended is not None:
+            ended()
 
     def close_marks(self) -> None:
         """At exit: inferences whose outputs were not all read end with their last read."""
         while self._open:
             _, open_ = self._open.popitem()
-            self._close(open_)
+            self._close(open_, own=False)
         try:
             self.session.channel.flush_marks()  # the helper thread does not outlive exit
         except (OSError, AttributeError):
