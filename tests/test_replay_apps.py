@@ -329,28 +329,21 @@ def test_steady_app_idiom_replays_with_outputs_equal_to_local(fresh, name, tmp_p
     assert stats["replays"] > 0 and stats["failed"] == 0, stats
 
 
-@pytest.mark.parametrize("name", ["thread_per_frame", "worker_turns"])
-def test_inferences_that_take_turns_on_changing_threads_replay_as_one_threads(fresh, name,
-                                                                             tmp_path):
-    """Frames run one at a time, each on another thread (``plugins/torch/lanes.py``): a new
-    thread per frame, or three workers in turn. The threads share a lane, so the robot sees
-    their inferences one after the other as one thread's: one sequence is found after two
-    frames and every later frame replays, whichever thread runs it, with outputs equal to
-    local. Before lanes, no thread showed an inference twice: nothing ever replayed."""
+def run_idiom(name: str, frames: int, daemon: Any, tmp_path: Path) -> dict:
+    """Idiom ``name`` of compat/idioms under ``rrto-run`` against ``daemon``: its outputs
+    equal, bit for bit, to the same idiom run here without offloading; the shim's stats."""
     import numpy as np
     import torch
 
     from compat.idioms.apps import IDIOMS, make_model
 
-    frames = 8
     root, dump = APPS.parents[1], tmp_path / f"{name}.npz"
     env = app_env(OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1", PYTHONPATH=str(root))
-    env.update(fresh.env, RRTO_STATS="1", RRTO_FALLBACK="error")
+    env.update(daemon.env, RRTO_STATS="1", RRTO_FALLBACK="error")
     cmd = [str(BIN / "rrto-run"), "--", sys.executable, "-m", "compat.idioms.run",
            "--entry", json.dumps({"idiom": name}), "--dump", str(dump), "--frames", str(frames)]
     out = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
-    stats = shim_stats(out.stderr) or {}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -359,10 +352,37 @@ def test_inferences_that_take_turns_on_changing_threads_replay_as_one_threads(fr
         torch.set_num_threads(threads)
     got = np.load(dump)
     assert [got[f"o{i}"].tobytes() for i in range(frames)] == [w.tobytes() for w in want]
+    return shim_stats(out.stderr) or {}
+
+
+@pytest.mark.parametrize("name", ["thread_per_frame", "worker_turns"])
+def test_inferences_that_take_turns_on_changing_threads_replay_as_one_threads(fresh, name,
+                                                                             tmp_path):
+    """Frames run one at a time, each on another thread (``plugins/torch/lanes.py``): a new
+    thread per frame, or three workers in turn. The threads share a lane, so the robot sees
+    their inferences one after the other as one thread's: one sequence is found after two
+    frames and every later frame replays, whichever thread runs it, with outputs equal to
+    local. Before lanes, no thread showed an inference twice: nothing ever replayed."""
+    frames = 8
+    stats = run_idiom(name, frames, fresh, tmp_path)
     assert stats["by_inference"]["replays"] == [0, 0] + [1] * (frames - 2), stats
     assert stats["mismatches"] == 0 and stats["failed"] == 0, stats
     (seq,) = fresh.ask("sequences")["sequences"]
     assert seq["thread"] == 0 and seq["replays"] == frames - 2, seq
+
+
+def test_threads_whose_inferences_overlap_replay_one_lane_at_a_time(fresh, tmp_path):
+    """``two_streams``: two threads run the model at the same time, frame after frame, each in
+    a lane of its own. Every output equals local's. Only one lane is searched and replayed:
+    the host runs one replay at a time per session and a ``ReplayArg`` names no replay, so the
+    input a replay takes mid-inference would go to the other lane's replay if both ran at
+    once. The robot searches no lane while another has a sequence in use
+    (``Recorder.searching``), and the same calls found on a second lane are not adopted again
+    (docs/record-replay.md, "Threads that take turns: lanes")."""
+    stats = run_idiom("two_streams", 16, fresh, tmp_path)
+    assert stats["replays"] > 0 and stats["failed"] == 0, stats
+    lanes = {s["thread"] for s in fresh.ask("sequences")["sequences"]}
+    assert len(lanes) == 1, lanes
 
 
 def test_shapes_that_follow_the_data_replay_with_one_reply_per_inference(fresh, tmp_path):

@@ -203,6 +203,24 @@ def worker_turns(model, frames):
     return [results[i] for i in range(frames)]
 
 
+def two_streams(model, frames):
+    """Two long-lived threads run the model at the same time, frame after frame (two cameras
+    served by one model): their inferences overlap all the time."""
+    results: dict[int, torch.Tensor] = {}
+    start = threading.Barrier(2)
+
+    def stream(first: int) -> None:
+        start.wait()
+        for i in range(first, frames, 2):
+            results[i] = infer(model, i)
+    workers = [threading.Thread(target=stream, args=(k,)) for k in (0, 1)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return [results[i] for i in range(frames)]
+
+
 class Frames(torch.utils.data.Dataset):
     """Pre-processing in the worker, and a model that runs there too (a teacher, a feature
     extractor): a worker is a forked child, so it must not use the parent's session."""
@@ -297,5 +315,5 @@ IDIOMS: dict[str, Callable[[nn.Module, int], list[Any]]] = {
     f.__name__: f for f in (
         deepcopy_model, deepcopy_tensor, pickle_model, save_state_dict, load_state_dict_later,
         fuse_conv_bn, inplace_weight_edit, half_float_to, ema_copy, threads,
-        thread_per_frame, worker_turns,
+        thread_per_frame, worker_turns, two_streams,
         dataloader_workers, fork_child, buffer_state, numpy_pil, torch_compile)}
