@@ -203,16 +203,31 @@ def worker_turns(model, frames):
     return [results[i] for i in range(frames)]
 
 
+class LateInput(nn.Module):
+    """``net(x) + shift``: ``shift`` is an input only the last call reads, so a replay takes
+    it mid-inference (a ``ReplayArg`` after the start)."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+        return self.net(x) + shift
+
+
 def two_streams(model, frames):
     """Two long-lived threads run the model at the same time, frame after frame (two cameras
-    served by one model): their inferences overlap all the time."""
+    served by one model): their inferences overlap all the time. Each frame also passes an
+    input that only the model's last call reads."""
+    wrapped = LateInput(model)
     results: dict[int, torch.Tensor] = {}
     start = threading.Barrier(2)
 
     def stream(first: int) -> None:
         start.wait()
         for i in range(first, frames, 2):
-            results[i] = infer(model, i)
+            with torch.no_grad():
+                results[i] = wrapped(frame(i), torch.full((1, 10), float(i))).cpu()
     workers = [threading.Thread(target=stream, args=(k,)) for k in (0, 1)]
     for w in workers:
         w.start()

@@ -31,6 +31,7 @@ import math
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from time import perf_counter_ns, thread_time_ns
@@ -682,6 +683,13 @@ def decode_answer(reply: ops_pb2.OpResult, session: Session, device: torch.devic
         return MISS
 
 
+class _ThreadKey:
+    """Held in an app thread's ``threading.local``: collected when that thread ends, which
+    drops its entry from ``ReplayClient._live``."""
+
+    __slots__ = ("__weakref__",)
+
+
 class ReplayClient:
     """Per session: sequences by thread, the replay in progress per thread, pushed outputs."""
 
@@ -707,6 +715,9 @@ class ReplayClient:
         self._sizes: dict[int, dict[int, tuple[int, ...]]] = {}
         self._give_up: list[int] = []  # sequences the host failed: the robot records again
         self._lock = threading.Lock()
+        # Each app thread's replay under way, by a key its ``_tls`` holds (gone with the
+        # thread): a replay starts only while no other thread's is (``_replaying_elsewhere``)
+        self._live: weakref.WeakKeyDictionary[_ThreadKey, Active] = weakref.WeakKeyDictionary()
         self._upload_meta: dict[Any, bytes] = {}  # codec.replay_upload's metadata cache
         self._palette = _palette_switch()  # inputs palette-coded where they fit (``_upload``)
         # CPU time spent working out a step's outputs (at its first replay, or at each for a
@@ -870,7 +881,7 @@ class ReplayClient:
         self.session.send_frames([ops_pb2.SessionUp(abort=ops_pb2.ReplayAbort(
             position=act.position))])
         self._aborted[act.base] = act.position
-        self._tls.active = None
+        self._set_active(None)
         self.counters["abandoned"] += 1
 
     def wake(self) -> None:
@@ -944,6 +955,31 @@ class ReplayClient:
     def active(self) -> Active | None:
         return getattr(self._tls, "active", None)
 
+    def _set_active(self, act: Active | None) -> None:
+        """This thread's replay under way (None: none), also kept where the other threads
+        see it (``_replaying_elsewhere``)."""
+        self._tls.active = act
+        key = getattr(self._tls, "key", None)
+        if key is None:
+            key = self._tls.key = _ThreadKey()
+        with self._lock:
+            if act is None:
+                self._live.pop(key, None)
+            else:
+                self._live[key] = act
+
+    def _replaying_elsewhere(self) -> bool:
+        """Another app thread's replay is under way. The host runs one replay at a time per
+        session, and a ``ReplayArg`` or ``ReplayAbort`` names no replay: a start while another
+        thread's replay still takes arguments would hand them to the wrong one (two lanes
+        with sequences, threads whose inferences overlap). So a replay starts only when no
+        other thread's is under way; until then this thread's calls are forwarded."""
+        if not self._live:
+            return False
+        key = getattr(self._tls, "key", None)
+        with self._lock:
+            return any(k is not key for k in self._live.keys())
+
     def dispatch(self, func: Any, args: tuple, kwargs: dict, info: OpInfo,
                  thread: int, grad_mode: int, timed: bool = False) -> Any:
         """The result of this call from the sequence in progress (or one it starts), with
@@ -956,12 +992,15 @@ class ReplayClient:
         if act is not None and act.seq.host_failed:
             if self._finish_here(act):
                 return MISS
-            self._tls.active = act = None  # failed on the host: forward from here on
+            self._set_active(None)  # failed on the host: forward from here on
+            act = None
         elif act is not None and self._broken and act.base in self._broken \
                 and self._check_broken(act):
             return MISS
         if info.value_op and act is None:
             return MISS  # a value read outside a replay: forwarded (a sequence never starts so)
+        if act is None and self._live and self._replaying_elsewhere():
+            return MISS  # (no replay starts while another thread's is under way)
         resumed = self._resume(thread, args, kwargs, info, grad_mode) \
             if act is None and getattr(self._tls, "resumable", None) is not None else None
         if resumed is MISS:
@@ -1006,7 +1045,7 @@ class ReplayClient:
                 sequence=seq.id, base_id=act.base, inference=act.base, plan=seq.plan,
                 position=act.position, joined=_read_after(seq, act.position, act.joined)))
             self.session.send_frames([start, *frames])
-            self._tls.active = act
+            self._set_active(act)
             self.counters["replays"] += 1
         else:
             frames = self._match(act, args, kwargs, info, grad_mode)
@@ -1091,7 +1130,8 @@ class ReplayClient:
         ~0.3 ms of the shim's Python beside its operator (resnet18: 100 ms against 77 here).
         Nothing can differ from local execution: it is local execution."""
         seqs = self.sequences.get(thread, ())
-        if len(seqs) != 1 or self._give_up or getattr(self._tls, "active", None) is not None:
+        if len(seqs) != 1 or self._give_up or getattr(self._tls, "active", None) is not None \
+                or self._replaying_elsewhere():
             return None
         seq = seqs[0]
         if not seq.current:
@@ -1290,7 +1330,7 @@ class ReplayClient:
                                       start, *frames])
             self._aborted[act.base] = p
             self._bases[new.base] = b
-            self._tls.active = new
+            self._set_active(new)
             self.counters["switches"] += 1
             return new
         return None
@@ -1348,7 +1388,7 @@ class ReplayClient:
             sequence=root.id, base_id=act.base, inference=act.base, position=p, joined=joined,
             loop_count=count, loop_choices=done))
         self.session.send_frames([start, *frames])
-        self._tls.active = act
+        self._set_active(act)
         self.counters["resumed"] += 1
         if len(done) < count:
             try:
@@ -1539,7 +1579,7 @@ class ReplayClient:
                 self.counters["cut"] += 1
                 self._mismatch(act)
                 break
-            self._tls.active = None
+            self._set_active(None)
             if act.timing is not None:
                 self._profiled(act)
             root = act.seq.root or act.seq
@@ -1905,7 +1945,7 @@ class ReplayClient:
         self.session.send_frames([ops_pb2.SessionUp(abort=ops_pb2.ReplayAbort(
             position=act.position))])
         self._aborted[act.base] = act.position
-        self._tls.active = None
+        self._set_active(None)
         self._tls.resumable = _resume_point(act)
         self._tls.left = True
         self.counters["mismatches"] += 1

@@ -737,9 +737,12 @@ class Recorder:
 
     @property
     def searching(self) -> bool:
-        """A search may find something: no sequence is in use, or a thread that went another
-        way than its sequences is looked at for a variant."""
-        return not self.active_threads or bool(self.variant_threads)
+        """A search may find something: no sequence is in use, a thread that went another
+        way than its sequences is looked at for a variant, or a thread with calls logged
+        has no sequence in use while another has (two streams, each a thread of its own:
+        the second was never searched once the first replayed)."""
+        return not self.active_threads or bool(self.variant_threads) \
+            or any(t not in self.active_threads for t in self.log.threads())
 
     def inference_ended(self, thread: int = 0) -> bool:
         """The app's shim says an inference of ``thread`` ended (its ``InferenceMark``; the
@@ -1073,8 +1076,10 @@ class Recorder:
                             thread=thread, reason=str(exc))
                 continue
             keys = _signature(found.keys, d)
-            if any(k == keys for k in self._keys.values()):
+            if any(k == keys and self.sequences.get(i, {}).get("thread") == thread
+                   for i, k in self._keys.items()):
                 continue  # a variant already in use (its inferences aborted for other reasons)
+                # (another thread's, the same model on a stream of its own, is not this one's)
             # An inference of a sequence with loops may be longer than it: its longest
             # in the log (for ``_stray``).
             at = sorted({0, *starts, len(entries)}) if found.loops else [0, 0]
