@@ -1081,10 +1081,11 @@ class Recorder:
                             thread=thread, reason=str(exc))
                 continue
             keys = _signature(found.keys, d)
+            # A variant already in use on this thread (its inferences aborted for other
+            # reasons); another thread's, the same model on a stream of its own, is not
             if any(k == keys and self.sequences.get(i, {}).get("thread") == thread
                    for i, k in self._keys.items()):
-                continue  # a variant already in use (its inferences aborted for other reasons)
-                # (another thread's, the same model on a stream of its own, is not this one's)
+                continue
             # An inference of a sequence with loops may be longer than it: its longest
             # in the log (for ``_stray``).
             at = sorted({0, *starts, len(entries)}) if found.loops else [0, 0]
