@@ -643,3 +643,49 @@ def test_after_an_inference_left_its_replay_the_next_start_waits_for_the_robots_
     client.search_hint(ops_pb2.SearchHint(running=False))  # the answer: nothing runs
     assert client.dispatch(relu, (torch.ones(4),), {}, OpInfo(relu), 0, 0) is not MISS
     assert client.counters["search_waits"] == 1
+
+
+def test_no_replay_starts_while_another_threads_is_under_way():
+    """The host runs one replay at a time per session and a ``ReplayArg`` names no replay, so
+    a thread starts one only while no other thread's is under way: until then its calls are
+    forwarded (MISS, nothing sent). Once the other replay is over (here: it mismatched), or
+    its thread is gone, the next start replays."""
+    session = Session()
+    client = ReplayClient(session)  # type: ignore[arg-type]
+    relu, info = torch.ops.aten.relu.default, OpInfo(torch.ops.aten.relu.default)
+    client.define(chain())  # lane 0's
+    other = chain()
+    other.id, other.thread = 6, 1
+    client.define(other)  # lane 1's
+
+    def on_a_thread(job: Any) -> Any:
+        out: list[Any] = []
+        t = threading.Thread(target=lambda: out.append(job()))
+        t.start()
+        t.join()
+        return out[0]
+
+    # a thread whose replay stays under way: it made the first call, then waits
+    started, finish, first = threading.Event(), threading.Event(), []
+
+    def stays() -> None:
+        first.append(client.dispatch(relu, (torch.ones(4),), {}, info, 0, 0))
+        started.set()
+        finish.wait(5)
+    t = threading.Thread(target=stays)
+    t.start()
+    assert started.wait(5) and first[0] is not MISS
+    sent = len(session.sent)
+    assert client.dispatch(relu, (torch.ones(4),), {}, info, 1, 0) is MISS
+    assert len(session.sent) == sent and client.active is None
+    finish.set()
+    t.join()  # (gone: its replay under way no longer holds the session)
+    assert client.dispatch(relu, (torch.ones(4),), {}, info, 1, 0) is not MISS
+    assert session.sent[-2].start.sequence == 6 and client.active is not None
+    # and while this thread's replay is under way, another thread's start waits in turn
+    assert on_a_thread(lambda: client.dispatch(relu, (torch.ones(4),), {}, info, 0, 0)) is MISS
+    exp = torch.ops.aten.exp.default
+    assert client.dispatch(exp, (torch.ones(4),), {}, OpInfo(exp), 1, 0) is MISS  # a mismatch
+    assert client.active is None and session.sent[-1].abort.position == 1
+    assert on_a_thread(lambda: client.dispatch(relu, (torch.ones(4),), {}, info, 0, 0)) \
+        is not MISS

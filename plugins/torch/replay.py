@@ -968,6 +968,26 @@ class ReplayClient:
             else:
                 self._live[key] = act
 
+    def _claim(self, act: Active) -> bool:
+        """Hold the session's replay for ``act`` (this thread's next) unless another
+        thread's is under way: checked and set at once, so that two threads that both saw
+        none cannot both start. ``_set_active`` makes it this thread's once its start is
+        sent; ``_unclaim`` gives it back if sending fails."""
+        key = getattr(self._tls, "key", None)
+        if key is None:
+            key = self._tls.key = _ThreadKey()
+        with self._lock:
+            if any(k is not key for k in self._live.keys()):
+                return False
+            self._live[key] = act
+        return True
+
+    def _unclaim(self) -> None:
+        key = getattr(self._tls, "key", None)
+        if getattr(self._tls, "active", None) is None and key is not None:
+            with self._lock:
+                self._live.pop(key, None)
+
     def _replaying_elsewhere(self) -> bool:
         """Another app thread's replay is under way. The host runs one replay at a time per
         session, and a ``ReplayArg`` or ``ReplayAbort`` names no replay: a start while another
@@ -1035,6 +1055,8 @@ class ReplayClient:
                     return MISS  # not the start of any sequence: an ordinary forwarded call
                 act, frames = joined
                 seq = act.seq
+            if not self._claim(act):
+                return MISS  # another thread's replay began meanwhile: forwarded
             for s in seqs:
                 s.fresh = False
             self._tls.tail, self._tls.tail_bytes = [], 0
@@ -1044,7 +1066,11 @@ class ReplayClient:
             start = ops_pb2.SessionUp(start=ops_pb2.ReplayStart(
                 sequence=seq.id, base_id=act.base, inference=act.base, plan=seq.plan,
                 position=act.position, joined=_read_after(seq, act.position, act.joined)))
-            self.session.send_frames([start, *frames])
+            try:
+                self.session.send_frames([start, *frames])
+            except BaseException:
+                self._unclaim()
+                raise
             self._set_active(act)
             self.counters["replays"] += 1
         else:
@@ -1381,13 +1407,19 @@ class ReplayClient:
         frames = self._match(act, args, kwargs, info, grad_mode)
         if frames is None:
             return None
+        if not self._claim(act):
+            return MISS  # another thread's replay began meanwhile: forwarded
         self._tls.resumable = None
         self._forget_before(act.base - 4 * SPAN)
         self._bases[act.base] = probe
         start = ops_pb2.SessionUp(start=ops_pb2.ReplayStart(
             sequence=root.id, base_id=act.base, inference=act.base, position=p, joined=joined,
             loop_count=count, loop_choices=done))
-        self.session.send_frames([start, *frames])
+        try:
+            self.session.send_frames([start, *frames])
+        except BaseException:
+            self._unclaim()
+            raise
         self._set_active(act)
         self.counters["resumed"] += 1
         if len(done) < count:
