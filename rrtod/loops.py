@@ -330,7 +330,8 @@ def samples(d: ops_pb2.SequenceDef, layout: Layout | None = None) -> list[ops_pb
     """``d``'s first loop unrolled with no iteration, one and two, each variant at least once
     in each place: what a replay end compiles when it is defined, so that a definition that
     cannot run fails then and not when an inference reaches its loop. ``d`` is checked and
-    laid out once for all of them (``layout``: its ``layout_of``, if the caller has it).
+    laid out once for all of them (``layout``: its ``layout_of``, from a caller that has
+    checked it first: a definition that fails ``check`` may not even be laid out).
 
     With ``k`` variants: each alone (the first iteration and the last), then one chain of
     ``k + 1`` iterations, 0, 1, ..., k-1, 0, in the app's order and with the bodies first:
@@ -339,8 +340,9 @@ def samples(d: ops_pb2.SequenceDef, layout: Layout | None = None) -> list[ops_pb
     samples, was 34, most of a new definition's time on the host)."""
     if not d.loops:
         return [d]
-    check(d)
-    layout = layout or layout_of(d)
+    if layout is None:
+        check(d)
+        layout = layout_of(d)
 
     def sample(count: int, choices: list[int] | None = None,
                bodies_first: bool = False) -> ops_pb2.SequenceDef:

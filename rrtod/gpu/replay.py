@@ -792,6 +792,8 @@ class HostReplayer:
             return compile_sequence(d, written, viewed, prefix=prefix, copied=copied)
         why = None
         seq = compile_sequence(loops.head(d), written, viewed, prefix=prefix)
+        if check:
+            loops.check(d)  # (first: a definition that fails it may not even be laid out)
         layout = loops.layout_of(d)
         if check:  # (each sample compiled once, on the head: its ``pinned_by`` is read off it)
             for n, u in enumerate(loops.samples(d, layout)):
