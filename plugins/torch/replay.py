@@ -972,7 +972,7 @@ class ReplayClient:
         """Hold the session's replay for ``act`` (this thread's next) unless another
         thread's is under way: checked and set at once, so that two threads that both saw
         none cannot both start. ``_set_active`` makes it this thread's once its start is
-        sent; ``_unclaim`` gives it back if sending fails."""
+        sent; ``_begin_claimed`` gives it back if sending fails."""
         key = getattr(self._tls, "key", None)
         if key is None:
             key = self._tls.key = _ThreadKey()
@@ -982,11 +982,18 @@ class ReplayClient:
             self._live[key] = act
         return True
 
-    def _unclaim(self) -> None:
-        key = getattr(self._tls, "key", None)
-        if getattr(self._tls, "active", None) is None and key is not None:
-            with self._lock:
-                self._live.pop(key, None)
+    def _begin_claimed(self, act: Active, frames: list[Any]) -> None:
+        """Send the start of ``act`` (claimed: ``_claim``) and make it this thread's replay;
+        if its frames cannot go, the claim is given back."""
+        try:
+            self.session.send_frames(frames)
+        except BaseException:
+            key = getattr(self._tls, "key", None)
+            if key is not None:
+                with self._lock:
+                    self._live.pop(key, None)
+            raise
+        self._set_active(act)
 
     def _replaying_elsewhere(self) -> bool:
         """Another app thread's replay is under way. The host runs one replay at a time per
@@ -1066,12 +1073,7 @@ class ReplayClient:
             start = ops_pb2.SessionUp(start=ops_pb2.ReplayStart(
                 sequence=seq.id, base_id=act.base, inference=act.base, plan=seq.plan,
                 position=act.position, joined=_read_after(seq, act.position, act.joined)))
-            try:
-                self.session.send_frames([start, *frames])
-            except BaseException:
-                self._unclaim()
-                raise
-            self._set_active(act)
+            self._begin_claimed(act, [start, *frames])
             self.counters["replays"] += 1
         else:
             frames = self._match(act, args, kwargs, info, grad_mode)
@@ -1415,12 +1417,7 @@ class ReplayClient:
         start = ops_pb2.SessionUp(start=ops_pb2.ReplayStart(
             sequence=root.id, base_id=act.base, inference=act.base, position=p, joined=joined,
             loop_count=count, loop_choices=done))
-        try:
-            self.session.send_frames([start, *frames])
-        except BaseException:
-            self._unclaim()
-            raise
-        self._set_active(act)
+        self._begin_claimed(act, [start, *frames])
         self.counters["resumed"] += 1
         if len(done) < count:
             try:
