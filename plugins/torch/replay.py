@@ -955,13 +955,18 @@ class ReplayClient:
     def active(self) -> Active | None:
         return getattr(self._tls, "active", None)
 
+    def _key(self) -> _ThreadKey:
+        """This thread's key in ``_live`` (made at its first use)."""
+        key = getattr(self._tls, "key", None)
+        if key is None:
+            key = self._tls.key = _ThreadKey()
+        return key
+
     def _set_active(self, act: Active | None) -> None:
         """This thread's replay under way (None: none), also kept where the other threads
         see it (``_replaying_elsewhere``)."""
         self._tls.active = act
-        key = getattr(self._tls, "key", None)
-        if key is None:
-            key = self._tls.key = _ThreadKey()
+        key = self._key()
         with self._lock:
             if act is None:
                 self._live.pop(key, None)
@@ -973,9 +978,7 @@ class ReplayClient:
         thread's is under way: checked and set at once, so that two threads that both saw
         none cannot both start. ``_set_active`` makes it this thread's once its start is
         sent; ``_begin_claimed`` gives it back if sending fails."""
-        key = getattr(self._tls, "key", None)
-        if key is None:
-            key = self._tls.key = _ThreadKey()
+        key = self._key()
         with self._lock:
             if any(k is not key for k in self._live.keys()):
                 return False
@@ -988,10 +991,7 @@ class ReplayClient:
         try:
             self.session.send_frames(frames)
         except BaseException:
-            key = getattr(self._tls, "key", None)
-            if key is not None:
-                with self._lock:
-                    self._live.pop(key, None)
+            self._set_active(None)
             raise
         self._set_active(act)
 
