@@ -689,3 +689,63 @@ def test_no_replay_starts_while_another_threads_is_under_way():
     assert client.active is None and session.sent[-1].abort.position == 1
     assert on_a_thread(lambda: client.dispatch(relu, (torch.ones(4),), {}, info, 0, 0)) \
         is not MISS
+
+
+def weighted(seq_id: int, lane: int) -> ops_pb2.SequenceDef:
+    """``mul(x, w) -> relu``: an upload and a weight bound by its hash, on ``lane``."""
+    meta = ops_pb2.TensorMeta(dtype="float32", shape=[4], stride=[1])
+    d = ops_pb2.SequenceDef(id=seq_id, thread=lane, local_ids=[2, 3], outputs=[3])
+    mul = d.calls.add(op="aten::mul.Tensor", out_ids=[2], out_meta=[meta])
+    mul.args.add().tensor.upload.meta.CopyFrom(meta)
+    d.sources.add(kind=ops_pb2.SeqSource.INPUT)
+    mul.args.add().tensor.persistent = b"w" * 16
+    d.sources.add(kind=ops_pb2.SeqSource.PERSISTENT, hash=b"w" * 16)
+    relu = d.calls.add(op="aten::relu.default", out_ids=[3], out_meta=[meta])
+    relu.args.add().tensor.id = 2
+    d.sources.add(kind=ops_pb2.SeqSource.PRODUCED, id=2)
+    return d
+
+
+def test_a_start_that_loses_the_race_for_the_replay_binds_nothing_it_did_not_send():
+    """Two lanes with sequences that read the same weight. Thread B's first call comes when
+    no replay is under way, and thread A's replay starts before B's does (the race between
+    B's look and its claim, made here by hiding A's replay from the look): B's call is
+    forwarded with nothing sent. Matching commits the weight's binding, so B claims the
+    session's replay before it matches: its start, later, still binds the weight (before,
+    B's bindings said bound, the host had never got it and stopped the replay at its first
+    call: ``UNKNOWN_TENSOR`` in the app)."""
+    from tests.test_hotpath import Channel
+
+    channel = Channel()
+    session = RemoteSession(channel)
+    session.hot = None
+    weight = new_proxy(Handle(session, 1 << 40, b"w" * 16, torch.ones(4)), (4,), (1,), 0,
+                       torch.float32, torch.device("cpu"))
+    weight._rrto_handle.bound = False
+    client = session.replay
+    client.define(weighted(5, 0))
+    client.define(weighted(6, 1))
+    mul = torch.ops.aten.mul.Tensor
+    started, finish = threading.Event(), threading.Event()
+
+    def lane_a() -> None:  # its replay stays under way: it made the first call, then waits
+        assert client.dispatch(mul, (torch.ones(4), weight), {}, OpInfo(mul), 0, 0) \
+            is not MISS
+        started.set()
+        finish.wait(5)
+    a = threading.Thread(target=lane_a)
+    a.start()
+    assert started.wait(5)
+    sent = len(channel.frames)
+    client._replaying_elsewhere = lambda: False  # type: ignore[method-assign]
+    assert client.dispatch(mul, (torch.ones(4), weight), {}, OpInfo(mul), 1, 0) is MISS
+    assert len(channel.frames) == sent and client.active is None
+    del client._replaying_elsewhere
+    finish.set()
+    a.join()  # gone: the session's replay is free
+    assert client.dispatch(mul, (torch.ones(4), weight), {}, OpInfo(mul), 1, 0) is not MISS
+    frames = [f for f in channel.frames[sent:] if not isinstance(f, bytes | memoryview)]
+    ups = [f for f in frames if isinstance(f, ops_pb2.SessionUp)]
+    assert [u.start.sequence for u in ups if u.HasField("start")] == [6]
+    assert [u.arg.slot for u in ups if u.HasField("arg") and u.arg.tensor.id == 1 << 40] \
+        == [1]

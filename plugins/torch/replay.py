@@ -717,7 +717,8 @@ class ReplayClient:
         self._lock = threading.Lock()
         # Each app thread's replay under way, by a key its ``_tls`` holds (gone with the
         # thread): a replay starts only while no other thread's is (``_replaying_elsewhere``)
-        self._live: weakref.WeakKeyDictionary[_ThreadKey, Active] = weakref.WeakKeyDictionary()
+        self._live: weakref.WeakKeyDictionary[_ThreadKey, Active | None] = \
+            weakref.WeakKeyDictionary()
         self._upload_meta: dict[Any, bytes] = {}  # codec.replay_upload's metadata cache
         self._palette = _palette_switch()  # inputs palette-coded where they fit (``_upload``)
         # CPU time spent working out a step's outputs (at its first replay, or at each for a
@@ -973,17 +974,25 @@ class ReplayClient:
             else:
                 self._live[key] = act
 
-    def _claim(self, act: Active) -> bool:
-        """Hold the session's replay for ``act`` (this thread's next) unless another
-        thread's is under way: checked and set at once, so that two threads that both saw
-        none cannot both start. ``_set_active`` makes it this thread's once its start is
-        sent; ``_begin_claimed`` gives it back if sending fails."""
+    def _claim(self) -> bool:
+        """Hold the session's replay for this thread's next unless another thread's is under
+        way: checked and set at once, so that two threads that both saw none cannot both
+        start. Claimed before the first call is matched, because matching commits what its
+        frames bind and send (``Sequence.bindings``, ``Sequence.sent``): frames dropped after
+        it would leave a weight the shim takes for bound that the host never got. A start
+        that is not made gives the claim back (``_unclaim``); ``_set_active`` makes it this
+        thread's replay once its start is sent (``_begin_claimed``)."""
         key = self._key()
         with self._lock:
             if any(k is not key for k in self._live.keys()):
                 return False
-            self._live[key] = act
+            self._live[key] = None
         return True
+
+    def _unclaim(self) -> None:
+        """Give back a claim that began no replay (this thread has none under way)."""
+        if getattr(self._tls, "active", None) is None:
+            self._set_active(None)
 
     def _begin_claimed(self, act: Active, frames: list[Any]) -> None:
         """Send the start of ``act`` (claimed: ``_claim``) and make it this thread's replay;
@@ -1039,42 +1048,14 @@ class ReplayClient:
                 # (not within an inference that left its replay: a sequence found now would
                 # not join it, as the calls it replayed are no forwarded ones to map)
                 self._await_search()
-            seqs = self.sequences.get(thread, ())
-            for seq in seqs:
-                if seq.steps[0].op != info.name:
-                    continue
-                if seq.current:  # placed: run the plan the robot chose
-                    seq = seq.plans[seq.current - 1]
-                act = Active(seq, REPLAY_BASE + next(self._inference) * SPAN)
-                if seq.plan and seq.profiled < PROFILED and seq.definition.profile:
-                    act.timing = [0] * len(seq.steps)
-                frames = self._match(act, args, kwargs, info, grad_mode)
-                if frames is not None:
-                    break
-            else:
-                fresh = [s for s in seqs if s.fresh]
-                joined = None
-                if fresh:  # looked at once: its first call after it arrived
-                    for s in fresh:
-                        s.fresh = False
-                    joined = self._join(fresh, args, kwargs, info, grad_mode)
-                if joined is None:
-                    return MISS  # not the start of any sequence: an ordinary forwarded call
-                act, frames = joined
-                seq = act.seq
-            if not self._claim(act):
+            if not self._claim():
                 return MISS  # another thread's replay began meanwhile: forwarded
-            for s in seqs:
-                s.fresh = False
-            self._tls.tail, self._tls.tail_bytes = [], 0
-            self._tls.resumable = None
-            self._forget_before(act.base - 4 * SPAN)
-            self._bases[act.base] = seq
-            start = ops_pb2.SessionUp(start=ops_pb2.ReplayStart(
-                sequence=seq.id, base_id=act.base, inference=act.base, plan=seq.plan,
-                position=act.position, joined=_read_after(seq, act.position, act.joined)))
-            self._begin_claimed(act, [start, *frames])
-            self.counters["replays"] += 1
+            try:
+                act = self._start(thread, args, kwargs, info, grad_mode)
+            finally:
+                self._unclaim()  # (unless it began)
+            if act is None:
+                return MISS  # not the start of any sequence: an ordinary forwarded call
         else:
             frames = self._match(act, args, kwargs, info, grad_mode)
             if frames is None:
@@ -1364,6 +1345,48 @@ class ReplayClient:
         return None
 
     # ----- resuming a loop after a cut -----
+    def _start(self, thread: int, args: tuple, kwargs: dict, info: OpInfo,
+               grad_mode: int) -> Active | None:
+        """Begin the replay this call starts: the first call of one of the thread's
+        sequences, or a call that joins a sequence that arrived during this inference
+        (``_join``). Its start and the call's frames are sent; None: it starts none. The
+        session's replay is this thread's claim (``_claim``)."""
+        seqs = self.sequences.get(thread, ())
+        for seq in seqs:
+            if seq.steps[0].op != info.name:
+                continue
+            if seq.current:  # placed: run the plan the robot chose
+                seq = seq.plans[seq.current - 1]
+            act = Active(seq, REPLAY_BASE + next(self._inference) * SPAN)
+            if seq.plan and seq.profiled < PROFILED and seq.definition.profile:
+                act.timing = [0] * len(seq.steps)
+            frames = self._match(act, args, kwargs, info, grad_mode)
+            if frames is not None:
+                break
+        else:
+            fresh = [s for s in seqs if s.fresh]
+            joined = None
+            if fresh:  # looked at once: its first call after it arrived
+                for s in fresh:
+                    s.fresh = False
+                joined = self._join(fresh, args, kwargs, info, grad_mode)
+            if joined is None:
+                return None
+            act, frames = joined
+            seq = act.seq
+        for s in seqs:
+            s.fresh = False
+        self._tls.tail, self._tls.tail_bytes = [], 0
+        self._tls.resumable = None
+        self._forget_before(act.base - 4 * SPAN)
+        self._bases[act.base] = seq
+        start = ops_pb2.SessionUp(start=ops_pb2.ReplayStart(
+            sequence=seq.id, base_id=act.base, inference=act.base, plan=seq.plan,
+            position=act.position, joined=_read_after(seq, act.position, act.joined)))
+        self._begin_claimed(act, [start, *frames])
+        self.counters["replays"] += 1
+        return act
+
     def _resume(self, thread: int, args: tuple, kwargs: dict, info: OpInfo,
                 grad_mode: int) -> Active | Any | None:
         """This thread's replay left its loop in iteration ``k`` (``_resume_point``: cut there,
@@ -1406,11 +1429,16 @@ class ReplayClient:
                   if i is not None and (ids[i] not in before or i in later)}
         act = Active(probe, REPLAY_BASE + next(self._inference) * SPAN, position=p,
                      sizes=dict(old.sizes), values=dict(old.values), joined=joined)
-        frames = self._match(act, args, kwargs, info, grad_mode)
+        if not self._claim():
+            return MISS  # another thread's replay began meanwhile: forwarded
+        frames = None
+        try:
+            frames = self._match(act, args, kwargs, info, grad_mode)
+        finally:
+            if frames is None:
+                self._unclaim()
         if frames is None:
             return None
-        if not self._claim(act):
-            return MISS  # another thread's replay began meanwhile: forwarded
         self._tls.resumable = None
         self._forget_before(act.base - 4 * SPAN)
         self._bases[act.base] = probe
