@@ -637,3 +637,24 @@ def test_the_op_log_keeps_its_threads_as_it_logs():
     assert app.log.threads() == [0, 3]
     app.log.clear()
     assert app.log.threads() == []
+
+
+def test_a_stream_with_no_sequence_is_searched_while_another_streams_is_in_use(tmp_path):
+    """Two threads (lanes) run inferences: once lane 0 has a sequence in use, lane 1, which
+    ended inferences of its own and has none, is still searched (it never was before). A
+    helper thread's calls, which end no inference, are no reason to search: its failed
+    searches would back off the session's."""
+    rec = recorder(tmp_path)
+    app = Relay(rec)
+    cnn(app)
+    rec.active_threads.add(0)  # lane 0's sequence in use
+    assert not rec.searching
+    c = ops_pb2.OpCall(seq=99, op="aten::relu", thread=2)
+    c.args.add().tensor.id = 5
+    c.out_ids.append(77)
+    rec.observe(ops_pb2.SessionUp(call=c))  # a helper thread's call: no inference ends
+    assert 2 in rec.log.threads() and not rec.searching
+    rec.inference_ended(1)  # lane 1 ended an inference
+    assert rec.searching
+    rec.active_threads.add(1)  # found: both lanes' sequences in use
+    assert not rec.searching

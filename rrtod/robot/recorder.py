@@ -602,6 +602,7 @@ class Recorder:
         self._last_cut: _Replaying | None = None  # aborted, nothing forwarded since
         self._latest: dict[int, dict[int, ops_pb2.TensorRef]] = {}
         self.variant_threads: set[int] = set()  # active threads with a variant in the log
+        self._ended_in_log: set[int] = set()  # threads with an inference mark in the log
         self._variant_from: dict[int, ops_pb2.OpCall] = {}  # thread -> its first variant call
         self._keys: dict[int, tuple[Any, ...]] = {}  # sequence -> its ``_signature``
         # A sequence whose loop has variants: the log it was found from (entries, inference
@@ -737,9 +738,14 @@ class Recorder:
 
     @property
     def searching(self) -> bool:
-        """A search may find something: no sequence is in use, or a thread that went another
-        way than its sequences is looked at for a variant."""
-        return not self.active_threads or bool(self.variant_threads)
+        """A search may find something: no sequence is in use, a thread that went another
+        way than its sequences is looked at for a variant, or a thread with calls logged
+        has no sequence in use while another has (two streams, each a thread of its own:
+        the second was never searched once the first replayed). Only a thread that ended an
+        inference in the log counts: a helper thread's calls on an output are no stream, and
+        failed searches of them would back off the session's searches (its variants')."""
+        return not self.active_threads or bool(self.variant_threads) \
+            or any(t not in self.active_threads for t in self._ended_in_log)
 
     def inference_ended(self, thread: int = 0) -> bool:
         """The app's shim says an inference of ``thread`` ended (its ``InferenceMark``; the
@@ -754,6 +760,7 @@ class Recorder:
         since the last mark (``Fetch.in_forward``), whose searches wait for this."""
         self.search_due()  # a cleared log starts afresh (the marks' positions too)
         self.log.mark(thread)
+        self._ended_in_log.add(thread)
         if self._left_at is not None:
             self._forwarding_s += time.monotonic() - self._left_at
             self._left_at = None
@@ -1007,6 +1014,7 @@ class Recorder:
             self.quiet_period = None
             self.hinted_s = 0.0
             self.variant_threads.clear()  # their logged variants went with the log
+            self._ended_in_log.clear()
             self._variant_from.clear()
         return self.log.recorded >= self.next_search
 
@@ -1073,8 +1081,11 @@ class Recorder:
                             thread=thread, reason=str(exc))
                 continue
             keys = _signature(found.keys, d)
-            if any(k == keys for k in self._keys.values()):
-                continue  # a variant already in use (its inferences aborted for other reasons)
+            # A variant already in use on this thread (its inferences aborted for other
+            # reasons); another thread's, the same model on a stream of its own, is not
+            if any(k == keys and self.sequences.get(i, {}).get("thread") == thread
+                   for i, k in self._keys.items()):
+                continue
             # An inference of a sequence with loops may be longer than it: its longest
             # in the log (for ``_stray``).
             at = sorted({0, *starts, len(entries)}) if found.loops else [0, 0]
