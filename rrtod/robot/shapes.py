@@ -25,6 +25,17 @@ for every difference, or the candidate is refused:
 A call the host answered with its output metadata (``want_meta``: shapes only the data
 decides) or anything after a difference makes the rest of the sequence ``varies_from``: the
 shim then works those calls' outputs out every inference instead of once.
+
+A count the data decides can also happen to be the same in every recorded repetition (a
+detector's RPN kept 257 boxes in both), and an integer the app derives from it then does not
+differ (``torch.zeros((num_rois, 256, 7, 7))``, ``reshape(num_rois * num_classes, 4)``).
+Recorded as a constant, every later frame with another count would mismatch there. So after an
+answered call, an integer of at least ``MIN_COUNT`` is a ``SymbolicInt`` too (``_counts``) when,
+in every repetition, it equals one size of an answered call's output, or the product of
+consecutive sizes of a tensor made in the last ``COUNT_SCAN`` calls of which one is such a size
+(the nearest). Where the app really passed a constant that happened to equal it, a later frame
+with another count mismatches, is completed by forwarding, and its search, which sees the
+integer differ from the count, records it as the constant it is: never a wrong result.
 """
 
 from __future__ import annotations
@@ -46,6 +57,12 @@ SizeOf = tuple[int, int, int, int]
 VALUE = READ_VALUE
 # How far back a symbol's tensor is looked for, in calls (a detector's sizes are used close by).
 SCAN_CALLS = 4096
+# The least integer taken for an answered count it equals (``_counts``): 0 and 1 are also
+# every dimension index, flag and empty or single size.
+MIN_COUNT = 2
+# How far back a tensor whose sizes include such a count is looked for (a reshape of it is
+# close by); an answered call's own output is looked for further, up to ``SCAN_CALLS``.
+COUNT_SCAN = 128
 
 
 class Unexplained(Exception):
@@ -59,6 +76,16 @@ class Shapes:
     symbols: dict[tuple[int, Path], SizeOf] = field(default_factory=dict)
     any_shape: set[tuple[int, int]] = field(default_factory=set)  # (call, tensor ref) uploads
     varies_from: int | None = None
+    answered: list[int] = field(default_factory=list)  # calls the host answered, in order
+    # per repetition, the sizes (at least ``MIN_COUNT``) of the answered calls' outputs so far
+    counts: list[set[int]] = field(default_factory=list)
+
+    def note_answered(self, log: list[LoggedCall], blocks: list[int], i: int) -> None:
+        self.answered.append(i)
+        if not self.counts:
+            self.counts = [set() for _ in blocks]
+        for seen, b in zip(self.counts, blocks, strict=True):
+            seen.update(n for shape in log[b + i].out_shapes() for n in shape if n >= MIN_COUNT)
 
     def note_varies(self, i: int) -> None:
         if self.varies_from is None or i < self.varies_from:
@@ -82,9 +109,12 @@ def explain_call(log: list[LoggedCall], blocks: list[int], i: int, shapes: Shape
         # ``unbind`` of a count, ``split`` into a count of parts: the host would make a
         # different number of tensors than the sequence names
         raise Unexplained(f"call {i}: another number of outputs")
-    if first.result is not None:
-        shapes.note_varies(i)  # its outputs' shapes are the host's answer
     if all(log[b + i].exact == first.exact for b in blocks):
+        if shapes.answered and first.raw is not None:
+            _counts(log, blocks, i, first.raw, shapes)
+        if first.result is not None:
+            shapes.note_varies(i)  # its outputs' shapes are the host's answer
+            shapes.note_answered(log, blocks, i)
         return
     shapes.note_varies(i)
     calls = [log[b + i].raw for b in blocks]
@@ -93,6 +123,71 @@ def explain_call(log: list[LoggedCall], blocks: list[int], i: int, shapes: Shape
     _uploads(i, calls, shapes)  # type: ignore[arg-type]
     for path, values in _differing_ints(calls):  # type: ignore[arg-type]
         shapes.symbols[(i, path)] = _size_of(log, blocks, i, values)
+    if shapes.answered:
+        _counts(log, blocks, i, first.raw, shapes)  # type: ignore[arg-type]
+    if first.result is not None:
+        shapes.note_answered(log, blocks, i)
+
+
+def _counts(log: list[LoggedCall], blocks: list[int], i: int, call: ops_pb2.OpCall,
+            shapes: Shapes) -> None:
+    """Integers of call ``i`` (the same in every repetition) that are a count the data
+    decided, or a multiple of one: each a symbol of the nearest size that explains it."""
+    ints: list[tuple[Path, int]] = []
+    for a, v in enumerate(call.args):
+        _ints(v, ("arg", a), ints)
+    for name in sorted(call.kwargs):
+        _ints(call.kwargs[name], ("kw", name), ints)
+    for path, n in ints:
+        if n < MIN_COUNT or (i, path) in shapes.symbols \
+                or not any(n % c == 0 for c in shapes.counts[0]):
+            continue
+        size = _count_size(log, blocks, i, n, shapes)
+        if size is not None:
+            shapes.symbols[(i, path)] = size
+
+
+def _ints(v: ops_pb2.Value, path: Path, out: list[tuple[Path, int]]) -> None:
+    kind = v.WhichOneof("kind")
+    if kind in ("list", "tuple"):
+        for j, item in enumerate(getattr(v, kind).items):
+            _ints(item, (*path, j), out)
+    elif kind == "i":
+        out.append((path, v.i))
+
+
+def _count_size(log: list[LoggedCall], blocks: list[int], i: int, n: int,
+                shapes: Shapes) -> SizeOf | None:
+    """The nearest size, or product of consecutive sizes of which one is an answered count,
+    that is ``n`` in every repetition: of a tensor of the last ``COUNT_SCAN`` calls, or of an
+    answered call's output up to ``SCAN_CALLS`` back."""
+    near = max(-1, i - 1 - COUNT_SCAN)
+    answered = [j for j in reversed(shapes.answered) if near >= j >= i - SCAN_CALLS]
+    for j in [*range(i - 1, near, -1), *answered]:
+        for o, shape in enumerate(log[blocks[0] + j].out_shapes()):
+            for span in range(1, len(shape) + 1):
+                for d in range(len(shape) - span + 1):
+                    if math.prod(shape[d:d + span]) == n and _counted(log, blocks, j, o, d,
+                                                                      span, n, shapes):
+                        return (j, o, d, span)
+    return None
+
+
+def _counted(log: list[LoggedCall], blocks: list[int], j: int, o: int, d: int, span: int,
+             n: int, shapes: Shapes) -> bool:
+    """Sizes ``d .. d + span`` of output ``o`` of call ``j`` multiply to ``n`` in every
+    repetition, and one of them is an answered count in every repetition."""
+    per_rep = []
+    for b in blocks:
+        shapes_b = log[b + j].out_shapes()
+        if o >= len(shapes_b) or d + span > len(shapes_b[o]):
+            return False
+        sizes = shapes_b[o][d:d + span]
+        if math.prod(sizes) != n:
+            return False
+        per_rep.append(sizes)
+    return any(all(sizes[e] in seen for sizes, seen in zip(per_rep, shapes.counts, strict=True))
+               for e in range(span))
 
 
 def _uploads(i: int, calls: list[ops_pb2.OpCall], shapes: Shapes) -> None:
