@@ -19,6 +19,7 @@ from rrto_plugins.torch import hotpath, native
 from rrto_plugins.torch.client import TIMED_SHARE, RemoteSession
 from rrto_plugins.torch.proxy import Handle, RemoteTensor, new_proxy
 from rrto_plugins.torch.replay import RELEASE_STREAM_AT
+from testkit.channels import Channel
 
 SRC = ops_pb2.SeqSource
 SHAPE, STRIDE = (1, 4, 2, 2), (16, 4, 2, 1)
@@ -32,30 +33,6 @@ def test_the_native_hot_path_is_built_in_ci():
     if os.environ.get("CI") != "true":
         pytest.skip("outside CI the build may be missing: the native cases skip then")
     assert BUILT, native.library("shimstep")
-
-
-class Channel:
-    """A host that takes every frame and answers nothing (the app never reads a value here)."""
-
-    device, host, session = "cpu", "stub", 1
-
-    def __init__(self) -> None:
-        self.frames: list[Any] = []
-
-    def start(self, on_down: Any, on_lost: Any) -> None:
-        pass
-
-    def send(self, frames: list[Any]) -> None:
-        self.frames += frames
-
-    def mark(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def flush_marks(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def definition(grad: int) -> ops_pb2.SequenceDef:

@@ -26,6 +26,7 @@ from rrto_plugins.torch.replay import (
     decode_answer,
 )
 from rrtod.wire import REPLAY_BASE, SPAN, released_ids
+from testkit.channels import Channel
 
 
 class Session:
@@ -714,8 +715,6 @@ def test_a_start_that_loses_the_race_for_the_replay_binds_nothing_it_did_not_sen
     session's replay before it matches: its start, later, still binds the weight (before,
     B's bindings said bound, the host had never got it and stopped the replay at its first
     call: ``UNKNOWN_TENSOR`` in the app)."""
-    from tests.test_hotpath import Channel
-
     channel = Channel()
     session = RemoteSession(channel)
     session.hot = None
