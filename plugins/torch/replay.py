@@ -1048,6 +1048,9 @@ class ReplayClient:
                 # (not within an inference that left its replay: a sequence found now would
                 # not join it, as the calls it replayed are no forwarded ones to map)
                 self._await_search()
+            if not any(s.fresh or s.steps[0].op == info.name
+                       for s in self.sequences.get(thread, ())):
+                return MISS  # it starts no sequence: an ordinary forwarded call
             if not self._claim():
                 return MISS  # another thread's replay began meanwhile: forwarded
             try:
