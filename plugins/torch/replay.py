@@ -1347,7 +1347,6 @@ class ReplayClient:
             return new
         return None
 
-    # ----- resuming a loop after a cut -----
     def _start(self, thread: int, args: tuple, kwargs: dict, info: OpInfo,
                grad_mode: int) -> Active | None:
         """Begin the replay this call starts: the first call of one of the thread's
@@ -1390,6 +1389,7 @@ class ReplayClient:
         self.counters["replays"] += 1
         return act
 
+    # ----- resuming a loop after a cut -----
     def _resume(self, thread: int, args: tuple, kwargs: dict, info: OpInfo,
                 grad_mode: int) -> Active | Any | None:
         """This thread's replay left its loop in iteration ``k`` (``_resume_point``: cut there,
