@@ -27,6 +27,7 @@ TARGET_CODE: dict[str, tuple[str, ...]] = {
                   "rrto_plugins.torch.codec", "rrto_plugins.torch.allowlist", "rrtod.loops",
                   "rrtod.wire"),
     "robot_replayed": ("rrtod.robot", "rrtod.loops", "rrtod.wire", "rrto_plugins.search"),
+    "robot_search": ("rrtod.robot.shapes", "rrtod.robot.oplog"),
     "robot_placement": ("rrtod.robot.placement", "rrtod.loops", "rrtod.wire"),
     "robot_scheduling": ("rrtod.robot.scheduling", "rrtod.robot.energy_ledger", "rrtod.partition",
                          "rrtod.wire", "rrto_plugins.balancers", "rrto_plugins.schedulers"),

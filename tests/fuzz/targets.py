@@ -39,6 +39,10 @@ robot_replayed     the robot's recorder for an aborted replay: the host's  none 
                    replies (values the app read: wire.scalar_of) into its  not logged)
                    op log, entries then built (recorder.replayed_calls,
                    OpLog.insert)
+robot_search       the robot's verification of a candidate's repetitions   Unexplained; every
+                   (robot/shapes.explain) on logged app calls: answered    symbol it makes is
+                   counts, integers equal to them or not, as the relay     the recorded integer
+                   logs them                                               in every repetition
 robot_placement    the robot's per-inference placement (robot/placement)   NeedPull (then its
                    of app frames (SessionUp) over a primary and a          ``rewrite``), none
                    replica, and of what hosts send back (SessionDown),     else; in-flight
@@ -49,6 +53,7 @@ robot_placement    the robot's per-inference placement (robot/placement)   NeedP
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import random
 import tempfile
@@ -78,10 +83,12 @@ from rrtod.gpu.blobstore import BlobStore
 from rrtod.gpu.replay import HostReplayer, compile_sequence
 from rrtod.gpu.service import REPLAY_FRAMES, _sized_session_up
 from rrtod.local_server import STREAM_LIMIT, Connection, LocalServer
+from rrtod.robot.oplog import OpLog
 from rrtod.robot.placement import Lane, NeedPull, Placement
 from rrtod.robot.recorder import Recorder
 from rrtod.robot.relay import AppRelay, AppSession
 from rrtod.robot.scheduling import Scheduling
+from rrtod.robot.shapes import VALUE, Unexplained, explain
 from rrtod.wire import (
     HEADER,
     MIN_PART,
@@ -996,6 +1003,97 @@ def _resumed_loop(fdp: Any, d: ops_pb2.SequenceDef, count: int, choices: list[in
     assert sorted(a for a in where if a < len(app.calls)) == list(range(len(app.calls)))
 
 
+# -- the robot's verification of a candidate's repetitions -------------------------------------
+def _fuzzed_ints(fdp: atheris.FuzzedDataProvider, counts: list[int], n: int) -> list[int]:
+    """``n`` integers for one call of one inference: each a constant, one of this inference's
+    answered counts, or a product of two of them."""
+    out = []
+    for _ in range(n):
+        how = fdp.ConsumeIntInRange(0, 3)
+        if how == 0 or not counts:
+            out.append(fdp.ConsumeIntInRange(-2, 300))
+        elif how == 1:
+            out.append(counts[fdp.ConsumeIntInRange(0, len(counts) - 1)])
+        elif how == 2:
+            out.append(counts[fdp.ConsumeIntInRange(0, len(counts) - 1)] * 4)
+        else:
+            out.append(-1)
+    return out
+
+
+def _int_at(call: ops_pb2.OpCall, path: tuple[Any, ...]) -> int:
+    top, where, *items = path
+    v = call.args[where] if top == "arg" else call.kwargs[where]
+    for j in items:
+        v = getattr(v, v.WhichOneof("kind")).items[j]
+    return v.i
+
+
+def robot_search(data: bytes) -> None:
+    """Inferences of the same calls (answered ``nonzero``s whose counts the fuzzer picks, per
+    inference or the same in all, and ``view``/``zeros`` calls whose integers are constants
+    or those counts), logged as the relay logs them; ``explain`` on their repetitions either
+    refuses them (``Unexplained``) or makes symbols, and every symbol is, in every repetition,
+    the integer the app passed: a size (or product of sizes) of the tensor it names, or the
+    value it names."""
+    fdp = atheris.FuzzedDataProvider(data)
+    log, seq, ids = OpLog(), 0, iter(range(10, 1 << 20))
+    shape = [fdp.ConsumeIntInRange(0, 2) for _ in range(fdp.ConsumeIntInRange(2, 8))]
+    same = fdp.ConsumeBool()  # every inference answers the same counts
+    n_inferences = fdp.ConsumeIntInRange(3, 4)
+    fixed = [fdp.ConsumeIntInRange(0, 64) for _ in shape]
+    blocks = []
+    meta = ops_pb2.TensorMeta(dtype="float32", shape=[8], stride=[1])
+    for _ in range(n_inferences):
+        blocks.append(len(log.calls))
+        counts: list[int] = []
+        last = None
+        for kind, k in zip(shape, fixed, strict=True):
+            seq += 1
+            arg = ops_pb2.Value(tensor=ops_pb2.TensorRef(id=last)) if last is not None else \
+                ops_pb2.Value(tensor=ops_pb2.TensorRef(upload=ops_pb2.TensorData(meta=meta)))
+            if kind == 0:  # answered: its output's count is the host's
+                c = ops_pb2.OpCall(seq=seq, op="aten::nonzero.default", args=[arg],
+                                   want_meta=True, grad_mode=ops_pb2.INFERENCE_MODE)
+                log.record(ops_pb2.SessionUp(call=c))
+                n = k if same else fdp.ConsumeIntInRange(0, 64)
+                last = next(ids) + (1 << 20)
+                log.record_result(ops_pb2.OpResult(seq=seq, outs=[ops_pb2.TensorMeta(
+                    dtype="int64", shape=[n, 1], stride=[1, 1])], value=ops_pb2.Value(
+                    tensor=ops_pb2.TensorRef(id=last))))
+                counts.append(n)
+                continue
+            ints = _fuzzed_ints(fdp, counts, fdp.ConsumeIntInRange(1, 3))
+            size = ops_pb2.Value(list=ops_pb2.ValueList(items=[ops_pb2.Value(i=i) for i in ints]))
+            out = next(ids)
+            dims = [max(i, 0) for i in ints]
+            c = ops_pb2.OpCall(seq=seq, grad_mode=ops_pb2.INFERENCE_MODE, out_ids=[out],
+                               out_meta=[ops_pb2.TensorMeta(dtype="float32", shape=dims)])
+            if kind == 1:
+                c.op = "aten::view.default"
+                c.args.extend([arg, size])
+            else:
+                c.op = "aten::zeros.default"
+                c.args.append(size)
+            log.record(ops_pb2.SessionUp(call=c))
+            last = out
+        seq += 1
+        log.record(ops_pb2.SessionUp(fetch=ops_pb2.Fetch(seq=seq, id=last)))
+    entries = log.entries(0)
+    try:
+        found = explain(entries, blocks[1:], len(shape))
+    except Unexplained:
+        return
+    for (i, path), (j, o, d, span) in found.symbols.items():
+        assert j < i, (i, j)
+        for b in blocks[1:]:
+            want = _int_at(entries[b + i].raw, path)
+            if d == VALUE:
+                continue  # (no value is read here)
+            got = entries[b + j].out_shapes()[o][d:d + span]
+            assert len(got) == span and math.prod(got) == want, (i, path, j, o, d, span, got)
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "frames": frames,
     "local_socket": local_socket,
@@ -1006,6 +1104,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "loop_defs": loop_defs,
     "shim_down": shim_down,
     "robot_replayed": robot_replayed,
+    "robot_search": robot_search,
     "robot_placement": robot_placement,
     "robot_scheduling": robot_scheduling,
 }
