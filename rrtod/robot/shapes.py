@@ -111,23 +111,18 @@ def explain_call(log: list[LoggedCall], blocks: list[int], i: int, shapes: Shape
         # ``unbind`` of a count, ``split`` into a count of parts: the host would make a
         # different number of tensors than the sequence names
         raise Unexplained(f"call {i}: another number of outputs")
-    if all(log[b + i].exact == first.exact for b in blocks):
-        if shapes.answered and first.raw is not None:
-            _counts(log, blocks, i, first.raw, shapes)
-        if first.result is not None:
-            shapes.note_varies(i)  # its outputs' shapes are the host's answer
-            shapes.note_answered(log, blocks, i)
-        return
-    shapes.note_varies(i)
-    calls = [log[b + i].raw for b in blocks]
-    if any(c is None for c in calls):
-        raise Unexplained(f"call {i}: not recorded")
-    _uploads(i, calls, shapes)  # type: ignore[arg-type]
-    for path, values in _differing_ints(calls):  # type: ignore[arg-type]
-        shapes.symbols[(i, path)] = _size_of(log, blocks, i, values)
-    if shapes.answered:
-        _counts(log, blocks, i, first.raw, shapes)  # type: ignore[arg-type]
+    if any(log[b + i].exact != first.exact for b in blocks):
+        shapes.note_varies(i)
+        calls = [log[b + i].raw for b in blocks]
+        if any(c is None for c in calls):
+            raise Unexplained(f"call {i}: not recorded")
+        _uploads(i, calls, shapes)  # type: ignore[arg-type]
+        for path, values in _differing_ints(calls):  # type: ignore[arg-type]
+            shapes.symbols[(i, path)] = _size_of(log, blocks, i, values)
+    if shapes.answered and first.raw is not None:
+        _counts(log, blocks, i, first.raw, shapes)
     if first.result is not None:
+        shapes.note_varies(i)  # its outputs' shapes are the host's answer
         shapes.note_answered(log, blocks, i)
 
 
