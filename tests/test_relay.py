@@ -445,3 +445,57 @@ def test_the_mark_of_an_inference_that_left_its_replay_is_answered() -> None:
             relay.close()
 
     asyncio.run(main())
+
+
+def test_an_inference_run_on_the_robot_whole_is_timed_here_and_never_reaches_the_host() -> None:
+    """``ReplayStart.here``: the app ran the inference on its own tensors (a plan with every
+    call on the robot). Its start times the plan with the inference's mark, as any replay's
+    does, and the recorder logs it; the host, which has no call to run for it, gets nothing.
+    An ordinary start is still relayed."""
+    class Timing(_Placer):
+        def __init__(self) -> None:
+            super().__init__(True)
+            self.latencies: list[tuple[list, int]] = []
+
+        def timed(self, started, latency_ns):
+            self.latencies.append((list(started), latency_ns))
+            return []
+
+    class Logging(_Recorder):
+        def __init__(self) -> None:
+            super().__init__(None)
+            self.seen: list[str] = []
+
+        def observe(self, frame) -> bool:
+            self.seen.append(frame.WhichOneof("msg"))
+            return False
+
+    def inference(index: int, here: bool) -> bytes:
+        start = ops_pb2.SessionUp(start=ops_pb2.ReplayStart(
+            sequence=3, base_id=(1 << 40) * index, plan=1, here=here))
+        return (encode(local_pb2.LocalRequest(session=start))
+                + encode(local_pb2.LocalRequest(mark=local_pb2.InferenceMark(
+                    index=index, start_ns=1, end_ns=1 + 1_000_000 * index))))
+
+    async def main() -> None:
+        relay, call, app = await connect()
+        placer = Timing()
+        placer.scheduling.follows_link = False  # (no probe of the link after a mark)
+        _with_placer(relay, placer, [])
+        relay.recorder = Logging()  # type: ignore[assignment]
+        await relay.open(ops_pb2.SessionOpen(app="app.py"))
+        task = asyncio.get_running_loop().create_task(relay.run())
+        app.sendall(inference(1, here=True) + inference(2, here=False))
+        for _ in range(100):
+            if len(placer.latencies) == 2:
+                break
+            await asyncio.sleep(0.02)
+        assert placer.latencies == [([(3, 1)], 1_000_000), ([(3, 1)], 2_000_000)]
+        starts = [m.start for m in call.written if m.WhichOneof("msg") == "start"]
+        assert [s.base_id for s in starts] == [2 << 40] and not starts[0].here
+        assert relay.recorder.seen == ["start", "start"]
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        relay.close()
+
+    asyncio.run(main())

@@ -1154,12 +1154,12 @@ class ReplayClient:
         return plan
 
     def ran_here(self, plan: Sequence) -> None:
-        """An inference of ``plan`` runs here whole: its start goes out as any replay's does,
-        so that the robot daemon times the plan (``SessionPlacer.timed``); the host, which
-        runs none of its calls, has nothing to do for it."""
+        """An inference of ``plan`` runs here whole: its start goes to the robot daemon, which
+        times the plan by it (``SessionPlacer.timed``), marked ``here``: the host runs none of
+        its calls, so the robot daemon keeps it (no link traffic, no wake-up of the host)."""
         base = REPLAY_BASE + next(self._inference) * SPAN
         self.session.send_frames([ops_pb2.SessionUp(start=ops_pb2.ReplayStart(
-            sequence=plan.id, base_id=base, inference=base, plan=plan.plan))])
+            sequence=plan.id, base_id=base, inference=base, plan=plan.plan, here=True))])
         self.counters["replays"] += 1
         self.counters["here"] += 1
 

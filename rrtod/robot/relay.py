@@ -420,6 +420,15 @@ class AppRelay:
                 session.frames_up += 1
                 session.bytes_up += n
                 fkind = frame.WhichOneof("msg")
+                if fkind == "start" and frame.start.here:
+                    # An inference the app runs whole (``ReplayStart.here``): timed by its mark
+                    # here; the host, with no call to run for it, is not told.
+                    if self.placer is not None:
+                        self._started.append((frame.start.sequence, frame.start.plan))
+                    if rec is not None:  # logged as any start, after the frames before it
+                        await out.flush()
+                        await self._observe_up([frame])
+                    continue
                 if fkind == "call":
                     session.calls += 1
                 if not energy or energy[-1] is not None:

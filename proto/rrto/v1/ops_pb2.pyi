@@ -592,7 +592,7 @@ class Sizes(_message.Message):
     def __init__(self, dims: _Optional[_Iterable[int]] = ..., known: _Optional[bool] = ...) -> None: ...
 
 class ReplayStart(_message.Message):
-    __slots__ = ("sequence", "base_id", "inference", "position", "joined", "plan", "loop_count", "loop_choices")
+    __slots__ = ("sequence", "base_id", "inference", "position", "joined", "plan", "loop_count", "loop_choices", "here")
     class JoinedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -608,6 +608,7 @@ class ReplayStart(_message.Message):
     PLAN_FIELD_NUMBER: _ClassVar[int]
     LOOP_COUNT_FIELD_NUMBER: _ClassVar[int]
     LOOP_CHOICES_FIELD_NUMBER: _ClassVar[int]
+    HERE_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     base_id: int
     inference: int
@@ -616,7 +617,8 @@ class ReplayStart(_message.Message):
     plan: int
     loop_count: int
     loop_choices: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, sequence: _Optional[int] = ..., base_id: _Optional[int] = ..., inference: _Optional[int] = ..., position: _Optional[int] = ..., joined: _Optional[_Mapping[int, int]] = ..., plan: _Optional[int] = ..., loop_count: _Optional[int] = ..., loop_choices: _Optional[_Iterable[int]] = ...) -> None: ...
+    here: bool
+    def __init__(self, sequence: _Optional[int] = ..., base_id: _Optional[int] = ..., inference: _Optional[int] = ..., position: _Optional[int] = ..., joined: _Optional[_Mapping[int, int]] = ..., plan: _Optional[int] = ..., loop_count: _Optional[int] = ..., loop_choices: _Optional[_Iterable[int]] = ..., here: _Optional[bool] = ...) -> None: ...
 
 class ReplayArg(_message.Message):
     __slots__ = ("slot", "tensor", "same_as")
