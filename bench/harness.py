@@ -4,7 +4,8 @@ Per link: a measurement server, the GPU daemon, the NTO server, the link proxy i
 three (so they share one emulated link), and one robot daemon per daemon system (per-op, rrto)
 pointed at the proxy. Per cell: the link is measured first (a cell whose RTT or throughput
 misses its target by more than 10% is refused: kept in the JSON with its samples, never reported
-in the table), then the app runs as a subprocess; at the end of its warm-up and after its last
+in the table; so is a scheduled cell whose placement changed during its measured window,
+``placement_moved``), then the app runs as a subprocess; at the end of its warm-up and after its last
 measured inference it pauses so the harness can snapshot the daemon's and the link's counters
 (the first pause also restarts the bandwidth trace), so per-inference figures cover only the
 measured inferences and every system sees the same trace. A failing cell is recorded with its
@@ -267,6 +268,31 @@ def _switches(warm: dict[str, Any] | None, done: dict[str, Any] | None,
     return {} if before is None or after is None else {"plan_switches": (after - before) / n}
 
 
+def placement_moved(warm: dict[str, Any] | None, done: dict[str, Any] | None,
+                    system: str) -> str | None:
+    """Why a scheduled cell's window is not one placement's steady state: the plan of a
+    sequence changed between the two snapshots (``SessionPlacer.describe``'s ``plans``) while
+    the scheduler does not follow the link. ``min-cut`` and ``hybrid-parallel`` measure their
+    candidate placements over their first inferences; a warm-up too short for them leaves
+    that search in the measured window, whose figure is then a mix of placements (cnn on
+    loopback, 10 inferences after 5: plan 0 -> 1 inside the window). None when nothing
+    moved, or where plans may change by design (``+switch``)."""
+    if system not in SCHEDULED or switches_plans(system):
+        return None
+
+    def plans(snap: dict[str, Any] | None) -> dict[str, int]:
+        found = ((snap or {}).get("scheduling") or {}).get("plans") or {}
+        return {str(k): v for k, v in found.items()}
+
+    before, after = plans(warm), plans(done)
+    moved = sorted(k for k in before.keys() & after.keys() if before[k] != after[k])
+    if not moved:
+        return None
+    return ("placement changed during the measured window (sequence "
+            + ", ".join(f"{k}: plan {before[k]} -> {after[k]}" for k in moved)
+            + "): a longer --warmup measures one placement")
+
+
 def _host_replay(warm: dict[str, Any] | None, done: dict[str, Any] | None) -> dict[str, float]:
     """The GPU daemon's time per replayed inference between the two snapshots (its session's
     ``replay_cpu_s``, ``replay_wall_s`` and ``replay_minor_faults``, rrtod/gpu/replay.py): the
@@ -499,6 +525,9 @@ def run_cell(env: LinkEnv | None, model: str, system: str, plan: Plan) -> dict[s
             per_inf["replayed"] = (_replays(done.get("session")) - _replays(at_warm)) / n
             per_inf.update(_host_replay(warm.get("host"), done.get("host")))
             per_inf.update(_switches(at_warm, done.get("session"), n))
+            moved = placement_moved(at_warm, done.get("session"), system)
+            if moved is not None and cell["status"] == "ok":
+                cell.update(status="refused", error=moved)
             per_inf["record"] = (done.get("session") or at_warm).get("record")
             sid = at_warm.get("id")
             # A mark reaches the daemon with the app's next write: between the two snapshots it

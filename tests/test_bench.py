@@ -27,6 +27,7 @@ from bench.harness import (
     check_outputs,
     finish_cells,
     parse_shim_stats,
+    placement_moved,
     shim_window,
 )
 from bench.link import LINKS, TOLERANCE, LinkProcess, LinkSpec, MeasureServer, Trace, check, measure
@@ -258,6 +259,23 @@ def test_every_inference_is_compared_with_local_and_one_difference_fails_the_cel
         from bench.report import plot
 
         assert plot(doc, tmp_path / "p.png") is not None
+
+
+def test_a_scheduled_cell_whose_placement_moved_in_its_window_is_refused() -> None:
+    """A min-cut cell measures one placement, or it is refused with what moved: a warm-up
+    too short for the scheduler's own measuring leaves a mix of placements in the window.
+    Plans that move by design (``+switch``), and systems with no scheduler, are not judged."""
+    def session(**plans: int) -> dict:
+        return {"scheduling": {"band": None, "switches": 0, "plans": plans}}
+
+    assert placement_moved(session(s7=2), session(s7=2), "rrto:min-cut") is None
+    why = placement_moved(session(s7=1, s9=3), session(s7=2, s9=3), "rrto:min-cut")
+    assert why is not None and "s7: plan 1 -> 2" in why and "s9" not in why
+    assert placement_moved(session(s7=1), session(s7=2), "rrto:min-cut+switch") is None
+    assert placement_moved(session(s7=1), session(s7=2), "rrto") is None
+    # a sequence placed for the first time in the window is not a move; no placer, no judge
+    assert placement_moved(session(), session(s7=1), "rrto:hybrid-parallel") is None
+    assert placement_moved({}, None, "rrto:robot-all") is None
 
 
 def test_round_trips_are_taken_over_the_measured_inferences_only() -> None:
