@@ -420,15 +420,15 @@ class AppRelay:
                 session.frames_up += 1
                 session.bytes_up += n
                 fkind = frame.WhichOneof("msg")
-                if fkind == "start" and frame.start.here:
-                    # An inference the app runs whole (``ReplayStart.here``): timed by its mark
-                    # here; the host, with no call to run for it, is not told.
-                    if self.placer is not None:
-                        self._started.append((frame.start.sequence, frame.start.plan))
-                    if rec is not None:  # logged as any start, after the frames before it
-                        await out.flush()
-                        await self._observe_up([frame])
-                    continue
+                if fkind == "start":
+                    st = frame.start
+                    if self.placer is not None:  # timed by the next mark
+                        self._started.append(None if st.position else (st.sequence, st.plan))
+                    if st.here:  # run by the app whole: the host has no call to run for it
+                        if rec is not None:  # logged as any start, after the frames before it
+                            await out.flush()
+                            await self._observe_up([frame])
+                        continue
                 if fkind == "call":
                     session.calls += 1
                 if not energy or energy[-1] is not None:
@@ -441,9 +441,6 @@ class AppRelay:
                 if fkind == "profile":  # the robot's times: for this daemon's scheduler
                     self._profile_later(frame.profile, robot_side=True)
                     continue
-                if fkind == "start" and self.placer is not None:
-                    st = frame.start
-                    self._started.append(None if st.position else (st.sequence, st.plan))
                 await out.add(frame, n)
                 if fkind == "query":  # restored definitions follow the query on the stream
                     await out.flush()
