@@ -91,10 +91,10 @@ SUMMED, CAT = (1, 1, 2, 2), (2, 1, 2, 2)
 
 
 class App:
-    """A session replaying ``definition`` with the hot path ``kind`` ("python", "native", or
-    "off": the general path only)."""
+    """A session replaying ``define``'s definition with the hot path ``kind`` ("python",
+    "native", or "off": the general path only)."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, define: Callable[[int], ops_pb2.SequenceDef] = definition):
         self.channel = Channel()
         self.session = s = RemoteSession(self.channel)
         if kind == "python":
@@ -114,7 +114,7 @@ class App:
                                 STRIDE, 0, torch.float32, torch.device("cpu"))
         self.weight._rrto_handle.bound = False
         with torch.no_grad():
-            s.replay.define(definition(hotpath.grad_mode()))
+            s.replay.define(define(hotpath.grad_mode()))
 
     def calls(self, x: torch.Tensor) -> Iterator[tuple[Any, tuple]]:
         """The inference's calls, each with the previous one's result as it was answered."""
@@ -363,3 +363,72 @@ def test_a_call_with_keyword_arguments_takes_the_general_path(kind, monkeypatch)
     if kind == "native":
         current = RemoteTensor.__dict__["__torch_dispatch__"].__func__
         assert type(current).__name__ == "Dispatch"
+
+
+def answered_definition(grad: int) -> ops_pb2.SequenceDef:
+    """``add(x, c) -> nonzero(.) -> add(., .)``: the ``nonzero`` is answered by the host (its
+    sizes follow the data), the last call's sizes are pushed."""
+    d = ops_pb2.SequenceDef(id=11, local_ids=[2, 3, 4], outputs=[4], varies_from=1)
+    meta = ops_pb2.TensorMeta(dtype="float32", shape=SHAPE, stride=STRIDE)
+    found = ops_pb2.TensorMeta(dtype="int64", shape=[3, 4], stride=[4, 1])
+    first = d.calls.add(op="aten::add.Tensor", out_ids=[2], out_meta=[meta], grad_mode=grad)
+    first.args.add().tensor.upload.meta.CopyFrom(meta)
+    d.sources.add(kind=SRC.INPUT)
+    first.args.add().tensor.id = 77
+    d.sources.add(kind=SRC.CONSTANT, id=77)
+    nonzero = d.calls.add(op="aten::nonzero.default", out_ids=[3], out_meta=[found],
+                          grad_mode=grad, want_meta=True)
+    nonzero.args.add().tensor.id = 2
+    d.sources.add(kind=SRC.PRODUCED, id=2)
+    doubled = d.calls.add(op="aten::add.Tensor", out_ids=[4], out_meta=[found], grad_mode=grad)
+    for _ in range(2):
+        doubled.args.add().tensor.id = 3
+        d.sources.add(kind=SRC.PRODUCED, id=3)
+    return d
+
+
+def _nonzero_answer(base: int, shape: tuple[int, ...]) -> ops_pb2.ReplayAnswer:
+    """The host's answer to the ``nonzero`` (position 1) of inference ``base``: ``shape``."""
+    answer = ops_pb2.ReplayAnswer(base_id=base, position=1)
+    strides = (shape[1], 1) if len(shape) == 2 else (1,)
+    answer.result.outs.add(dtype="int64", shape=shape, stride=strides)
+    answer.result.value.tensor.id = base + 1
+    return answer
+
+
+@pytest.mark.parametrize("kind", ["python", "native", "off"])
+def test_an_answered_call_of_one_new_dense_tensor_is_the_hot_paths_from_its_answer(kind):
+    """A data-dependent call the host answers (``nonzero``) is made on the hot path from the
+    answer's sizes, once its first answer showed one new C-contiguous tensor under the step's
+    id: each inference's proxy has that inference's count, as the general path would make it.
+    Where its answer has not come, or has another rank, the hot path says None and changes
+    nothing, and the general path answers it as the host said."""
+    app = App(kind, answered_definition)
+    s, replay = app.session, app.session.replay
+    x = torch.rand(SHAPE)
+    made = []
+    for n in (3, 5, 2, 6):
+        with torch.no_grad():
+            y = torch.ops.aten.add.Tensor(x, app.constant)
+            base = app.active.base
+            shape = (n, 4) if n != 6 else (n,)  # the last: an answer of another rank
+            if n == 2:  # not answered yet: left to the general path, nothing changed
+                before = app.state()
+                assert s.hot is None or s.hot(torch.ops.aten.nonzero.default, (y,)) is None
+                assert app.state() == before
+            replay.answered(_nonzero_answer(base, shape))
+            hot = replay.counters["hot"]
+            found = torch.ops.aten.nonzero.default(y)
+            took = replay.counters["hot"] - hot
+            replay.sized(ops_pb2.ReplaySizes(base_id=base, positions=[2], ranks=[len(shape)],
+                                             dims=shape))
+            torch.ops.aten.add.Tensor(found, found)
+        assert app.active is None  # the inference ended with its last step
+        made.append((described(found, base), took))
+    dense = [(RemoteTensor, (n, 4), (4, 1), 0, torch.int64, torch.device("cpu"), False, 1,
+              s) for n in (3, 5, 2)]
+    assert [m for m, _ in made[:3]] == dense
+    assert made[3][0][1:3] == ((6,), (1,))  # as answered, by the general path
+    # the first answer is the general path's (it shows the layout); the next ones the hot
+    # path's, but for one of another rank
+    assert [t for _, t in made] == ([0, 0, 0, 0] if kind == "off" else [0, 1, 1, 0])

@@ -73,7 +73,9 @@ def describe(seq: Any, step: Any, func: Any, info: OpInfo) -> Fast | None:
     path must answer its calls (an upload, a value, a call run here, other results, outputs
     that later calls' sizes are worked out from, keyword arguments)."""
     built = step.built
-    if (step.syms or step.any_shape or step.robot or step.answered or step.bands or step.fixed
+    answered = step.answered and step.dense is not None and not info.value_op  # (sizes)
+    if (step.syms or step.any_shape or step.robot or (step.answered and not answered)
+            or step.bands or step.fixed
             or step.kwargs or info.value_op or info.alias_only or info.inplace_view
             or info.local or any(i in seq.sized for i in step.out_local if i is not None)):
         return None
@@ -115,7 +117,7 @@ def describe(seq: Any, step: Any, func: Any, info: OpInfo) -> Fast | None:
         return Fast(*head, alias[0], -1, None, 0, {})
     if info.writes:
         return None
-    if step.variable:  # one new C-contiguous tensor of the sizes the host pushes
+    if step.variable or answered:  # one new C-contiguous tensor of the sizes the host pushes
         if step.dense is None:
             return None
         i, dtype, device, rank = step.dense

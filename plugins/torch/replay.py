@@ -683,6 +683,32 @@ def decode_answer(reply: ops_pb2.OpResult, session: Session, device: torch.devic
         return MISS
 
 
+def _answered_dense(act: Active, step: Step, result: RemoteTensor) -> None:
+    """An answered step whose answer is one new C-contiguous tensor under the id the step
+    names: ``step.dense`` says so, and later answers of it can be made from their sizes alone
+    (``answered`` keeps them). Its dtype follows from the operator and its arguments' dtypes,
+    which the step matches, as a pushed size's does; the rank is checked per answer."""
+    i = step.out_local[0]
+    shape = tuple(result.shape)
+    if (i is None or act.joined is not None or result._rrto_handle.id != act.base + i
+            or result.storage_offset() or result.stride() != codec.contiguous_strides(shape)):
+        return
+    step.dense = (i, result.dtype, result.device, len(shape))
+
+
+def _dense_answer(reply: ops_pb2.OpResult) -> tuple[int, ...] | None:
+    """The sizes of an answer that is one tensor laid out as ``torch.empty`` of them would be
+    (C-contiguous, offset 0), else None. It came from the network: negative sizes are None."""
+    if len(reply.outs) != 1 or reply.value.WhichOneof("kind") != "tensor":
+        return None
+    m = reply.outs[0]
+    dims = tuple(m.shape)
+    if m.storage_offset or any(d < 0 for d in dims) \
+            or tuple(m.stride) != codec.contiguous_strides(dims):
+        return None
+    return dims
+
+
 class _ThreadKey:
     """Held in an app thread's ``threading.local``: collected when that thread ends, which
     drops its entry from ``ReplayClient._live``."""
@@ -921,10 +947,21 @@ class ReplayClient:
             event.set()
 
     def answered(self, answer: ops_pb2.ReplayAnswer) -> None:
+        """The host's answer to a replayed call. Where it is one new C-contiguous tensor (a
+        detector's ``nonzero``, boolean ``index``, ``nms``) its sizes are also kept as pushed
+        sizes are: the hot path makes the call's proxy from them (``hotpath.describe``), read
+        here on the stream's thread instead of decoded on the app's."""
         key = (answer.base_id, answer.position)
+        dims = _dense_answer(answer.result)
         with self._lock:
             self._answers[key] = answer.result
             event = self._waiting.pop(key, None)
+            if dims is not None:
+                known = self._sizes.get(answer.base_id)
+                if known is None and len(self._sizes) < SIZED_INFERENCES:
+                    known = self._sizes[answer.base_id] = {}
+                if known is not None and len(known) < SIZED_CALLS:
+                    known[answer.position] = dims
         if event is not None:
             event.set()
 
@@ -1084,6 +1121,8 @@ class ReplayClient:
                     return MISS
                 self._mismatch(act)
                 return MISS
+            if step.dense is not None and not kwargs:  # its next answers' sizes: the hot path
+                self._describe(act.seq, act.position, step, func, info)
             return self._advance(act, result)
         built = step.built
         if built is None and step.dense is not None:
@@ -1751,6 +1790,8 @@ class ReplayClient:
         if result is MISS:
             return MISS
         step = act.seq.steps[act.position]
+        if step.dense is None and type(result) is RemoteTensor and len(step.out_local) == 1:
+            _answered_dense(act, step, result)
         if act.seq.sized:
             self._note_sizes(act, step, result)
         if act.seq.valued and isinstance(result, (bool, int, float)) and len(step.checks) == 1:
