@@ -38,5 +38,8 @@ def test_fuzz_target_short_run(target, fuzz_round):
           f"peak RSS {result.peak_rss_mb} MB")
     assert result.ok, (f"{target} crashed ({[str(c) for c in result.crashes]}):\n"
                        + result.output[-4000:])
-    # it ran the target, not only the start-up (native_runs: its inputs within its cap)
-    assert result.executed >= (NATIVE_RUNS if target == "native_runs" else 100)
+    # it ran the target, not only the start-up (native_runs: its inputs within its cap). A
+    # slow target on a loaded machine (robot_scheduling, no committed corpus: 93 inputs in 10 s
+    # on a 2-CPU host 2-3x slower than usual) shows it by the new inputs it kept instead.
+    assert result.executed >= (NATIVE_RUNS if target == "native_runs" else 100) \
+        or (target != "native_runs" and result.new_units >= 10), result.output[-2000:]
