@@ -69,11 +69,11 @@ class Fast(NamedTuple):
 def describe(seq: Any, step: Any, func: Any, info: OpInfo) -> Fast | None:
     """The hot path's description of a step ``ReplayClient.dispatch`` just answered with one
     new tensor of a layout fixed at its first replay, with one new C-contiguous tensor of the
-    sizes the host pushed, or with the one argument it writes in place; None where the general
+    sizes the host pushed or answered, or with the one argument it writes in place; None where the general
     path must answer its calls (an upload, a value, a call run here, other results, outputs
     that later calls' sizes are worked out from, keyword arguments)."""
     built = step.built
-    answered = step.answered and step.dense is not None and not info.value_op  # (sizes)
+    answered = step.answered and step.dense is not None  # (made from its sizes)
     if (step.syms or step.any_shape or step.robot or (step.answered and not answered)
             or step.bands or step.fixed
             or step.kwargs or info.value_op or info.alias_only or info.inplace_view
